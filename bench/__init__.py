@@ -1,0 +1,1 @@
+"""Benchmarks: registry, timing, measured roofs and reports."""

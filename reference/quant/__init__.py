@@ -1,0 +1,1 @@
+"""Quantization formats built from the element codecs: MXFP4 first."""

@@ -1,0 +1,95 @@
+"""MXFP4 (OCP Microscaling v1.0): blocks of 32 E2M1 elements sharing one E8M0 power-of-two scale.
+
+Layout (the one every public producer uses): `codes` uint8 [..., K // 2], element 2i in the low nibble;
+`scales` uint8 E8M0 [..., K // block_size].
+
+Quantization of one block (values V_i):
+1. The scale byte comes from the block's amax by `scale_mode` (`reference.quant.mx_scale`): "floor" is the
+   spec's rule, "rceil", "even" and "ceil" are the variants deployed elsewhere.
+2. Each element is V_i / 2**e rounded to nearest E2M1, ties to even, saturating at +-6 (the spec's
+   "clamped to the max normal, preserving the sign"), keeping the sign of zero.
+
+Edge-case policy:
+- NaN or +-Inf anywhere in a block: the scale byte is 0xFF (NaN) and the block's codes are all 0x0; the
+  block dequantizes to NaN. Neighbouring blocks are unaffected.
+- All-zero block: scale byte 0x00 (2**-127); codes keep each zero's sign (-0.0 -> 0x8).
+- Subnormal inputs are values like any other (no flush to zero).
+- Dequantization never produces Inf from a finite code: MX has no infinities, so a product beyond the
+  output dtype's range saturates to +-finfo(dtype).max (as triton_kernels' upcast does). -0 codes give -0.0.
+
+Producers that emit only +0 (AMD Quark checkpoints) differ from this in the sign of zero only:
+`canonicalize_neg_zero` maps 0x8 nibbles to 0x0 before comparing codes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from reference.formats.e2m1 import E2M1_EMAX, E2M1_MAX, decode_e2m1, encode_e2m1
+from reference.formats.e8m0 import E8M0_NAN, decode_e8m0
+from reference.formats.nibbles import pack_nibbles, unpack_nibbles
+from reference.quant.mx_scale import SCALE_MODES, mx_block_scales
+
+MX_BLOCK_SIZE = 32
+INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+OUTPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _check_block_size(block_size: int) -> None:
+    if block_size != MX_BLOCK_SIZE:
+        raise ValueError(f"block_size: MXFP4 blocks hold {MX_BLOCK_SIZE} elements, got {block_size}")
+
+
+def quantize_mxfp4(
+    x: torch.Tensor, *, block_size: int = MX_BLOCK_SIZE, scale_mode: str = "floor"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize along the last dim. Returns (codes uint8 [..., K//2], scales uint8 [..., K//32])."""
+    _check_block_size(block_size)
+    if x.dtype not in INPUT_DTYPES:
+        raise TypeError(f"x: dtype must be one of {INPUT_DTYPES}, got {x.dtype}")
+    if x.dim() == 0 or x.shape[-1] % block_size:
+        raise ValueError(f"x: last dim must be a multiple of {block_size}, got shape {tuple(x.shape)}")
+    if scale_mode not in SCALE_MODES:
+        raise ValueError(f"scale_mode must be one of {SCALE_MODES}, got {scale_mode!r}")
+
+    blocks = x.to(torch.float64).unflatten(-1, (-1, block_size))
+    scales = mx_block_scales(blocks, scale_mode, emax_elem=E2M1_EMAX, elem_max=E2M1_MAX)
+    nan_block = (scales == E8M0_NAN).unsqueeze(-1)
+    exponent = (scales.to(torch.int32) - 127).unsqueeze(-1)
+    scaled = torch.ldexp(torch.where(nan_block, torch.zeros_like(blocks), blocks), -exponent)
+    codes = encode_e2m1(scaled).flatten(-2)
+    return pack_nibbles(codes), scales
+
+
+def dequantize_mxfp4(
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
+    block_size: int = MX_BLOCK_SIZE,
+) -> torch.Tensor:
+    """Codes uint8 [..., K//2] and scales uint8 [..., K//32] -> values [..., K] of `dtype`."""
+    _check_block_size(block_size)
+    if dtype not in OUTPUT_DTYPES:
+        raise TypeError(f"dtype must be one of {OUTPUT_DTYPES}, got {dtype}")
+    for name, t in (("codes", codes), ("scales", scales)):
+        if t.dtype != torch.uint8:
+            raise TypeError(f"{name}: dtype must be torch.uint8, got {t.dtype}")
+    if codes.dim() == 0 or codes.shape[:-1] != scales.shape[:-1] or codes.shape[-1] * 2 != scales.shape[-1] * block_size:
+        raise ValueError(
+            f"codes {tuple(codes.shape)} and scales {tuple(scales.shape)} do not describe one MXFP4 tensor: "
+            f"need codes [..., K//2] and scales [..., K//{block_size}]"
+        )
+    values = decode_e2m1(unpack_nibbles(codes)).unflatten(-1, (-1, block_size)).to(torch.float64)
+    product = values * decode_e8m0(scales).to(torch.float64).unsqueeze(-1)
+    limit = torch.finfo(dtype).max
+    product = torch.where(product.isnan(), product, product.clamp(-limit, limit))
+    return product.flatten(-2).to(torch.float32).to(dtype)
+
+
+def canonicalize_neg_zero(codes: torch.Tensor) -> torch.Tensor:
+    """Map -0 nibbles (0x8) to +0 (0x0) in packed codes, for comparing with producers that emit only +0."""
+    low, high = codes & 0xF, codes >> 4
+    low = torch.where(low == 0x8, torch.zeros_like(low), low)
+    high = torch.where(high == 0x8, torch.zeros_like(high), high)
+    return (low | (high << 4)).to(torch.uint8)

@@ -1,0 +1,121 @@
+"""Test-tier plumbing shared by every suite: devices, markers, hypothesis profiles, the known-failure ledger.
+
+Tiers: `--device cpu` (default) runs Triton kernels under the interpreter (`TRITON_INTERPRET=1`, set here
+before any kernel module is imported) with the interpreter shim installed; `--device cuda|rocm|xpu` runs them
+on the GPU and refuses to start if torch does not see that backend. With TOUCHSTONE_REQUIRE_BACKEND set (the
+hardware nox sessions set it), a run in which no test executed on that device fails.
+
+Hypothesis profiles: `dev` (few examples), `ci`, `nightly`; chosen by HYPOTHESIS_PROFILE, else `ci` when
+the CI variable is set, else `dev`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from suites import ledger
+
+DEVICE_CHOICES = ("cpu", "cuda", "rocm", "xpu")
+_PLATFORM = pytest.StashKey()
+# Tests that ran (not skipped) on a GPU device; counted in the xdist controller too.
+_counter = {"gpu_executed": 0}
+
+_common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile("dev", max_examples=10, **_common)
+settings.register_profile("ci", max_examples=40, derandomize=True, database=None, print_blob=True, **_common)
+settings.register_profile("nightly", max_examples=1000, **_common)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--device",
+        default=os.environ.get("TOUCHSTONE_DEVICE", "cpu"),
+        choices=DEVICE_CHOICES,
+        help="where kernels run: cpu (Triton interpreter) or a GPU backend",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "interpreter_unsupported(reason): cannot be right under the Triton interpreter; skipped on cpu"
+    )
+    config.addinivalue_line("markers", "gpu_only(reason): needs a real GPU (timing, graphs, hardware units)")
+    config.addinivalue_line("markers", "multi_gpu(n): needs at least n GPUs of the tier's backend")
+    config.addinivalue_line("markers", "slow: long-running; deselect with -m 'not slow'")
+    device = config.getoption("--device")
+    if device == "cpu":
+        # Must happen before any kernels/ module is imported: @triton.jit reads it at decoration time.
+        os.environ["TRITON_INTERPRET"] = "1"
+        from suites import interpreter_shim
+
+        interpreter_shim.install()
+    else:
+        from kernels.platform import require_backend
+
+        try:
+            config.stash[_PLATFORM] = require_backend(device)
+        except RuntimeError as err:
+            raise pytest.UsageError(f"--device {device}: {err}") from err
+
+
+
+def _device_count(config: pytest.Config) -> int:
+    platform = config.stash.get(_PLATFORM, None)
+    return platform.device_count if platform else 0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    device = config.getoption("--device")
+    for item in items:
+        for name in ("interpreter_unsupported", "gpu_only"):
+            marker = item.get_closest_marker(name)
+            if marker is None:
+                continue
+            reason = marker.kwargs.get("reason") or (marker.args[0] if marker.args else "")
+            if not reason:
+                raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.{name} needs a reason")
+            if device == "cpu":
+                item.add_marker(pytest.mark.skip(reason=f"{name}: {reason}"))
+        multi = item.get_closest_marker("multi_gpu")
+        if multi is not None and _device_count(config) < int(multi.args[0]):
+            item.add_marker(pytest.mark.skip(reason=f"needs {multi.args[0]} GPUs, have {_device_count(config)}"))
+        known = ledger.find(item.nodeid, device)
+        if known is not None:
+            item.add_marker(pytest.mark.xfail(strict=True, reason=f"{known.reason} ({known.tracker})"))
+
+
+@pytest.fixture
+def device(request: pytest.FixtureRequest) -> str:
+    """The torch device the tier's kernels run on: 'cpu' (interpreter), 'cuda' (CUDA and ROCm) or 'xpu'."""
+    backend = request.config.getoption("--device")
+    torch_device = {"rocm": "cuda"}.get(backend, backend)
+    request.node.user_properties.append(("touchstone_device", backend))
+    return torch_device
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # Runs in the xdist controller for every worker's report too, so the count covers the whole run.
+    if report.when == "call" and not report.skipped and ("touchstone_device", "cpu") not in report.user_properties:
+        if any(key == "touchstone_device" for key, _ in report.user_properties):
+            _counter["gpu_executed"] += 1
+
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    required = os.environ.get("TOUCHSTONE_REQUIRE_BACKEND")
+    if not required or hasattr(session.config, "workerinput"):
+        return
+    device = session.config.getoption("--device")
+    if device != required or _counter["gpu_executed"] == 0:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(
+                f"FAIL CLOSED: TOUCHSTONE_REQUIRE_BACKEND={required}, --device {device}: "
+                f"{_counter['gpu_executed']} tests executed on a {required} device",
+                red=True,
+            )
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
