@@ -23,7 +23,12 @@ _PLATFORM = pytest.StashKey()
 # Tests that ran (not skipped) on a GPU device; counted in the xdist controller too.
 _counter = {"gpu_executed": 0}
 
-_common = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+# The `device` fixture is function-scoped only to record where each test ran; its value never changes between
+# examples, so hypothesis' function-scoped-fixture check does not apply.
+_common = dict(
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
 settings.register_profile("dev", max_examples=10, **_common)
 settings.register_profile("ci", max_examples=40, derandomize=True, database=None, print_blob=True, **_common)
 settings.register_profile("nightly", max_examples=1000, **_common)

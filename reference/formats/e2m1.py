@@ -27,7 +27,8 @@ def encode_e2m1(values: torch.Tensor) -> torch.Tensor:
     """Round each value to the nearest E2M1 code (ties to even code), saturating. Returns uint8 codes 0..15."""
     exact = values.to(torch.float64)
     grid = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float64, device=values.device)
-    distance = (exact.abs().unsqueeze(-1) - grid).abs()
+    # Saturate first: beyond 6 every grid point is "equally far" once the distances round in float64.
+    distance = (exact.abs().clamp(max=E2M1_MAX).unsqueeze(-1) - grid).abs()
     nearest = distance == distance.amin(dim=-1, keepdim=True)
     # At most two neighbours tie (adjacent codes, one even, one odd): take the even one when it ties.
     even = nearest & (torch.arange(8, device=values.device) % 2 == 0)

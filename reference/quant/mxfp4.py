@@ -40,10 +40,8 @@ def _check_block_size(block_size: int) -> None:
         raise ValueError(f"block_size: MXFP4 blocks hold {MX_BLOCK_SIZE} elements, got {block_size}")
 
 
-def quantize_mxfp4(
-    x: torch.Tensor, *, block_size: int = MX_BLOCK_SIZE, scale_mode: str = "floor"
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantize along the last dim. Returns (codes uint8 [..., K//2], scales uint8 [..., K//32])."""
+def check_quantize_args(x: torch.Tensor, block_size: int, scale_mode: str) -> None:
+    """Raise TypeError/ValueError naming the bad argument. Shared with the kernel launchers."""
     _check_block_size(block_size)
     if x.dtype not in INPUT_DTYPES:
         raise TypeError(f"x: dtype must be one of {INPUT_DTYPES}, got {x.dtype}")
@@ -52,6 +50,28 @@ def quantize_mxfp4(
     if scale_mode not in SCALE_MODES:
         raise ValueError(f"scale_mode must be one of {SCALE_MODES}, got {scale_mode!r}")
 
+
+def check_dequantize_args(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, block_size: int) -> None:
+    """Raise TypeError/ValueError naming the bad argument. Shared with the kernel launchers."""
+    _check_block_size(block_size)
+    if dtype not in OUTPUT_DTYPES:
+        raise TypeError(f"dtype must be one of {OUTPUT_DTYPES}, got {dtype}")
+    for name, t in (("codes", codes), ("scales", scales)):
+        if t.dtype != torch.uint8:
+            raise TypeError(f"{name}: dtype must be torch.uint8, got {t.dtype}")
+    same_rows = codes.dim() > 0 and codes.shape[:-1] == scales.shape[:-1]
+    if not same_rows or codes.shape[-1] * 2 != scales.shape[-1] * block_size:
+        raise ValueError(
+            f"codes {tuple(codes.shape)} and scales {tuple(scales.shape)} do not describe one MXFP4 tensor: "
+            f"need codes [..., K//2] and scales [..., K//{block_size}]"
+        )
+
+
+def quantize_mxfp4(
+    x: torch.Tensor, *, block_size: int = MX_BLOCK_SIZE, scale_mode: str = "floor"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize along the last dim. Returns (codes uint8 [..., K//2], scales uint8 [..., K//32])."""
+    check_quantize_args(x, block_size, scale_mode)
     blocks = x.to(torch.float64).unflatten(-1, (-1, block_size))
     scales = mx_block_scales(blocks, scale_mode, emax_elem=E2M1_EMAX, elem_max=E2M1_MAX)
     nan_block = (scales == E8M0_NAN).unsqueeze(-1)
@@ -69,17 +89,7 @@ def dequantize_mxfp4(
     block_size: int = MX_BLOCK_SIZE,
 ) -> torch.Tensor:
     """Codes uint8 [..., K//2] and scales uint8 [..., K//32] -> values [..., K] of `dtype`."""
-    _check_block_size(block_size)
-    if dtype not in OUTPUT_DTYPES:
-        raise TypeError(f"dtype must be one of {OUTPUT_DTYPES}, got {dtype}")
-    for name, t in (("codes", codes), ("scales", scales)):
-        if t.dtype != torch.uint8:
-            raise TypeError(f"{name}: dtype must be torch.uint8, got {t.dtype}")
-    if codes.dim() == 0 or codes.shape[:-1] != scales.shape[:-1] or codes.shape[-1] * 2 != scales.shape[-1] * block_size:
-        raise ValueError(
-            f"codes {tuple(codes.shape)} and scales {tuple(scales.shape)} do not describe one MXFP4 tensor: "
-            f"need codes [..., K//2] and scales [..., K//{block_size}]"
-        )
+    check_dequantize_args(codes, scales, dtype, block_size)
     values = decode_e2m1(unpack_nibbles(codes)).unflatten(-1, (-1, block_size)).to(torch.float64)
     product = values * decode_e8m0(scales).to(torch.float64).unsqueeze(-1)
     limit = torch.finfo(dtype).max

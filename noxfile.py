@@ -1,0 +1,106 @@
+"""One nox session per hardware target (DESIGN.md, "Tiers").
+
+- `tests`: the fast default for developers and CI: CPU tier (Triton interpreter), hypothesis profile `dev`.
+- `cpu`:   the main job on a CPU machine: the full CPU parity gate (profile `ci`), then a performance report
+           for this machine under reports/cpu-<device>/.
+- `cuda`, `rocm`, `xpu`: run inside the hardware's pre-provisioned image (venv_backend="none": its vendor
+           torch and triton are used as they are, nothing is installed). They print the device, driver and
+           versions, fail closed (wrong or missing backend, or a run in which no GPU-tier test executed, is
+           an error), run the suites on the device, then the benchmarks into reports/<target>-<device>/.
+- `bench`: benchmarks and report for the detected target, in the current environment.
+- `lint`:  ruff.
+`session.posargs` reach pytest (or the bench CLI for `bench`): `nox -s tests -- -k mxfp4 -x`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import nox
+
+nox.options.sessions = ["tests"]
+# virtualenv + pip, not uv: pip finds the CPU torch build on this project's machines' disk, uv would
+# download a CUDA build of several GB.
+nox.options.default_venv_backend = "virtualenv"
+
+# CPU pins: torch 2.13.0 is the CPU build on this project's machines' disk; triton 3.6.0 is what the GPU
+# image has, so the interpreter tier and the GPU tier run the same Triton.
+PINS = ("torch==2.13.0", "triton==3.6.0")
+
+
+def _install(session: nox.Session) -> None:
+    session.install(*PINS)
+    session.install("-e", ".[dev,bench]")
+
+
+def _pytest(session: nox.Session, *args: str, python: str = "python") -> None:
+    session.run(python, "-m", "pytest", "-n", "auto", *args, *session.posargs)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """CPU tier, reduced examples: what CI and developers run."""
+    _install(session)
+    session.env.update(TRITON_INTERPRET="1", HYPOTHESIS_PROFILE="dev")
+    _pytest(session, "--device", "cpu")
+
+
+@nox.session
+def cpu(session: nox.Session) -> None:
+    """Main job on a CPU machine: full CPU parity gate, then this machine's performance report."""
+    _install(session)
+    session.env.update(TRITON_INTERPRET="1", HYPOTHESIS_PROFILE="ci")
+    _pytest(session, "--device", "cpu")
+    session.run("touchstone", "bench", "--sizes", "small")
+
+
+def _hardware(session: nox.Session, backend: str) -> None:
+    # The image's own interpreter, explicitly: nothing may shadow the vendor torch/triton build.
+    python = sys.executable
+    session.run(python, "-m", "kernels.platform", "--require", backend)
+    if backend == "cuda":
+        session.run("nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem,power.limit",
+                    "--format=csv", external=True)
+    elif backend == "rocm":
+        session.run("rocm-smi", "--showproductname", "--showclocks", external=True, success_codes=[0, 1, 2])
+    session.env.update(TOUCHSTONE_REQUIRE_BACKEND=backend, HYPOTHESIS_PROFILE="ci")
+    session.env.pop("TRITON_INTERPRET", None)
+    # Eight workers share the one GPU: the suites are many small launches, bound by host-side work.
+    session.run(python, "-m", "pytest", "-n", "8", "--device", backend, *session.posargs)
+    session.run(python, "-m", "bench.cli", "bench", "--sizes", "full")
+
+
+@nox.session(venv_backend="none")
+def cuda(session: nox.Session) -> None:
+    """NVIDIA GPU, in the pre-provisioned CUDA image."""
+    _hardware(session, "cuda")
+
+
+@nox.session(venv_backend="none")
+def rocm(session: nox.Session) -> None:
+    """AMD GPU, in the pre-provisioned ROCm image."""
+    _hardware(session, "rocm")
+
+
+@nox.session(venv_backend="none")
+def xpu(session: nox.Session) -> None:
+    """Intel GPU, in the pre-provisioned XPU image."""
+    # Workaround: Triton's compile cache is disabled on XPU (always compile, into a throwaway directory).
+    # Why: sporadic segfaults when XPU kernels are loaded from a cache written by an earlier run, e.g. after
+    # a SYCL runtime upgrade (intel/intel-xpu-backend-for-triton#7616; the fix ships in Triton 3.8.0).
+    # Remove when: the XPU image runs Triton >= 3.8.0 and three consecutive `nox -s xpu` runs pass with the
+    # cache enabled.
+    session.env.update(TRITON_ALWAYS_COMPILE="1", TRITON_CACHE_DIR=session.create_tmp())
+    _hardware(session, "xpu")
+
+
+@nox.session(venv_backend="none")
+def bench(session: nox.Session) -> None:
+    """Benchmarks and report for the detected target, in this environment: `nox -s bench -- --ops NAME`."""
+    session.run(sys.executable, "-m", "bench.cli", "bench", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", ".")

@@ -1,0 +1,75 @@
+"""Independent oracles: ml_dtypes (numpy) codecs, and an MXFP4 quantizer derived differently from ours.
+
+ml_dtypes casts to float4_e2m1fn round to nearest even, saturate and keep the sticky bit; float8_e8m0fnu
+holds powers of two. The MX scale rules here use float64 log2 and the fp32 bit trick for "even", not the
+reference's frexp arithmetic, so the two derivations check each other.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import torch
+
+E2M1 = ml_dtypes.float4_e2m1fn
+E8M0 = ml_dtypes.float8_e8m0fnu
+
+
+def e2m1_codes(values: np.ndarray) -> np.ndarray:
+    """float32 values -> 4-bit codes (uint8) through ml_dtypes' cast."""
+    return values.astype(np.float32).astype(E2M1).view(np.uint8) & 0xF
+
+
+def e2m1_values(codes: np.ndarray) -> np.ndarray:
+    return codes.astype(np.uint8).view(E2M1).astype(np.float32)
+
+
+def e8m0_values(scale_bytes: np.ndarray) -> np.ndarray:
+    return scale_bytes.astype(np.uint8).view(E8M0).astype(np.float32)
+
+
+def mx_scale_exponent(amax: np.ndarray, mode: str) -> np.ndarray:
+    """Unbiased exponent per block for positive finite amax (float64), clamped to [-127, 127]."""
+    with np.errstate(divide="ignore"):
+        if mode == "floor":
+            e = np.floor(np.log2(amax)) - 2
+        elif mode == "rceil":
+            e = np.ceil(np.log2(amax / 6.0))
+        elif mode == "ceil":
+            e = np.ceil(np.log2(amax)) - 2
+        elif mode == "even":
+            bits = amax.astype(np.float32).view(np.uint32).astype(np.int64)
+            e = ((bits + (1 << 21)) >> 23) - 127 - 2  # round the significand to 1 bit, half up
+        else:
+            raise ValueError(mode)
+    return np.clip(e, -127, 127).astype(np.int64)
+
+
+def quantize_mxfp4(x: torch.Tensor, mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Oracle MXFP4 quantizer with the project's policy (NaN/Inf block -> 0xFF and zero codes; zero -> 0x00)."""
+    blocks = x.detach().cpu().to(torch.float32).numpy().reshape(-1, 32)
+    finite = np.isfinite(blocks).all(axis=1)
+    amax = np.where(finite, np.abs(np.where(np.isfinite(blocks), blocks, 0)).max(axis=1), 0).astype(np.float64)
+    safe = np.where(finite & (amax > 0), amax, 1.0)
+    e = np.where(amax > 0, mx_scale_exponent(safe, mode), -127)
+    with np.errstate(over="ignore", invalid="ignore"):  # NaN/Inf blocks: their codes are set to 0 below
+        scaled = (blocks.astype(np.float64) * np.exp2(-e.astype(np.float64))[:, None]).astype(np.float32)
+    codes = np.where(finite[:, None], e2m1_codes(np.where(finite[:, None], scaled, 0)), 0).astype(np.uint8)
+    codes = codes | np.where(finite[:, None] & np.signbit(scaled), 0x8, 0).astype(np.uint8)
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    scales = np.where(finite, e + 127, 0xFF).astype(np.uint8)
+    lead = tuple(x.shape[:-1])
+    k = x.shape[-1]
+    return (torch.from_numpy(packed.reshape(*lead, k // 2)), torch.from_numpy(scales.reshape(*lead, k // 32)))
+
+
+def dequantize_mxfp4(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    packed = codes.cpu().numpy()
+    nibbles = np.stack((packed & 0xF, packed >> 4), axis=-1).reshape(*packed.shape[:-1], -1)
+    values = e2m1_values(nibbles).astype(np.float64)
+    scale = np.repeat(e8m0_values(scales.cpu().numpy()).astype(np.float64), 32, axis=-1)
+    limit = torch.finfo(dtype).max
+    with np.errstate(invalid="ignore", over="ignore"):
+        product = values * scale
+        product = np.where(np.isnan(product), product, np.clip(product, -limit, limit))
+    return torch.from_numpy(product.astype(np.float32)).to(dtype)
