@@ -26,7 +26,7 @@ from reference.quant.mx_scale import SCALE_MODES
 from reference.quant.mxfp4 import MX_BLOCK_SIZE, check_dequantize_args, check_quantize_args
 
 _MODE_ID = {mode: i for i, mode in enumerate(SCALE_MODES)}  # floor 0, rceil 1, even 2, ceil 3
-_OUT_DTYPE_ID = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
+_DTYPE_ID = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}  # INPUT / OUTPUT constexprs
 
 # Planted bugs for the suites' negative controls; FAULT is a constexpr, so fault 0 compiles them away.
 FAULTS = {
@@ -36,32 +36,101 @@ FAULTS = {
     "rceil_at_1_5": 3,  # rceil bumps at m >= 1.5 instead of m > 1.5
 }
 
-# Blocks (of 32 elements) per program. GPU: 64 blocks = 2048 elements, 4 KiB of bf16 per program;
-# tuned on the H200, see bench notes in the module docstring of bench/quant/mxfp4.py.
-_GPU_BLOCKS_PER_PROGRAM = 64
-_GPU_NUM_WARPS = 4
-# The interpreter costs ~1 ms per program whatever its size: few, large programs.
-_INTERPRETER_BLOCKS_PER_PROGRAM = 2048
+# Launch shapes: (blocks of 32 elements per tile, tiles per program, warps per program), measured on the
+# H200 at 1 GiB of input (sweep in the foundation issue's closing note; memcpy of the same run = 1.0):
+# - quantize bf16: (64, 8, 2) 0.921x; (32, 8, 1) 0.920x; (128, 1, 1) 0.896x; (64, 1, 2) 0.821x. Several tiles
+#   per program let a warp's next loads fly while its ALUs round the current tile (~12 SASS ops/element).
+# - quantize fp32: (64, 1, 4) 0.957x; (128, 1, 1) 0.849x (64-bit words: fewer elements per register).
+# - dequantize: (64, 1, 2) 0.958x; (128, 1, 4) 0.951x.
+_QUANTIZE_GPU = {torch.bfloat16: (64, 8, 2), torch.float16: (64, 8, 2), torch.float32: (64, 1, 4)}
+_DEQUANTIZE_GPU = (64, 1, 2)
+# The interpreter costs ~1 ms per program whatever its size: few, large programs, one tile each.
+_INTERPRETER = (2048, 1, 1)
+
+
+@triton.jit
+def _word_offsets(block, blocks_per_row, row_stride, CONTIGUOUS: tl.constexpr):
+    """Offsets (in 16-word units per block) of each block's first word: no division for contiguous rows."""
+    if CONTIGUOUS:
+        return block * 16
+    row = block // blocks_per_row
+    return row * row_stride + (block - row * blocks_per_row) * 16
+
+
+@triton.jit
+def _e2m1_code(magnitude, rounded_index, inv_scale, rebias, large_from):
+    """E2M1 code (bits 2:0; bits 21:3 are zero, bits above are junk) of v = |x| * 2**-e: RNE, saturating.
+
+    - v < 2 (codes 0..4 are exactly 2v): the FPU rounds in one fma, |x| * 2**-e + 1.5 * 2**22, whose fp32
+      ulp is 0.5, so the sum's low mantissa bits are round-to-nearest-even(2v); 1.5 * 2**22 has a zero low
+      byte. 2**-e lies in [2**-126, 2**127] and the fused product is not rounded before the add.
+    - v >= 2 (x is then an fp32 normal): `rounded_index` is x's (biased exponent, top mantissa bit) after
+      rounding its significand to 1 bit with ties to even (see callers); subtracting rebias = (126 + e) << 1
+      gives the E2M1 code, and min() saturates at 6.0.
+    magnitude: fp32 bits of |x|; inv_scale = 2**-e (fp32); large_from: fp32 bits of 2**(e + 1).
+    """
+    small = tl.fma(magnitude.to(tl.float32, bitcast=True), inv_scale, 6291456.0).to(tl.uint32, bitcast=True)
+    large = tl.minimum(rounded_index - rebias, 7)
+    return tl.where(magnitude >= large_from, large, small)
+
+
+@triton.jit
+def _round_index(magnitude):
+    """(biased exponent << 1 | top mantissa bit) of fp32 bits, significand rounded to 1 bit, ties to even."""
+    return (magnitude + 0x1FFFFF + ((magnitude >> 22) & 1)) >> 22
 
 
 @triton.jit
 def _quantize_mxfp4_kernel(
     x_ptr, codes_ptr, scales_ptr, n_blocks, blocks_per_row, x_row_stride,
-    BLOCKS: tl.constexpr, SCALE_MODE: tl.constexpr, FAULT: tl.constexpr,
+    BLOCKS: tl.constexpr, TILES: tl.constexpr, INPUT: tl.constexpr, SCALE_MODE: tl.constexpr,
+    CONTIGUOUS: tl.constexpr, FAULT: tl.constexpr,
 ):
-    block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
-    in_range = block < n_blocks
-    row = block // blocks_per_row
-    x_offset = row * x_row_stride + (block - row * blocks_per_row) * 32
-    lane = tl.arange(0, 32)
-    x = tl.load(x_ptr + x_offset[:, None] + lane[None, :], mask=in_range[:, None], other=0.0)
-    if x_ptr.dtype.element_ty == tl.bfloat16:
-        bits = x.to(tl.uint16, bitcast=True).to(tl.uint32) << 16  # bf16 -> fp32 is exactly a 16-bit shift
-    else:
-        bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
-    magnitude_bits = bits & 0x7FFFFFFF
+    # Each program quantizes TILES consecutive tiles of BLOCKS blocks, loading tile t + 1 before it
+    # computes tile t, so every warp keeps a tile's loads in flight while its ALUs work.
+    block = tl.program_id(0).to(tl.int64) * (BLOCKS * TILES) + tl.arange(0, BLOCKS)
+    words = _load_words(x_ptr, block, n_blocks, blocks_per_row, x_row_stride, CONTIGUOUS)
+    for _ in range(TILES - 1):
+        next_words = _load_words(x_ptr, block + BLOCKS, n_blocks, blocks_per_row, x_row_stride, CONTIGUOUS)
+        _quantize_tile(words, block, n_blocks, codes_ptr, scales_ptr, INPUT, SCALE_MODE, FAULT)
+        block += BLOCKS
+        words = next_words
+    _quantize_tile(words, block, n_blocks, codes_ptr, scales_ptr, INPUT, SCALE_MODE, FAULT)
 
-    amax_bits = tl.max(magnitude_bits, axis=1)
+
+@triton.jit
+def _load_words(x_ptr, block, n_blocks, blocks_per_row, x_row_stride, CONTIGUOUS: tl.constexpr):
+    """The 16 words of each block; x is read as words holding one element pair (2i, 2i+1), the pair that
+    shares one output byte: bf16/fp16 pairs in int32 words, fp32 pairs in int64 words."""
+    word = _word_offsets(block, blocks_per_row, x_row_stride, CONTIGUOUS)[:, None] + tl.arange(0, 16)[None, :]
+    return tl.load(x_ptr + word, mask=(block < n_blocks)[:, None], other=0)
+
+
+@triton.jit
+def _quantize_tile(words, block, n_blocks, codes_ptr, scales_ptr,
+                   INPUT: tl.constexpr, SCALE_MODE: tl.constexpr, FAULT: tl.constexpr):
+    # INPUT 0: bf16, 1: fp16, 2: fp32.
+    in_range = block < n_blocks
+    if INPUT == 0:
+        words = words.to(tl.uint32, bitcast=True)
+        pair_magnitude = words & 0x7FFF7FFF
+        low = pair_magnitude << 16  # bf16 -> fp32 bits is exactly a 16-bit shift
+        high = pair_magnitude & 0xFFFF0000
+    elif INPUT == 1:
+        words = words.to(tl.uint32, bitcast=True)
+        low = (words & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32).to(tl.uint32, bitcast=True)
+        high = (words >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32).to(tl.uint32, bitcast=True)
+        low_sign, high_sign = (low >> 28) & 0x8, (high >> 28) & 0x8
+        low, high = low & 0x7FFFFFFF, high & 0x7FFFFFFF
+    else:
+        words = words.to(tl.uint64, bitcast=True)
+        low = (words & 0xFFFFFFFF).to(tl.uint32)
+        high = (words >> 32).to(tl.uint32)
+        low_sign, high_sign = (low >> 28) & 0x8, (high >> 28) & 0x8
+        low, high = low & 0x7FFFFFFF, high & 0x7FFFFFFF
+
+    # amax as an integer max over |x|'s bits; NaN and Inf have the largest patterns.
+    amax_bits = tl.max(tl.maximum(low, high), axis=1)
     biased_exp = (amax_bits >> 23).to(tl.int32)
     mantissa = amax_bits & 0x7FFFFF
     if SCALE_MODE == 0:
@@ -77,77 +146,105 @@ def _quantize_mxfp4_kernel(
         bump = (mantissa != 0).to(tl.int32)
     not_finite = amax_bits >= 0x7F800000
     scale = tl.maximum(biased_exp - 2 + bump, 0)  # E8M0 byte; < 255 for every finite amax
+    e = tl.minimum(scale, 253) - 127  # unbiased exponent (clamped for NaN blocks, whose codes are zeroed)
     scale = tl.where(not_finite, 255, scale)
+    inv_scale = ((127 - e).to(tl.uint32) << 23).to(tl.float32, bitcast=True)[:, None]
+    rebias = ((126 + e) << 1).to(tl.uint32)[:, None]
+    large_from = ((128 + e) << 23).to(tl.uint32)[:, None]
 
-    # 2**-e = 2**(127 - scale) has biased exponent 254 - scale, in [1, 254] for finite blocks.
-    inv_scale = ((254 - tl.minimum(scale, 253)).to(tl.uint32) << 23).to(tl.float32, bitcast=True)
-    finite_bits = tl.where(not_finite[:, None], 0, magnitude_bits)  # NaN blocks encode as zeros anyway
-    v = finite_bits.to(tl.float32, bitcast=True) * inv_scale[:, None]
-    if FAULT == 1:
-        v = tl.where(v < 1.0, (v.to(tl.uint32, bitcast=True) & 0xFFFFFFFC).to(tl.float32, bitcast=True), v)
-    # Midpoints between neighbouring magnitudes 0, .5, 1, 1.5, 2, 3, 4, 6; at a tie the even code wins,
-    # so ties below an odd code round down (>) and ties below an even code round up (>=).
-    code = (
-        (v > 0.25).to(tl.int32) + (v >= 0.75).to(tl.int32) + (v > 1.25).to(tl.int32)
-        + (v >= 1.75).to(tl.int32) + (v > 2.5).to(tl.int32) + (v >= 3.5).to(tl.int32) + (v > 5.0).to(tl.int32)
-    )
-    code = code | ((bits >> 28) & 0x8).to(tl.int32)
-    code = tl.where(not_finite[:, None], 0, code)
-
-    low, high = tl.split(tl.reshape(code, (BLOCKS, 16, 2)))
+    if FAULT == 1:  # the E2M1-subnormal region loses the 2 bits a shifting converter drops without a sticky bit
+        low = tl.where(low < large_from - 0x800000, low & 0xFFFFFFFC, low)
+        high = tl.where(high < large_from - 0x800000, high & 0xFFFFFFFC, high)
+    if INPUT == 0:
+        # Both bf16 halves rounded to 1 significand bit in one 32-bit add (no carry crosses a half: each
+        # half is below 0x8000 + 0x20); the high half's index is then bits 31:22, the low half's 15:6.
+        pair_rounded = pair_magnitude + 0x001F001F + ((pair_magnitude >> 6) & 0x00010001)
+        low_index = (pair_rounded << 16) >> 22
+        high_index = pair_rounded >> 22
+        # Sign bits 15 and 31 of the word land on bits 3 and 7 of the product's high word (above: junk).
+        signs = tl.umulhi(words & 0x80008000, 0x00100100)
+    else:
+        low_index = _round_index(low)
+        high_index = _round_index(high)
+        signs = low_sign | (high_sign << 4)
+    code_low = _e2m1_code(low, low_index, inv_scale, rebias, large_from)
+    code_high = _e2m1_code(high, high_index, inv_scale, rebias, large_from)
     if FAULT == 2:
-        low, high = high, low
-    packed = (low | (high << 4)).to(tl.uint8)
+        code_low, code_high = code_high, code_low
+    # A multiply-add packs the pair: the small path's junk bits sit above bit 21, so they never reach the
+    # low byte, which is all the uint8 conversion keeps.
+    keep = tl.where(not_finite, 0, 0xFF).to(tl.uint32)[:, None]  # NaN/Inf blocks: all codes 0
+    packed = (((code_low + code_high * 16) | signs) & keep).to(tl.uint8)
     tl.store(codes_ptr + block[:, None] * 16 + tl.arange(0, 16)[None, :], packed, mask=in_range[:, None])
     tl.store(scales_ptr + block, scale.to(tl.uint8), mask=in_range)
 
 
 @triton.jit
-def _dequantize_mxfp4_kernel(
-    codes_ptr, scales_ptr, out_ptr, n_blocks, blocks_per_row, codes_row_stride, scales_row_stride,
-    BLOCKS: tl.constexpr, OUT_DTYPE: tl.constexpr,
-):
-    block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
-    in_range = block < n_blocks
-    row = block // blocks_per_row
-    col_block = block - row * blocks_per_row
-    packed = tl.load(
-        codes_ptr + (row * codes_row_stride + col_block * 16)[:, None] + tl.arange(0, 16)[None, :],
-        mask=in_range[:, None], other=0,
-    ).to(tl.uint32)
-    scale = tl.load(scales_ptr + row * scales_row_stride + col_block, mask=in_range, other=0).to(tl.uint32)
-    code = tl.reshape(tl.join(packed & 0xF, packed >> 4), (BLOCKS, 32))
+def _e2m1_bits(code, scale_value, OUTPUT: tl.constexpr):
+    """E2M1 codes [B, 16] (uint32, one nibble) times scale_value [B] -> output-dtype bit patterns (uint32).
 
-    # E2M1 -> fp32 bits: exponent field e = code[2:1], mantissa bit code[0]; e == 0 is 0 or 0.5.
-    e = (code >> 1) & 0x3
-    m = code & 0x1
-    normal_bits = ((e + 126) << 23) | (m << 22)
-    magnitude_bits = tl.where(e == 0, m * 0x3F000000, normal_bits)
-    value = ((code & 0x8) << 28 | magnitude_bits).to(tl.float32, bitcast=True)
-    # E8M0 byte s -> 2**(s - 127); byte 0 is the fp32 subnormal 2**-127.
-    scale_value = tl.where(scale == 0, 0x00400000, scale << 23).to(tl.uint32).to(tl.float32, bitcast=True)
-    out = value * scale_value[:, None]
-    if OUT_DTYPE == 0:
-        limit = 3.3895313892515355e38  # bfloat16 max
-    elif OUT_DTYPE == 1:
-        limit = 65504.0
-    else:
-        limit = 3.4028234663852886e38
-    out = tl.minimum(tl.maximum(out, -limit), limit)  # MX has no Inf: saturate products beyond the dtype
-    out_bits = tl.where((scale == 255)[:, None], 0x7FC00000, out.to(tl.uint32, bitcast=True)).to(tl.uint32)
-    if OUT_DTYPE == 0:
+    Placing a code's 3 magnitude bits at fp32 bits 24:22 gives exponent field e and mantissa bit m, so the
+    fp32 value is (1 + m/2) * 2**(e - 127), or m * 2**-127 for e = 0: exactly the E2M1 value times 2**-126,
+    subnormal case included. Two exact multiplies (2**126, then the block scale) finish the magnitude, one
+    min() saturates it (MX has no Inf), and the sign bit is ORed in last.
+    """
+    magnitude = ((code & 0x7) << 22).to(tl.float32, bitcast=True) * 8.507059173023462e37 * scale_value[:, None]
+    if OUTPUT == 0:
+        magnitude = tl.minimum(magnitude, 3.3895313892515355e38)  # bfloat16 max
         # Every product (3 significant bits, exponent inside bf16's range once clamped) is a bf16 value, so
         # narrowing is exactly dropping the low 16 bits; no rounding mode is involved.
-        out = (out_bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        return (magnitude.to(tl.uint32, bitcast=True) >> 16) | ((code & 0x8) << 12)
+    elif OUTPUT == 1:
+        magnitude = tl.minimum(magnitude, 65504.0)
+        return magnitude.to(tl.float16).to(tl.uint16, bitcast=True).to(tl.uint32) | ((code & 0x8) << 12)
     else:
-        out = out_bits.to(tl.float32, bitcast=True).to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + block[:, None] * 32 + tl.arange(0, 32)[None, :], out, mask=in_range[:, None])
+        magnitude = tl.minimum(magnitude, 3.4028234663852886e38)
+        return magnitude.to(tl.uint32, bitcast=True) | ((code & 0x8) << 28)
 
 
-def _blocks_per_program(device: torch.device) -> tuple[int, int]:
-    if device.type == "cpu" or interpreter_active():
-        return _INTERPRETER_BLOCKS_PER_PROGRAM, 1
-    return _GPU_BLOCKS_PER_PROGRAM, _GPU_NUM_WARPS
+@triton.jit
+def _dequantize_mxfp4_kernel(
+    codes_ptr, scales_ptr, out_ptr, n_blocks, blocks_per_row, codes_row_stride, scales_row_stride,
+    BLOCKS: tl.constexpr, OUTPUT: tl.constexpr, CONTIGUOUS: tl.constexpr,
+):
+    # The output is written as words holding one element pair: OUTPUT 0 bf16 / 1 fp16 pairs in int32
+    # words, 2 fp32 pairs in int64 words; word j of a block is exactly code byte j's two nibbles.
+    block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
+    in_range = block < n_blocks
+    if CONTIGUOUS:
+        code_offset = block * 16
+        scale_offset = block
+    else:
+        row = block // blocks_per_row
+        col_block = block - row * blocks_per_row
+        code_offset = row * codes_row_stride + col_block * 16
+        scale_offset = row * scales_row_stride + col_block
+    packed = tl.load(codes_ptr + code_offset[:, None] + tl.arange(0, 16)[None, :], mask=in_range[:, None], other=0)
+    packed = packed.to(tl.uint32)
+    scale = tl.load(scales_ptr + scale_offset, mask=in_range, other=0).to(tl.uint32)
+    # E8M0 byte s -> 2**(s - 127); byte 0 is the fp32 subnormal 2**-127; 0xFF handled below.
+    scale_value = tl.where(scale == 0, 0x00400000, tl.minimum(scale, 254) << 23).to(tl.uint32)
+    scale_value = scale_value.to(tl.float32, bitcast=True)
+    low = _e2m1_bits(packed & 0xF, scale_value, OUTPUT)
+    high = _e2m1_bits(packed >> 4, scale_value, OUTPUT)
+    nan_block = (scale == 255)[:, None]
+    if OUTPUT == 2:
+        words = low.to(tl.uint64) | (high.to(tl.uint64) << 32)
+        words = tl.where(nan_block, 0x7FC000007FC00000, words).to(tl.int64, bitcast=True)
+    else:
+        words = low | (high << 16)
+        nan = 0x7FC07FC0 if OUTPUT == 0 else 0x7E007E00
+        words = tl.where(nan_block, nan, words).to(tl.uint32).to(tl.int32, bitcast=True)
+    tl.store(out_ptr + block[:, None] * 16 + tl.arange(0, 16)[None, :], words, mask=in_range[:, None])
+
+
+def _launch_shape(device: torch.device, gpu_shape: tuple[int, int, int]) -> tuple[int, int, int]:
+    return _INTERPRETER if device.type == "cpu" or interpreter_active() else gpu_shape
+
+
+def _word_rows(rows: torch.Tensor) -> torch.Tensor:
+    """[rows, K] of 2-byte or 4-byte elements -> [rows, K/2] words of one element pair each (no copy)."""
+    return rows.view(torch.int32 if rows.element_size() == 2 else torch.int64)
 
 
 def launch_quantize(x: torch.Tensor, block_size: int, scale_mode: str, fault: str = "none"):
@@ -160,11 +257,12 @@ def launch_quantize(x: torch.Tensor, block_size: int, scale_mode: str, fault: st
     scales = torch.empty(*x.shape[:-1], k // MX_BLOCK_SIZE, dtype=torch.uint8, device=x.device)
     n_blocks = rows.shape[0] * (k // MX_BLOCK_SIZE)
     if n_blocks:
-        blocks, warps = _blocks_per_program(x.device)
-        grid = (triton.cdiv(n_blocks, blocks),)
-        _quantize_mxfp4_kernel[grid](
-            rows, codes, scales, n_blocks, k // MX_BLOCK_SIZE, rows.stride(0),
-            BLOCKS=blocks, SCALE_MODE=_MODE_ID[scale_mode], FAULT=FAULTS[fault], num_warps=warps,
+        words = _word_rows(rows)
+        blocks, tiles, warps = _launch_shape(x.device, _QUANTIZE_GPU[x.dtype])
+        _quantize_mxfp4_kernel[(triton.cdiv(n_blocks, blocks * tiles),)](
+            words, codes, scales, n_blocks, k // MX_BLOCK_SIZE, words.stride(0),
+            BLOCKS=blocks, TILES=tiles, INPUT=_DTYPE_ID[x.dtype], SCALE_MODE=_MODE_ID[scale_mode],
+            CONTIGUOUS=rows.shape[0] == 1 or words.stride(0) == k // 2, FAULT=FAULTS[fault], num_warps=warps,
         )
     return codes, scales
 
@@ -177,11 +275,13 @@ def launch_dequantize(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
     out = torch.empty(*codes.shape[:-1], codes.shape[-1] * 2, dtype=dtype, device=codes.device)
     n_blocks = scale_rows.shape[0] * blocks_per_row
     if n_blocks:
-        blocks, warps = _blocks_per_program(codes.device)
-        grid = (triton.cdiv(n_blocks, blocks),)
-        _dequantize_mxfp4_kernel[grid](
-            code_rows, scale_rows, out, n_blocks, blocks_per_row, code_rows.stride(0), scale_rows.stride(0),
-            BLOCKS=blocks, OUT_DTYPE=_OUT_DTYPE_ID[dtype], num_warps=warps,
+        blocks, _, warps = _launch_shape(codes.device, _DEQUANTIZE_GPU)
+        contiguous = scale_rows.shape[0] == 1 or (
+            code_rows.stride(0) == codes.shape[-1] and scale_rows.stride(0) == blocks_per_row)
+        _dequantize_mxfp4_kernel[(triton.cdiv(n_blocks, blocks),)](
+            code_rows, scale_rows, _word_rows(out.view(-1, out.shape[-1])), n_blocks, blocks_per_row,
+            code_rows.stride(0), scale_rows.stride(0),
+            BLOCKS=blocks, OUTPUT=_DTYPE_ID[dtype], CONTIGUOUS=contiguous, num_warps=warps,
         )
     return out
 

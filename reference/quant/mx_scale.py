@@ -21,8 +21,10 @@ Policy (documented, shared by every MX quantizer here):
 - amax NaN or Inf (a NaN or an Inf anywhere in the block): byte 0xFF (NaN); MX has no Inf, so the block
   is not representable. This is the microxcaling and torchao behaviour.
 
-All arithmetic is on float64, where amax (an fp32/bf16/fp16 value) and amax / elem_max are exact enough:
-amax has at most 24 significant bits, so amax / 6 is never within 2**-53 of a power of two without being one.
+All arithmetic is on float64, where every fp32/bf16/fp16 amax is a normal number, and amax / elem_max is
+exact enough: amax has at most 24 significant bits, so amax / 6 is never within 2**-53 of a power of two
+without being one. (torch.frexp would read the same exponents, but inductor's CPU codegen fails on its
+int32 output inside float64 loops in torch 2.13, and the compiled reference is a benchmark baseline.)
 """
 
 from __future__ import annotations
@@ -35,15 +37,14 @@ SCALE_MODES = ("floor", "rceil", "even", "ceil")
 
 
 def floor_log2(x: torch.Tensor) -> torch.Tensor:
-    """Exact floor(log2 x) for positive finite float64 x, as int32."""
-    _, exponent = torch.frexp(x)  # x = mantissa * 2**exponent, mantissa in [0.5, 1)
-    return exponent.to(torch.int32) - 1
+    """Exact floor(log2 x) for positive normal float64 x, as int64: x's unbiased exponent field."""
+    return ((x.view(torch.int64) >> 52) & 0x7FF) - 1023
 
 
 def ceil_log2(x: torch.Tensor) -> torch.Tensor:
-    """Exact ceil(log2 x) for positive finite float64 x, as int32."""
-    mantissa, exponent = torch.frexp(x)
-    return exponent.to(torch.int32) - (mantissa == 0.5).to(torch.int32)
+    """Exact ceil(log2 x) for positive normal float64 x: one more than floor unless x is a power of two."""
+    fraction = x.view(torch.int64) & ((1 << 52) - 1)
+    return floor_log2(x) + (fraction != 0).to(torch.int64)
 
 
 def round_significand_1bit_half_up(x: torch.Tensor) -> torch.Tensor:
@@ -53,7 +54,7 @@ def round_significand_1bit_half_up(x: torch.Tensor) -> torch.Tensor:
 
 
 def shared_exponent(amax: torch.Tensor, mode: str, *, emax_elem: int, elem_max: float) -> torch.Tensor:
-    """Unbiased scale exponent e (int32) per block for a positive, finite, nonzero float64 amax."""
+    """Unbiased scale exponent e (int64) per block for a positive, finite, nonzero float64 amax."""
     if mode == "floor":
         e = floor_log2(amax) - emax_elem
     elif mode == "rceil":

@@ -202,3 +202,12 @@ def test_empty_input(device):
     codes, scales = kernel.quantize_mxfp4(torch.empty(0, 64, device=device))
     assert codes.shape == (0, 32) and scales.shape == (0, 2)
     assert kernel.dequantize_mxfp4(codes, scales).shape == (0, 64)
+
+
+@pytest.mark.parametrize("dtype", INPUT_DTYPES)
+def test_multi_tile_launch_with_a_ragged_last_program(dtype, device, monkeypatch):
+    """Several tiles per program (the GPU launch shape), with the last program's tiles partly past the end."""
+    monkeypatch.setattr(kernel, "_INTERPRETER", (16, 3, 1))
+    monkeypatch.setitem(kernel._QUANTIZE_GPU, dtype, (16, 3, 1))
+    x = cases.random_blocks((37, 160), torch.float32, seed=9, spread=12.0).to(dtype)  # 185 blocks: 4 programs
+    check_quantize(x, "even", device)

@@ -1,0 +1,48 @@
+"""Correctness of one implementation's output against the baseline's, as a short verdict string.
+
+`compare_exact` is the check of exact ops (DESIGN.md tolerance policy: bit-exact, NaN positions equal,
+signed zero checked): every output tensor is compared bit for bit (floats through an integer view of the
+same width), so -0.0 vs +0.0 and NaN payloads count as mismatches. Verdicts: "exact",
+"mismatch 12/4096" (differing elements / elements compared), or "mismatch: <what differs>" when shapes,
+dtypes or the number of outputs disagree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+_INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def as_tensors(out: Any) -> tuple[torch.Tensor, ...]:
+    if isinstance(out, torch.Tensor):
+        return (out,)
+    if isinstance(out, list | tuple) and all(isinstance(t, torch.Tensor) for t in out):
+        return tuple(out)
+    raise TypeError(f"an implementation must return a tensor or a tuple of tensors, got {type(out).__name__}")
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        return t.view(_INT_OF_WIDTH[t.element_size()])
+    return t
+
+
+def compare_exact(out: Any, baseline: Any) -> str:
+    outs, refs = as_tensors(out), as_tensors(baseline)
+    if len(outs) != len(refs):
+        return f"mismatch: {len(outs)} outputs vs {len(refs)}"
+    differing = compared = 0
+    for i, (o, r) in enumerate(zip(outs, refs, strict=True)):
+        if o.shape != r.shape or o.dtype != r.dtype:
+            return f"mismatch: output {i} is {o.dtype} {list(o.shape)}, baseline {r.dtype} {list(r.shape)}"
+        differing += int((_bits(o) != _bits(r.to(o.device))).sum())
+        compared += r.numel()
+    return "exact" if differing == 0 else f"mismatch {differing}/{compared}"
+
+
+def is_failure(verdict: str) -> bool:
+    """Mismatches and errors fail a run; "exact", "baseline", "unchecked..." and skips do not."""
+    return verdict.startswith(("mismatch", "error"))

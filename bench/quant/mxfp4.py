@@ -1,0 +1,159 @@
+"""MXFP4 quantize / dequantize benchmarks: bf16 [M, 4096] <-> codes uint8 [M, 2048] + E8M0 scales [M, 128].
+
+Both ops are bandwidth-bound, measured against the same-run memcpy roof. Bytes (compulsory, per call):
+the bf16 tensor (M*K*2) + packed codes (M*K/2) + scales (M*K/32), read on one side and written on the
+other. No FLOPs model: the work per byte is a handful of integer/compare ops, never the limit.
+
+Sizes are the bf16 tensor's size (x = bf16_MiB): 1 MiB to 1 GiB on GPUs (1 GiB: M = 131072), up to 8 MiB on
+CPU. Implementations:
+- reference-eager: reference.quant.mxfp4 as written (float64, large temporaries);
+- reference-compiled: the same functions under torch.compile, compiled once per process with dynamic
+  shapes, so the sweep reuses one graph across sizes;
+- triton: kernels.mxfp4, imported when first used (a missing module makes the impl a recorded skip).
+Correctness: bit-exact (codes and scales; output bits) against reference-eager where it ran, else against
+reference-compiled.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from collections.abc import Callable
+
+import torch
+
+from bench.registry import Case, Impl, OpBench, Unavailable, register
+from reference.quant.mxfp4 import MX_BLOCK_SIZE, dequantize_mxfp4, quantize_mxfp4
+
+K = 4096
+MIB = 1 << 20
+FULL_MIB = (1, 16, 64, 256, 1024)
+SMALL_MIB = (1, 4, 8)  # eager quantize takes ~0.9 s per call at 8 MiB on the 2-core VM
+# Peak memory of one eager call over the bf16 tensor's size, measured as peak-RSS growth on CPU at 64 MiB:
+# quantize 72x (encode_e2m1's float64 [..., 8] distance grid dominates), dequantize 17x.
+EAGER_TEMPORARIES = {"quantize": 72, "dequantize": 17}
+# On GPUs the eager reference stops at 256 MiB (18 GiB of temporaries for quantize): above that it costs
+# device time without saying anything the compiled reference does not.
+EAGER_GPU_MAX_MIB = 256
+SCALE_RANGE = (112, 143)  # E8M0 bytes 2**-15 .. 2**15: realistic weight/activation scales, no NaN byte
+
+
+def _label(mib: int) -> str:
+    return f"{mib // 1024}GiB" if mib >= 1024 and mib % 1024 == 0 else f"{mib}MiB"
+
+
+def _cases(sizes: tuple[int, ...]) -> list[Case]:
+    return [Case(_label(mib), float(mib), (mib * MIB // (K * 2), K)) for mib in sizes]
+
+
+SWEEPS = {"small": _cases(SMALL_MIB), "full": _cases(FULL_MIB)}
+
+
+def mxfp4_bytes(case: Case) -> int:
+    m, k = case.shape
+    return m * k * 2 + m * k // 2 + m * k // MX_BLOCK_SIZE
+
+
+def _generator(torch_device: str) -> torch.Generator:
+    return torch.Generator(device=torch_device).manual_seed(0)
+
+
+def quantize_inputs(case: Case, torch_device: str) -> torch.Tensor:
+    generator = _generator(torch_device)
+    return torch.randn(case.shape, dtype=torch.bfloat16, device=torch_device, generator=generator)
+
+
+def dequantize_inputs(case: Case, torch_device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    m, k = case.shape
+    generator = _generator(torch_device)
+    codes = torch.randint(0, 256, (m, k // 2), dtype=torch.uint8, device=torch_device, generator=generator)
+    low, high = SCALE_RANGE
+    scales = torch.randint(low, high, (m, k // MX_BLOCK_SIZE), dtype=torch.uint8, device=torch_device,
+                           generator=generator)
+    return codes, scales
+
+
+def _eager_skip(kind: str) -> Callable[[Case, str], str | None]:
+    def skip_reason(case: Case, backend: str) -> str | None:
+        need = EAGER_TEMPORARIES[kind] * case.x_value * MIB
+        if backend != "cpu" and case.x_value > EAGER_GPU_MAX_MIB:
+            return (f"eager reference needs ~{EAGER_TEMPORARIES[kind]}x the bf16 tensor in temporaries; "
+                    f"capped at {EAGER_GPU_MAX_MIB} MiB on GPUs")
+        if backend == "cpu" and need > _host_memory() // 2:
+            return f"eager reference needs ~{need / 2**30:.0f} GiB of temporaries, over half the host memory"
+        return None
+
+    return skip_reason
+
+
+def _host_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _triton_skip(case: Case, backend: str) -> str | None:
+    if backend == "cpu":
+        return "Triton kernels need a GPU (the CPU interpreter is not a performance target)"
+    return None
+
+
+@functools.cache
+def _compiled(fn: Callable) -> Callable:
+    # One compile per function per process; dynamic=True makes M (and K) symbolic from the first call.
+    # Duck shaping off: at 1 MiB, M = 128 = K/32, so dynamo gave both sizes one symbol and the 4 MiB case
+    # recompiled (seen with TORCH_LOGS=recompiles on CPU); without it the whole sweep uses one graph.
+    try:
+        import torch.fx.experimental._config as fx_config
+
+        fx_config.use_duck_shape = False
+    except (ImportError, AttributeError):
+        pass
+    return torch.compile(fn, dynamic=True)
+
+
+def _kernel(name: str) -> Callable:
+    try:
+        module = importlib.import_module("kernels.mxfp4")
+    except ImportError as err:
+        raise Unavailable(f"kernels.mxfp4 is not importable ({type(err).__name__}: {err})") from err
+    if not hasattr(module, name):
+        raise Unavailable(f"kernels.mxfp4 has no {name}")
+    return getattr(module, name)
+
+
+def _quantize_with(get_fn: Callable[[], Callable]) -> Callable[[torch.Tensor], Callable[[], object]]:
+    def factory(x: torch.Tensor) -> Callable[[], object]:
+        fn = get_fn()
+        return lambda: fn(x, scale_mode="floor")
+
+    return factory
+
+
+def _dequantize_with(get_fn: Callable[[], Callable]) -> Callable[[tuple], Callable[[], object]]:
+    def factory(inputs: tuple[torch.Tensor, torch.Tensor]) -> Callable[[], object]:
+        fn = get_fn()
+        codes, scales = inputs
+        return lambda: fn(codes, scales, dtype=torch.bfloat16)
+
+    return factory
+
+
+def _op(name: str, kind: str, dtype: str, make_inputs: Callable, wrap: Callable, reference: Callable
+        ) -> OpBench:
+    impls = (
+        Impl("reference-eager", wrap(lambda: reference), _eager_skip(kind)),
+        Impl("reference-compiled", wrap(lambda: _compiled(reference))),
+        Impl("triton", wrap(lambda: _kernel(f"{kind}_mxfp4")), _triton_skip),
+    )
+    return OpBench(
+        name=name, area="quant", dtype=dtype, x_name="bf16_MiB", sweeps=SWEEPS, make_inputs=make_inputs,
+        impls=impls, bytes_model=mxfp4_bytes, flops_model=lambda case: 0, roof="memcpy",
+        baselines=("reference-eager", "reference-compiled"), compare_to="reference-compiled",
+        headline=(("triton", "reference-compiled"), ("triton", "memcpy")),
+    )
+
+
+QUANTIZE = register(_op("mxfp4_quantize", "quantize", "bfloat16->mxfp4", quantize_inputs, _quantize_with,
+                        quantize_mxfp4))
+DEQUANTIZE = register(_op("mxfp4_dequantize", "dequantize", "mxfp4->bfloat16", dequantize_inputs,
+                          _dequantize_with, dequantize_mxfp4))

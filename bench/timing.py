@@ -1,0 +1,106 @@
+"""Time a zero-argument callable: p20/p50/p80 in milliseconds and the number of samples behind them.
+
+GPU (CUDA, ROCm, XPU): `triton.testing.do_bench`, which times every repetition with device events and
+zeroes a 256 MB buffer before each one (cold L2; H200 L2 is 50 MB). It is called with return_mode="all" so
+that the sample count is known; the quantiles are then the same linear interpolation do_bench applies when
+asked for quantiles=[0.2, 0.5, 0.8].
+CPU: a perf_counter loop with the same shape (estimate, warm up for a time, repeat for a time). Caches are
+not flushed: the CPU path exists to exercise the harness, not to judge kernels.
+
+The callable is assumed to have been called once already (the runner calls it for correctness first, which
+also pays for compilation and autotuning).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+
+from bench.device import synchronize
+
+QUANTILES = (0.2, 0.5, 0.8)
+# Warm-up and measurement windows (ms). 25/100 are do_bench's own defaults. The largest MXFP4 case (1 GiB
+# in, ~1.3 GiB moved) should take ~0.3 ms at H200 bandwidth (4.8 TB/s datasheet; not yet measured here),
+# and do_bench counts its 256 MB L2 flush (~0.1 ms) inside the window, so 100 ms gives a few hundred
+# samples per case, enough for stable p20/p80. Wall time per measurement is ~warmup + rep + the estimate
+# calls (~0.15 s), so ~30 measurements per MXFP4 sweep cost seconds, not minutes, of a 10-minute slot.
+GPU_WARMUP_MS = 25.0
+GPU_REP_MS = 100.0
+# CPU: the eager MXFP4 reference takes ~0.9 s per call at 8 MiB (measured on the 2-core VM), so the window
+# is usually smaller than one call; MIN_SAMPLES then decides the count and the cost (~7 calls per case).
+CPU_WARMUP_MS = 25.0
+CPU_REP_MS = 100.0
+# Fewest samples behind p20/p80 (also enforced on GPU by widening rep for slow calls such as the eager
+# reference), and a cap so a sub-microsecond CPU callable does not loop for 10^5 iterations.
+MIN_SAMPLES = 5
+MAX_SAMPLES = 10_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    p20: float
+    p50: float
+    p80: float
+    n_samples: int
+
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default, and do_bench's)."""
+    point = q * (len(sorted_values) - 1)
+    lower, upper = math.floor(point), math.ceil(point)
+    frac = point - lower
+    return (1 - frac) * sorted_values[lower] + frac * sorted_values[upper]
+
+
+def summarize(times_ms: Sequence[float]) -> Timing:
+    if not times_ms:
+        raise ValueError("no samples")
+    ordered = sorted(times_ms)
+    p20, p50, p80 = (quantile(ordered, q) for q in QUANTILES)
+    return Timing(p20, p50, p80, len(ordered))
+
+
+def _one_call_ms(fn: Callable[[], object], torch_device: str) -> float:
+    synchronize(torch_device)
+    start = time.perf_counter()
+    fn()
+    synchronize(torch_device)
+    return (time.perf_counter() - start) * 1e3
+
+
+def bench_gpu(fn: Callable[[], object], torch_device: str, warmup_ms: float, rep_ms: float) -> Timing:
+    from triton.testing import do_bench  # GPU only; importing triton on CPU-only hosts is not needed
+
+    estimate = _one_call_ms(fn, torch_device)
+    rep = max(rep_ms, MIN_SAMPLES * estimate * 1.2)
+    times = do_bench(fn, warmup=warmup_ms, rep=rep, return_mode="all")
+    synchronize(torch_device)
+    return summarize(times)
+
+
+def bench_cpu(fn: Callable[[], object], warmup_ms: float, rep_ms: float) -> Timing:
+    estimate = max(_one_call_ms(fn, "cpu"), 1e-6)
+    for _ in range(max(1, int(warmup_ms / estimate))):
+        fn()
+    n_repeat = min(MAX_SAMPLES, max(MIN_SAMPLES, int(rep_ms / estimate)))
+    times = []
+    for _ in range(n_repeat):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return summarize(times)
+
+
+def bench(
+    fn: Callable[[], object],
+    torch_device: str,
+    *,
+    warmup_ms: float | None = None,
+    rep_ms: float | None = None,
+) -> Timing:
+    """Time `fn` on `torch_device` ('cuda' for CUDA and ROCm, 'xpu', 'cpu')."""
+    if torch_device == "cpu":
+        return bench_cpu(fn, warmup_ms or CPU_WARMUP_MS, rep_ms or CPU_REP_MS)
+    return bench_gpu(fn, torch_device, warmup_ms or GPU_WARMUP_MS, rep_ms or GPU_REP_MS)

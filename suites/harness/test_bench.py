@@ -1,0 +1,302 @@
+"""The bench/ harness on CPU: registry sweep, tidy CSV, Markdown/PNG reports, rebuild, verdicts, CLI.
+
+A dummy op (impls built from torch copy/add) stands in for real kernels, with one impl per verdict the
+runner can give: baseline, exact, mismatch, skipped (reason, and factory raising Unavailable), error.
+No torch.compile here (minutes on 2 cores); timing windows are shrunk so the whole file runs in seconds.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import inspect
+import io
+
+import pytest
+import torch
+
+from bench import cli, environment, report
+from bench.correctness import compare_exact
+from bench.environment import NVIDIA_SMI_QUERIES, collect, parse_nvidia_smi
+from bench.registry import REGISTRY, Case, Impl, OpBench, Unavailable, discover
+from bench.roofs import Roof, Roofs
+from bench.rows import COLUMNS, KEY, read_csv, upsert_csv
+from bench.runner import Progress, RunConfig, count_measurements, run_op
+from bench.timing import MIN_SAMPLES, Timing, bench, summarize
+from kernels.platform import Platform
+
+FAST = dict(warmup_ms=1.0, rep_ms=2.0)
+CASES = [Case("4KiB", 4.0, (1024,)), Case("16KiB", 16.0, (4096,))]
+
+
+def _unavailable(x: torch.Tensor):
+    raise Unavailable("kernels.dummy is not importable")
+
+
+def _broken(x: torch.Tensor):
+    return lambda: x / torch.zeros(3)  # shapes do not broadcast: RuntimeError on the first call
+
+
+def _out_of_memory(x: torch.Tensor):
+    def fn():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 40.00 GiB")
+
+    return fn
+
+
+class InductorError(Exception):
+    """Stands in for torch._inductor.exc.InductorError: the runner recognizes compile failures by name."""
+
+
+def _fails_to_compile(x: torch.Tensor):
+    def fn():
+        raise InductorError("CppCompileError: C++ compile error")
+
+    return fn
+
+
+def dummy_op() -> OpBench:
+    impls = (
+        Impl("copy", lambda x: (lambda: x.clone())),
+        Impl("add-zero", lambda x: (lambda: x + 0)),
+        Impl("off-by-one", lambda x: (lambda: x + 1)),
+        Impl("small-only", lambda x: (lambda: x.clone()),
+             lambda case, backend: "too large for this impl" if case.x_value > 8 else None),
+        Impl("missing", _unavailable),
+        Impl("broken", _broken),
+        Impl("oom", _out_of_memory),
+        Impl("no-compile", _fails_to_compile),
+    )
+    return OpBench(
+        name="dummy_copy", area="test", dtype="float32", x_name="KiB", sweeps={"small": CASES, "full": CASES},
+        make_inputs=lambda case, device: torch.arange(case.shape[0], dtype=torch.float32, device=device),
+        impls=impls, bytes_model=lambda case: 2 * 4 * case.shape[0], flops_model=lambda case: 0,
+        roof="memcpy", baselines=("copy",), compare_to="copy",
+        headline=(("add-zero", "copy"), ("add-zero", "memcpy")),
+    )
+
+
+def fake_roofs() -> Roofs:
+    timing = Timing(0.9, 1.0, 1.1, 10)
+    memcpy = Roof("memcpy", "torch.Tensor.copy_", "uint8", (1 << 30,), 2 << 30, 0, timing)
+    gemm = Roof("gemm", "torch.matmul", "bfloat16", (64, 64, 64), 3 * 64 * 64 * 2, 2 * 64**3, timing)
+    return Roofs(memcpy, gemm)
+
+
+@pytest.fixture(scope="module")
+def env():
+    return collect()
+
+
+@pytest.fixture(scope="module")
+def dummy_rows(env):
+    op = dummy_op()
+    config = RunConfig(sweep="small", **FAST)
+    stream = io.StringIO()
+    rows = run_op(op, env, fake_roofs(), config, Progress(count_measurements(op, config), stream))
+    return rows, stream.getvalue()
+
+
+def _cell(rows, impl, x):
+    (row,) = [row for row in rows if row["impl"] == impl and row["x_value"] == x]
+    return row
+
+
+def test_sweep_gives_one_row_per_impl_and_case(dummy_rows):
+    rows, log = dummy_rows
+    assert len(rows) == len(CASES) * 8
+    assert len({tuple(row[k] for k in (*KEY, "x_value")) for row in rows}) == len(rows)
+    assert "[1/16] dummy_copy copy 4KiB" in log and "[16/16]" in log
+    for row in rows:
+        assert set(row) == set(COLUMNS)
+        if row["p50"] is not None:
+            assert row["p20"] <= row["p50"] <= row["p80"] and row["n_samples"] >= MIN_SAMPLES
+            assert row["gbps"] == pytest.approx(row["bytes"] / (row["p50"] * 1e-3) / 1e9)
+            assert row["fraction_of_roof"] == pytest.approx(row["gbps"] / row["roof_value"])
+            assert row["roof_name"] == "memcpy" and row["tflops"] is None
+
+
+def test_verdicts_are_recorded(dummy_rows):
+    rows, _ = dummy_rows
+    assert _cell(rows, "copy", 4.0)["correctness"] == "baseline"
+    assert _cell(rows, "add-zero", 16.0)["correctness"] == "exact"
+    assert _cell(rows, "off-by-one", 4.0)["correctness"] == "mismatch 1024/1024"
+    assert _cell(rows, "small-only", 4.0)["correctness"] == "exact"
+    skipped = _cell(rows, "small-only", 16.0)
+    assert skipped["correctness"] == "skipped: too large for this impl" and skipped["p50"] is None
+    assert _cell(rows, "missing", 4.0)["correctness"] == "skipped: kernels.dummy is not importable"
+    assert _cell(rows, "broken", 4.0)["correctness"].startswith("error: RuntimeError")
+    assert _cell(rows, "broken", 16.0)["correctness"].startswith("error: RuntimeError")
+    assert _cell(rows, "oom", 4.0)["correctness"].startswith("skipped: out of memory (OutOfMemoryError: CUDA")
+    assert _cell(rows, "no-compile", 4.0)["correctness"].startswith("error: InductorError")
+    assert _cell(rows, "no-compile", 16.0)["correctness"] == "skipped: compilation failed at 4KiB (error in that row)"
+
+
+def test_correctness_only_baseline_when_not_selected(env):
+    op = dummy_op()
+    config = RunConfig(sweep="small", impls=["off-by-one"], cases=["4KiB"], **FAST)
+    stream = io.StringIO()
+    rows = run_op(op, env, fake_roofs(), config, Progress(1, stream))
+    assert [row["impl"] for row in rows] == ["off-by-one"]
+    assert rows[0]["correctness"] == "mismatch 1024/1024"
+    assert "[--] dummy_copy copy 4KiB  correctness-only run: baseline" in stream.getvalue()
+
+
+def test_time_budget_skips_remaining(env):
+    config = RunConfig(sweep="small", deadline=0.0, **FAST)
+    rows = run_op(dummy_op(), env, fake_roofs(), config, Progress(16, io.StringIO()))
+    assert {row["correctness"] for row in rows} >= {"skipped: time budget exhausted"}
+    assert all(row["p50"] is None for row in rows)
+
+
+def test_report_files_and_rebuild_from_csv(dummy_rows, tmp_path, monkeypatch):
+    rows, _ = dummy_rows
+    monkeypatch.setitem(REGISTRY, "dummy_copy", dummy_op())
+    folder = tmp_path / "cpu-test"
+    upsert_csv(folder / "dummy_copy.csv", rows)
+    report.render_op(folder, "dummy_copy")
+    report.render_index(folder)
+    with open(folder / "dummy_copy.csv", newline="") as f:
+        assert tuple(next(csv.reader(f))) == COLUMNS
+    assert read_csv(folder / "dummy_copy.csv") == rows
+    md = (folder / "dummy_copy.md").read_text()
+    assert "| KiB | shape | MB moved | copy | add-zero | off-by-one | small-only | missing | broken | oom |" in md
+    assert "mismatch 1024/1024" in md and "skipped: too large for this impl" in md
+    assert "add-zero vs copy:" in md and "add-zero vs memcpy:" in md and "touchstone bench --ops dummy_copy" in md
+    assert (folder / "dummy_copy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    index = (folder / "index.md").read_text()
+    assert "[dummy_copy](dummy_copy.md)" in index
+    for name in ("dummy_copy.md", "dummy_copy.png", "index.md"):
+        (folder / name).unlink()
+    assert cli.main(["report", "--out", str(tmp_path)]) == 0
+    assert (folder / "dummy_copy.md").read_text() == md
+    assert (folder / "index.md").read_text() == index and (folder / "dummy_copy.png").exists()
+
+
+def test_upsert_replaces_same_key_only(dummy_rows, tmp_path):
+    rows, _ = dummy_rows
+    path = tmp_path / "dummy_copy.csv"
+    upsert_csv(path, rows)
+    rerun = [dict(row, correctness="exact", timestamp="later") for row in rows if row["impl"] == "off-by-one"]
+    merged = upsert_csv(path, rerun)
+    assert len(merged) == len(rows) and read_csv(path) == merged
+    assert {row["timestamp"] for row in merged if row["impl"] == "off-by-one"} == {"later"}
+
+
+def test_cli_bench_end_to_end_with_mismatch(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(REGISTRY, "dummy_copy", dummy_op())
+    monkeypatch.setattr("bench.roofs.MEMCPY_BYTES", {"cpu": 1 << 20, "gpu": 1 << 20})
+    monkeypatch.setattr("bench.roofs.GEMM_N", {"cpu": 64, "gpu": 64})
+    status = cli.main(["bench", "--ops", "dummy_copy", "--impls", "copy,off-by-one", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert status == 1  # a mismatch fails the run
+    assert "[4/4]" in out and "1 mismatches/errors" not in out and "2 mismatches/errors" in out
+    (folder,) = [path for path in tmp_path.iterdir() if path.is_dir()]
+    assert {p.name for p in folder.iterdir()} >= {"dummy_copy.csv", "dummy_copy.md", "dummy_copy.png",
+                                                   "index.md", "roofs.csv"}
+    roofs = read_csv(folder / "roofs.csv")
+    assert [row["roof_name"] for row in roofs] == ["memcpy", "gemm"] and roofs[1]["tflops"] > 0
+    row = read_csv(folder / "dummy_copy.csv")[0]
+    assert row["repro_cmd"] == "touchstone bench --ops dummy_copy --sizes small --impls copy --cases 4KiB"
+
+
+def test_cli_rejects_unknown_names(capsys):
+    assert cli.main(["bench", "--ops", "no_such_op"]) == 2
+    assert "no_such_op" in capsys.readouterr().err
+
+
+def test_compare_exact_is_bitwise():
+    x = torch.tensor([0.0, 1.0, float("nan")])
+    assert compare_exact(x, x.clone()) == "exact"
+    assert compare_exact(torch.tensor([-0.0, 1.0]), torch.tensor([0.0, 1.0])) == "mismatch 1/2"
+    codes = torch.zeros(4, dtype=torch.uint8)
+    assert compare_exact((codes, codes), (codes, codes + 1)) == "mismatch 4/8"
+    assert compare_exact(codes, codes[:2]).startswith("mismatch: output 0")
+
+
+def test_timing_quantiles_and_cpu_loop():
+    assert summarize([5.0, 1.0, 3.0, 2.0, 4.0]) == Timing(1.8, 3.0, 4.2, 5)
+    timing = bench(lambda: torch.ones(16).sum(), "cpu", **FAST)
+    assert 0 < timing.p20 <= timing.p50 <= timing.p80 and timing.n_samples >= MIN_SAMPLES
+
+
+def test_gpu_timing_goes_through_do_bench(monkeypatch):
+    import triton.testing
+
+    assert "return_mode" in inspect.signature(triton.testing.do_bench).parameters
+    calls = []
+
+    def fake_do_bench(fn, warmup, rep, return_mode):
+        calls.append((warmup, rep, return_mode))
+        fn()
+        return [3.0, 1.0, 2.0, 4.0, 5.0]
+
+    monkeypatch.setattr(triton.testing, "do_bench", fake_do_bench)
+    # "fake" is no device synchronize() knows, so the GPU path runs here without a GPU.
+    assert bench(lambda: None, "fake", warmup_ms=25, rep_ms=100) == Timing(1.8, 3.0, 4.2, 5)
+    assert calls == [(25, 100, "all")]
+
+
+def test_cuda_environment_reads_nvidia_smi(monkeypatch):
+    platform = Platform("cuda", "NVIDIA H200", 1, (9, 0), "sm_90", "hopper", "13.0")
+    commands = []
+
+    def fake_run(args, timeout=15.0):
+        commands.append(args)
+        return None if "pci.bus_id" in args[1] else "1980 MHz, 3201 MHz, 1980 MHz, 3201 MHz, 700.00 W, 30\n"
+
+    monkeypatch.setattr(environment, "_run", fake_run)
+    driver, clocks = environment.driver_and_clocks(platform)
+    assert driver == "unknown (torch built for cuda 13.0)" and clocks.startswith("sm=1980 MHz; mem=3201 MHz")
+    assert all(args[0] == "nvidia-smi" and args[1].startswith("--query-gpu=") for args in commands)
+    assert platform.slug == "h200"
+
+
+def test_nvidia_smi_parsing_picks_torch_device():
+    text = (
+        "00000000:18:00.0, 570.124.06, 345 MHz, 2619 MHz, 1980 MHz, 3201 MHz, 700.00 W, 31\n"
+        "00000000:2A:00.0, 570.124.06, 1980 MHz, 3201 MHz, 1980 MHz, 3201 MHz, 700.00 W, 36\n"
+    )
+    full, clocks_only = NVIDIA_SMI_QUERIES
+    driver, clocks = parse_nvidia_smi(text, full, (0, 0x2A, 0))
+    assert driver == "570.124.06"
+    assert clocks == ("sm=1980 MHz; mem=3201 MHz; max_sm=1980 MHz; max_mem=3201 MHz; "
+                      "power_limit=700.00 W; temp_c=36")
+    assert parse_nvidia_smi(text, full, None)[1].endswith("(first GPU listed; torch's not matched)")
+    one_gpu = "1755 MHz, 3201 MHz, 1980 MHz, 3201 MHz, 700.00 W, 30\n"
+    assert parse_nvidia_smi(one_gpu, clocks_only, (0, 0x2A, 0)) == (
+        "unknown", "sm=1755 MHz; mem=3201 MHz; max_sm=1980 MHz; max_mem=3201 MHz; power_limit=700.00 W; temp_c=30")
+
+
+def test_environment_fields(env):
+    fields = env.row_fields()
+    assert set(fields) <= set(COLUMNS) and fields["backend"] == "cpu" and fields["torch"] == torch.__version__
+    assert fields["dirty"] in ("true", "false", "unknown")
+
+
+def test_mxfp4_definitions():
+    ops = discover()
+    quantize, dequantize = ops["mxfp4_quantize"], ops["mxfp4_dequantize"]
+    full = {case.label: case for case in quantize.sweeps["full"]}
+    assert list(full) == ["1MiB", "16MiB", "64MiB", "256MiB", "1GiB"]
+    assert full["1GiB"].shape == (131072, 4096)
+    assert all(case.x_value <= 8 for case in quantize.sweeps["small"])
+    assert quantize.bytes_model(full["1MiB"]) == (1 << 20) + 128 * 2048 + 128 * 128
+    assert dequantize.bytes_model(full["1GiB"]) == quantize.bytes_model(full["1GiB"])
+    eager, triton = quantize.impl("reference-eager"), quantize.impl("triton")
+    assert "eager reference needs" in eager.skip_reason(full["1GiB"], "cuda")
+    assert eager.skip_reason(full["256MiB"], "cuda") is None
+    assert triton.skip_reason(full["1MiB"], "cpu") and triton.skip_reason(full["1MiB"], "cuda") is None
+    if importlib.util.find_spec("kernels.mxfp4") is None:
+        with pytest.raises(Unavailable):
+            triton.factory(torch.zeros(1, 32, dtype=torch.bfloat16))
+
+
+def test_mxfp4_eager_runs_on_cpu(env):
+    ops = discover()
+    for name in ("mxfp4_quantize", "mxfp4_dequantize"):
+        config = RunConfig(sweep="small", impls=["reference-eager", "triton"], cases=["1MiB"], **FAST)
+        rows = run_op(ops[name], env, fake_roofs(), config, Progress(2, io.StringIO()))
+        verdicts = {row["impl"]: row["correctness"] for row in rows}
+        assert verdicts["reference-eager"] == "baseline" and verdicts["triton"].startswith("skipped: Triton")
+        assert rows[0]["p50"] > 0 and rows[0]["shape"] == "[128, 4096]"
