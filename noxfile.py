@@ -34,7 +34,7 @@ def _install(session: nox.Session) -> None:
 
 
 def _pytest(session: nox.Session, *args: str, python: str = "python") -> None:
-    session.run(python, "-m", "pytest", "-n", "auto", *args, *session.posargs)
+    session.run(python, "-m", "pytest", "suites", "-n", "auto", *args, *session.posargs)
 
 
 @nox.session
@@ -66,7 +66,7 @@ def _hardware(session: nox.Session, backend: str) -> None:
     session.env.update(TOUCHSTONE_REQUIRE_BACKEND=backend, HYPOTHESIS_PROFILE="ci")
     session.env.pop("TRITON_INTERPRET", None)
     # Eight workers share the one GPU: the suites are many small launches, bound by host-side work.
-    session.run(python, "-m", "pytest", "-n", "8", "--device", backend, *session.posargs)
+    session.run(python, "-m", "pytest", "suites", "-n", "8", "--device", backend, *session.posargs)
     session.run(python, "-m", "bench.cli", "bench", "--sizes", "full")
 
 
