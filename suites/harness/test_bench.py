@@ -83,9 +83,13 @@ def fake_roofs() -> Roofs:
     return Roofs(memcpy, gemm)
 
 
+# These are self-tests of the harness: they run it on the CPU whatever tier the suite runs on.
+CPU = Platform("cpu", "Test CPU", 1, None, "x86_64", "cpu")
+
+
 @pytest.fixture(scope="module")
 def env():
-    return collect()
+    return collect(CPU)
 
 
 @pytest.fixture(scope="module")
@@ -184,6 +188,7 @@ def test_upsert_replaces_same_key_only(dummy_rows, tmp_path):
 
 
 def test_cli_bench_end_to_end_with_mismatch(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("bench.environment.detect_platform", lambda: CPU)
     monkeypatch.setitem(REGISTRY, "dummy_copy", dummy_op())
     monkeypatch.setattr("bench.roofs.MEMCPY_BYTES", {"cpu": 1 << 20, "gpu": 1 << 20})
     monkeypatch.setattr("bench.roofs.GEMM_N", {"cpu": 64, "gpu": 64})
