@@ -52,6 +52,9 @@ class Impl:
     factory: Callable[[Any], Callable[[], Any]]
     # (case, backend) -> reason this impl does not run the case there, or None. backend: cuda|rocm|xpu|cpu.
     skip_reason: Callable[[Case, str], str | None] = lambda case, backend: None
+    # A gated impl's mismatch or error fails the run; an ungated one (a peer we measure but do not own,
+    # such as torch.compile of the reference) is recorded in the report and does not.
+    gated: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

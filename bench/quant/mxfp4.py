@@ -33,9 +33,9 @@ SMALL_MIB = (1, 4, 8)  # eager quantize takes ~0.9 s per call at 8 MiB on the 2-
 # Peak memory of one eager call over the bf16 tensor's size, measured as peak-RSS growth on CPU at 64 MiB:
 # quantize 72x (encode_e2m1's float64 [..., 8] distance grid dominates), dequantize 17x.
 EAGER_TEMPORARIES = {"quantize": 72, "dequantize": 17}
-# On GPUs the eager reference stops at 256 MiB (18 GiB of temporaries for quantize): above that it costs
-# device time without saying anything the compiled reference does not.
-EAGER_GPU_MAX_MIB = 256
+# The eager reference runs at every GPU size, 1 GiB included (72 GiB of temporaries for quantize, within the
+# H200's 141 GB; 66 ms per call at 256 MiB): it is the definition every other row's bytes are checked against.
+EAGER_GPU_MAX_MIB = 1024
 SCALE_RANGE = (112, 143)  # E8M0 bytes 2**-15 .. 2**15: realistic weight/activation scales, no NaN byte
 
 
@@ -142,7 +142,9 @@ def _op(name: str, kind: str, dtype: str, make_inputs: Callable, wrap: Callable,
         ) -> OpBench:
     impls = (
         Impl("reference-eager", wrap(lambda: reference), _eager_skip(kind)),
-        Impl("reference-compiled", wrap(lambda: _compiled(reference))),
+        # A peer, not gated: on the H200 (torch 2.11) inductor's build of dequantize disagrees with the eager
+        # reference on ~1/16 of outputs (one code value), so it is measured and its mismatch reported.
+        Impl("reference-compiled", wrap(lambda: _compiled(reference)), gated=False),
         Impl("triton", wrap(lambda: _kernel(f"{kind}_mxfp4")), _triton_skip),
     )
     return OpBench(
