@@ -1,8 +1,9 @@
 """Interpreter shim: make `TRITON_INTERPRET=1` compute what GPU Triton (sm_90, Triton 3.6) computes.
 
-The CPU test tier runs Triton kernels under `triton/runtime/interpreter.py`, which gets three things wrong
-(seen in Triton 3.6.0 and 3.9.0). Each fix is a named `Shim` record wrapping methods of the interpreter's
-own `InterpreterBuilder`, so it reaches interpreter mode only: compiled kernels never touch that class.
+The CPU test tier runs Triton kernels under `triton/runtime/interpreter.py`, which gets four things wrong
+(seen in Triton 3.6.0; the bf16 dot, bf16 rounding and fp8 ones in 3.9.0 too). Each fix is a named `Shim`
+record wrapping methods of the interpreter's own `InterpreterBuilder`, so it reaches interpreter mode only:
+compiled kernels never touch that class.
 suites/conftest.py calls `install()` for `--device cpu`; `disabled()` takes every shim out for a block.
 
 GPU semantics matched, and where each fact comes from:
@@ -122,6 +123,15 @@ def _bf16_round_cast_impl(original: Callable) -> Callable:
     return cast_impl
 
 
+def _bf16_widen_cast_impl(original: Callable) -> Callable:
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar.name == "bf16" and dst_type.scalar.name == "fp32":
+            return _Handle(bf16_bits_to_f32(src.data), dst_type.scalar)  # bf16 -> fp32 is a 16-bit shift
+        return original(self, src, dst_type)
+
+    return cast_impl
+
+
 def _bf16_round_fp_to_fp(original: Callable) -> Callable:
     def create_fp_to_fp(self, src, dst_type, rounding_mode):
         if src.dtype.scalar.name == "fp32" and dst_type.scalar.name == "bf16":
@@ -197,6 +207,14 @@ SHIMS: tuple[Shim, ...] = (
         upstream="none found; related: triton-lang/triton#11897 (open PR reworking _convert_float)",
         remove_when=_REMOVE.format("bf16_round"),
         patches=(("cast_impl", _bf16_round_cast_impl), ("create_fp_to_fp", _bf16_round_fp_to_fp)),
+    ),
+    Shim(
+        name="bf16_widen",
+        fixes="bf16->fp32 widening flushed or mis-scaled bf16 subnormals (_convert_float renormalises them and "
+        "then clamps the fp32 exponent at 0, e.g. 0x0001 -> 0.0, 0x0003 -> 5.9e-39); now the exact 16-bit shift",
+        upstream="none found; related: triton-lang/triton#11897 (open PR reworking _convert_float)",
+        remove_when=_REMOVE.format("bf16_widen"),
+        patches=(("cast_impl", _bf16_widen_cast_impl),),
     ),
     Shim(
         name="fp8_convert",

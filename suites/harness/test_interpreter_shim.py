@@ -156,6 +156,13 @@ def test_fp32_to_bf16_rounds_to_nearest_even(device, inputs, store_only):
     assert_same(got, x.to(torch.bfloat16), x, "fp32 -> bf16 vs torch RTNE")
 
 
+@pytest.mark.parametrize("store_only", [False, True], ids=["cast", "store"])
+def test_every_bf16_widens_exactly_to_fp32(device, store_only):
+    x = torch.arange(2**16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    got = convert(x, torch.float32, device, store_only=store_only)
+    assert_same(got, x.float(), x, "bf16 -> fp32")
+
+
 def test_fp32_to_bf16_rtz_truncates(device):
     x = torch.cat([bf16_midpoints(), fp32_specials_and_random()])
     u = bits_of(x).view(np.uint32)
@@ -266,6 +273,12 @@ def _probe_bf16_round(device: str) -> str | None:
     return None if np.array_equal(bits_of(got), bits_of(want)) else f"{got.tolist()} vs RTNE {want.tolist()}"
 
 
+def _probe_bf16_widen(device: str) -> str | None:
+    x = torch.tensor([0x0001, 0x0003, -0x7FC0, 0x007F], dtype=torch.int16).view(torch.bfloat16)  # subnormals
+    got = convert(x, torch.float32, device)
+    return None if torch.equal(got.view(torch.int32), x.float().view(torch.int32)) else f"{got.tolist()}"
+
+
 def _probe_fp8_convert(device: str) -> str | None:
     x = torch.tensor([0.487, 500.0, np.inf, np.nan])
     got, want = convert(x, torch.float8_e4m3fn, device), gpu_fp8(x, "e4nv")
@@ -276,10 +289,16 @@ def _probe_fp8_convert(device: str) -> str | None:
     return f"{[hex(b) for b in bits_of(got)]} vs {[hex(b) for b in bits_of(want)]}; 0x7F -> {decoded.item()}"
 
 
-PROBES = {"bf16_dot": _probe_bf16_dot, "bf16_round": _probe_bf16_round, "fp8_convert": _probe_fp8_convert}
+PROBES = {
+    "bf16_dot": _probe_bf16_dot,
+    "bf16_round": _probe_bf16_round,
+    "bf16_widen": _probe_bf16_widen,
+    "fp8_convert": _probe_fp8_convert,
+}
 BUGS = {
     "bf16_dot": "tl.dot on bf16 operands",
     "bf16_round": "fp32->bf16 rounding (truncation)",
+    "bf16_widen": "bf16->fp32 widening of subnormals",
     "fp8_convert": "fp32<->fp8 conversions",
 }
 
