@@ -30,7 +30,7 @@ _common = dict(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
 )
 settings.register_profile("dev", max_examples=10, **_common)
-settings.register_profile("ci", max_examples=40, derandomize=True, database=None, print_blob=True, **_common)
+settings.register_profile("ci", max_examples=200, derandomize=True, database=None, print_blob=True, **_common)
 settings.register_profile("nightly", max_examples=1000, **_common)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
 
