@@ -4,15 +4,18 @@ Ops: `touchstone::quantize_mxfp4(x, block_size, scale_mode) -> (codes, scales)` 
 `touchstone::dequantize_mxfp4(codes, scales, dtype, block_size) -> values`; call them through
 `quantize_mxfp4` / `dequantize_mxfp4` below, which have the reference's signatures.
 
-How the kernel stays exact without a sticky bit: everything is decided on fp32 bit patterns.
+How the kernels stay exact without a sticky bit: everything is decided on fp32 bit patterns, and the
+rounding is done either by the FPU on an exact value or by integer arithmetic on the bits.
 - amax is an integer max over |x|'s bits (for non-negative floats integer order is float order, and NaN
   and Inf have the largest patterns, so "amax bits >= 0x7F800000" means the block holds NaN or Inf).
 - The scale byte is amax's biased exponent E minus emax_elem (2) plus a per-mode bump read off amax's
   mantissa bits M: floor never, rceil M > 0x400000 (m > 1.5), even M >= 0x600000 (m >= 1.75), ceil M != 0;
   clamped at 0, which also covers amax == 0 and fp32-subnormal amax.
-- |x| * 2**-e is exact whenever it is >= 2**-126 (a power-of-two scaling), and everything smaller than
-  0.25 encodes to zero either way, so comparing the product with the seven E2M1 midpoints (ties to the
-  even code) is round-to-nearest-even on the exact value.
+- Elements: see `_e2m1_code` (one fma for v < 2, a carry on the bits for v >= 2). bf16 pairs are read as
+  one 32-bit word and rounded together; the pair is exactly the two nibbles of one output byte.
+- Dequantize: see `_e2m1_bits`; products are exact, saturated at the output dtype's max, NaN for 0xFF.
+The kernels issue ~12 SASS instructions per element (quantize, bf16), so on the H200 they are as much
+ALU- as memory-bound; the launch shapes below were swept for that.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ FAULTS = {
 }
 
 # Launch shapes: (blocks of 32 elements per tile, tiles per program, warps per program), measured on the
-# H200 at 1 GiB of input (sweep in the foundation issue's closing note; memcpy of the same run = 1.0):
+# H200 at 1 GiB of input (`python -m bench.quant.mxfp4_launch_sweep`; memcpy of the same run = 1.0):
 # - quantize bf16: (64, 8, 2) 0.921x; (32, 8, 1) 0.920x; (128, 1, 1) 0.896x; (64, 1, 2) 0.821x. Several tiles
 #   per program let a warp's next loads fly while its ALUs round the current tile (~12 SASS ops/element).
 # - quantize fp32: (64, 1, 4) 0.957x; (128, 1, 1) 0.849x (64-bit words: fewer elements per register).

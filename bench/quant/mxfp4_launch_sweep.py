@@ -1,0 +1,81 @@
+"""Sweep the MXFP4 kernels' launch shapes on a GPU: GB/s against a memcpy of the same run.
+
+    python -m bench.quant.mxfp4_launch_sweep [--mib 1024]
+
+This is how the constants `_QUANTIZE_GPU` / `_DEQUANTIZE_GPU` in kernels/mxfp4.py were chosen (re-run it on a
+new GPU before changing them). Each shape is checked bit-exact against the reference on the last 512 rows
+before it is timed. GPU only: the interpreter says nothing about launch shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import sys
+
+import torch
+import triton
+from triton.testing import do_bench
+
+from kernels import mxfp4 as kernel
+from reference.quant import mxfp4 as ref
+
+K = 4096
+QUANTIZE_SHAPES = list(itertools.product(((32, 1), (64, 1), (64, 2), (128, 1), (128, 2)), (1, 2, 4, 8)))
+DEQUANTIZE_SHAPES = [(32, 1), (64, 1), (64, 2), (128, 2), (128, 4)]
+
+
+def _time(fn) -> float:
+    fn()
+    return do_bench(fn, warmup=50, rep=300, return_mode="median")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=1024, help="size of the bf16 input in MiB")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("mxfp4_launch_sweep needs a GPU")
+    m = args.mib * (1 << 20) // (2 * K)
+    x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
+    moved = x.numel() * 2 + m * K // 2 + m * K // 32
+    n_blocks = m * K // 32
+    src = torch.empty(x.numel() * 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    memcpy = 2 * src.numel() / _time(lambda: dst.copy_(src)) / 1e6
+    print(f"memcpy {src.numel() / 2**30:.2f} GiB: {memcpy:.0f} GB/s", flush=True)
+
+    tail = slice(m - 512, m)
+    want_codes, want_scales = ref.quantize_mxfp4(x[tail].cpu(), scale_mode="rceil")
+    words = x.view(torch.int32)
+    codes = torch.empty(m, K // 2, dtype=torch.uint8, device="cuda")
+    scales = torch.empty(m, K // 32, dtype=torch.uint8, device="cuda")
+    for (blocks, warps), tiles in QUANTIZE_SHAPES:
+        grid = (triton.cdiv(n_blocks, blocks * tiles),)
+        codes.fill_(0xAA)
+        ms = _time(functools.partial(
+            kernel._quantize_mxfp4_kernel[grid], words, codes, scales, n_blocks, K // 32, K // 2, BLOCKS=blocks,
+            TILES=tiles, INPUT=0, SCALE_MODE=1, CONTIGUOUS=True, FAULT=0, num_warps=warps))
+        exact = torch.equal(codes[tail].cpu(), want_codes) and torch.equal(scales[tail].cpu(), want_scales)
+        gbps = moved / ms / 1e6
+        print(f"quantize   blocks={blocks:4d} tiles={tiles} warps={warps}  {ms * 1e3:7.1f} us  {gbps:5.0f} GB/s  "
+              f"{gbps / memcpy:.3f}x memcpy  {'exact' if exact else 'MISMATCH'}", flush=True)
+
+    codes, scales = kernel.quantize_mxfp4(x)
+    want = ref.dequantize_mxfp4(codes[tail].cpu(), scales[tail].cpu())
+    out = torch.empty_like(x)
+    for blocks, warps in DEQUANTIZE_SHAPES:
+        grid = (triton.cdiv(n_blocks, blocks),)
+        ms = _time(functools.partial(
+            kernel._dequantize_mxfp4_kernel[grid], codes, scales, out.view(torch.int32), n_blocks, K // 32,
+            K // 2, K // 32, BLOCKS=blocks, OUTPUT=0, CONTIGUOUS=True, num_warps=warps))
+        exact = torch.equal(out[tail].cpu().view(torch.int16), want.view(torch.int16))
+        gbps = moved / ms / 1e6
+        print(f"dequantize blocks={blocks:4d} warps={warps}  {ms * 1e3:7.1f} us  {gbps:5.0f} GB/s  "
+              f"{gbps / memcpy:.3f}x memcpy  {'exact' if exact else 'MISMATCH'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
