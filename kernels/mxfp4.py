@@ -40,11 +40,12 @@ FAULTS = {
 }
 
 # Launch shapes: (blocks of 32 elements per tile, tiles per program, warps per program), measured on the
-# H200 at 1 GiB of input (`python -m bench.quant.mxfp4_launch_sweep`; memcpy of the same run = 1.0):
-# - quantize bf16: (64, 8, 2) 0.921x; (32, 8, 1) 0.920x; (128, 1, 1) 0.896x; (64, 1, 2) 0.821x. Several tiles
+# H200 at 1 GiB of input by `python -m bench.quant.mxfp4_launch_sweep` (fraction of a same-run memcpy):
+# - quantize bf16: (64, 8, 2) 0.918x; (32, 8, 1) 0.917x; (128, 1, 1) 0.895x; (64, 1, 2) 0.823x. Several tiles
 #   per program let a warp's next loads fly while its ALUs round the current tile (~12 SASS ops/element).
-# - quantize fp32: (64, 1, 4) 0.957x; (128, 1, 1) 0.849x (64-bit words: fewer elements per register).
-# - dequantize: (64, 1, 2) 0.958x; (128, 1, 4) 0.951x.
+# - quantize fp32 (earlier sweep, same per-element code, one tile per program): (64, 1, 4) 0.957x,
+#   (128, 1, 1) 0.849x (64-bit words: fewer elements per register). fp16 reuses the bf16 shape, unswept.
+# - dequantize: (64, 1, 2) 0.959x; (128, 1, 4) 0.950x; (32, 1, 1) 0.917x.
 _QUANTIZE_GPU = {torch.bfloat16: (64, 8, 2), torch.float16: (64, 8, 2), torch.float32: (64, 1, 4)}
 _DEQUANTIZE_GPU = (64, 1, 2)
 # The interpreter costs ~1 ms per program whatever its size: few, large programs, one tile each.
