@@ -53,12 +53,13 @@ _INTERPRETER = (2048, 1, 1)
 
 
 @triton.jit
-def _word_offsets(block, blocks_per_row, row_stride, CONTIGUOUS: tl.constexpr):
-    """Offsets (in 16-word units per block) of each block's first word: no division for contiguous rows."""
+def _block_offsets(block, blocks_per_row, row_stride, PER_BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr):
+    """Offset of each block's first item in a [rows, blocks_per_row * PER_BLOCK] tensor with a row stride:
+    no division when the rows are contiguous."""
     if CONTIGUOUS:
-        return block * 16
+        return block * PER_BLOCK
     row = block // blocks_per_row
-    return row * row_stride + (block - row * blocks_per_row) * 16
+    return row * row_stride + (block - row * blocks_per_row) * PER_BLOCK
 
 
 @triton.jit
@@ -106,7 +107,7 @@ def _quantize_mxfp4_kernel(
 def _load_words(x_ptr, block, n_blocks, blocks_per_row, x_row_stride, CONTIGUOUS: tl.constexpr):
     """The 16 words of each block; x is read as words holding one element pair (2i, 2i+1), the pair that
     shares one output byte: bf16/fp16 pairs in int32 words, fp32 pairs in int64 words."""
-    word = _word_offsets(block, blocks_per_row, x_row_stride, CONTIGUOUS)[:, None] + tl.arange(0, 16)[None, :]
+    word = _block_offsets(block, blocks_per_row, x_row_stride, 16, CONTIGUOUS)[:, None] + tl.arange(0, 16)[None, :]
     return tl.load(x_ptr + word, mask=(block < n_blocks)[:, None], other=0)
 
 
@@ -215,14 +216,8 @@ def _dequantize_mxfp4_kernel(
     # words, 2 fp32 pairs in int64 words; word j of a block is exactly code byte j's two nibbles.
     block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
     in_range = block < n_blocks
-    if CONTIGUOUS:
-        code_offset = block * 16
-        scale_offset = block
-    else:
-        row = block // blocks_per_row
-        col_block = block - row * blocks_per_row
-        code_offset = row * codes_row_stride + col_block * 16
-        scale_offset = row * scales_row_stride + col_block
+    code_offset = _block_offsets(block, blocks_per_row, codes_row_stride, 16, CONTIGUOUS)
+    scale_offset = _block_offsets(block, blocks_per_row, scales_row_stride, 1, CONTIGUOUS)
     packed = tl.load(codes_ptr + code_offset[:, None] + tl.arange(0, 16)[None, :], mask=in_range[:, None], other=0)
     packed = packed.to(tl.uint32)
     scale = tl.load(scales_ptr + scale_offset, mask=in_range, other=0).to(tl.uint32)

@@ -211,3 +211,15 @@ def test_multi_tile_launch_with_a_ragged_last_program(dtype, device, monkeypatch
     monkeypatch.setitem(kernel._QUANTIZE_GPU, dtype, (16, 3, 1))
     x = cases.random_blocks((37, 160), torch.float32, seed=9, spread=12.0).to(dtype)  # 185 blocks: 4 programs
     check_quantize(x, "even", device)
+
+
+@given(seed=st.integers(0, 2**31 - 1), cut=st.integers(0, 5), width=st.integers(1, 6),
+       out_dtype=st.sampled_from(OUTPUT_DTYPES))
+def test_dequantize_of_a_shard_equals_shard_of_dequantized(seed, cut, width, out_dtype, device):
+    """Column slices of codes/scales (strided rows, no copy) go through the kernel's non-contiguous path."""
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 256, (3, 16 * 12), generator=gen, dtype=torch.uint8).to(device)
+    scales = torch.randint(0, 256, (3, 12), generator=gen, dtype=torch.uint8).to(device)
+    whole = kernel.dequantize_mxfp4(codes, scales, dtype=out_dtype)
+    shard = kernel.dequantize_mxfp4(codes[:, 16 * cut:16 * (cut + width)], scales[:, cut:cut + width], dtype=out_dtype)
+    assert_exact(shard, whole[:, 32 * cut:32 * (cut + width)], "dequantized shard")
