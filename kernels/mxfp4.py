@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from kernels._boundary import as_rows, check_device, interpreter_active
+from kernels._tiles import block_offsets
 from reference.quant.mx_scale import SCALE_MODES
 from reference.quant.mxfp4 import MX_BLOCK_SIZE, check_dequantize_args, check_quantize_args
 
@@ -50,16 +51,6 @@ _QUANTIZE_GPU = {torch.bfloat16: (64, 8, 2), torch.float16: (64, 8, 2), torch.fl
 _DEQUANTIZE_GPU = (64, 1, 2)
 # The interpreter costs ~1 ms per program whatever its size: few, large programs, one tile each.
 _INTERPRETER = (2048, 1, 1)
-
-
-@triton.jit
-def _block_offsets(block, blocks_per_row, row_stride, PER_BLOCK: tl.constexpr, CONTIGUOUS: tl.constexpr):
-    """Offset of each block's first item in a [rows, blocks_per_row * PER_BLOCK] tensor with a row stride:
-    no division when the rows are contiguous."""
-    if CONTIGUOUS:
-        return block * PER_BLOCK
-    row = block // blocks_per_row
-    return row * row_stride + (block - row * blocks_per_row) * PER_BLOCK
 
 
 @triton.jit
@@ -107,7 +98,7 @@ def _quantize_mxfp4_kernel(
 def _load_words(x_ptr, block, n_blocks, blocks_per_row, x_row_stride, CONTIGUOUS: tl.constexpr):
     """The 16 words of each block; x is read as words holding one element pair (2i, 2i+1), the pair that
     shares one output byte: bf16/fp16 pairs in int32 words, fp32 pairs in int64 words."""
-    word = _block_offsets(block, blocks_per_row, x_row_stride, 16, CONTIGUOUS)[:, None] + tl.arange(0, 16)[None, :]
+    word = block_offsets(block, blocks_per_row, x_row_stride, 16, CONTIGUOUS)[:, None] + tl.arange(0, 16)[None, :]
     return tl.load(x_ptr + word, mask=(block < n_blocks)[:, None], other=0)
 
 
@@ -216,8 +207,8 @@ def _dequantize_mxfp4_kernel(
     # words, 2 fp32 pairs in int64 words; word j of a block is exactly code byte j's two nibbles.
     block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
     in_range = block < n_blocks
-    code_offset = _block_offsets(block, blocks_per_row, codes_row_stride, 16, CONTIGUOUS)
-    scale_offset = _block_offsets(block, blocks_per_row, scales_row_stride, 1, CONTIGUOUS)
+    code_offset = block_offsets(block, blocks_per_row, codes_row_stride, 16, CONTIGUOUS)
+    scale_offset = block_offsets(block, blocks_per_row, scales_row_stride, 1, CONTIGUOUS)
     packed = tl.load(codes_ptr + code_offset[:, None] + tl.arange(0, 16)[None, :], mask=in_range[:, None], other=0)
     packed = packed.to(tl.uint32)
     scale = tl.load(scales_ptr + scale_offset, mask=in_range, other=0).to(tl.uint32)

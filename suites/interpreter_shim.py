@@ -1,9 +1,10 @@
 """Interpreter shim: make `TRITON_INTERPRET=1` compute what GPU Triton (sm_90, Triton 3.6) computes.
 
-The CPU test tier runs Triton kernels under `triton/runtime/interpreter.py`, which gets four things wrong
+The CPU test tier runs Triton kernels under `triton/runtime/interpreter.py`, which gets five things wrong
 (seen in Triton 3.6.0; the bf16 dot, bf16 rounding and fp8 ones in 3.9.0 too). Each fix is a named `Shim`
-record wrapping methods of the interpreter's own `InterpreterBuilder`, so it reaches interpreter mode only:
-compiled kernels never touch that class.
+record wrapping methods of the interpreter's own `InterpreterBuilder` (or, named "interpreter.<name>",
+functions of the interpreter module), so it reaches interpreter mode only: compiled kernels never touch
+them.
 suites/conftest.py calls `install()` for `--device cpu`; `disabled()` takes every shim out for a block.
 
 GPU semantics matched, and where each fact comes from:
@@ -166,6 +167,17 @@ def _fp8_fp_to_fp(original: Callable) -> Callable:
     return create_fp_to_fp
 
 
+def _scalar_index(original: Callable) -> Callable:
+    """Scalar kernel arguments are 1-element arrays; `int()` of those fails from numpy 2.4 on, which breaks
+    `range()` over a runtime bound. Index through the one element instead."""
+
+    def _patch_lang_tensor(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))
+
+    return _patch_lang_tensor
+
+
 def _decoding_dot(names: tuple[str, ...]) -> Callable[[Callable], Callable]:
     """create_dot wrapper: operands of the given dtypes are decoded exactly to fp32 before the matmul."""
 
@@ -188,7 +200,8 @@ class Shim:
     fixes: str
     upstream: str
     remove_when: str
-    patches: tuple[tuple[str, Callable[[Callable], Callable]], ...]  # (InterpreterBuilder attribute, wrapper)
+    # (InterpreterBuilder attribute or "interpreter.<module function>", wrapper)
+    patches: tuple[tuple[str, Callable[[Callable], Callable]], ...]
 
 
 _REMOVE = "test_upstream_bug_still_present[{}] fails with 'upstream fixed ...' on the pinned Triton"
@@ -217,6 +230,14 @@ SHIMS: tuple[Shim, ...] = (
         patches=(("cast_impl", _bf16_widen_cast_impl),),
     ),
     Shim(
+        name="scalar_index",
+        fixes="`for i in range(0, n, BLOCK)` with a runtime n raised TypeError('only 0-dimensional arrays can be "
+        "converted to Python scalars') under numpy >= 2.4 (tensor.__index__ did int() on a 1-element array)",
+        upstream="triton-lang/triton#9171 (closed: fixed after 3.6.0)",
+        remove_when=_REMOVE.format("scalar_index"),
+        patches=(("interpreter._patch_lang_tensor", _scalar_index),),
+    ),
+    Shim(
         name="fp8_convert",
         fixes="fp8e4nv/fp8e5 <-> fp16/bf16/fp32 conversions (_convert_float: no saturation, Inf/NaN wrong, "
         "e.g. 500->256, inf->256, nan->384; e4m3 NaN decoded as 480, e5m2 Inf as 65536) and the fp8 operand "
@@ -229,7 +250,25 @@ SHIMS: tuple[Shim, ...] = (
 )
 
 # Built once, on the first install(), so that every install puts back the very same functions.
-_originals: dict[str, Callable] = {}  # InterpreterBuilder attribute -> the interpreter's own function
+_MODULE = "interpreter."
+
+
+def _owner(attr: str) -> tuple[object, str]:
+    return (_interp, attr.removeprefix(_MODULE)) if attr.startswith(_MODULE) else (Builder, attr)
+
+
+def current(attr: str) -> Callable:
+    """What the interpreter uses for `attr` right now (a builder method or an interpreter function)."""
+    owner, name = _owner(attr)
+    return vars(owner)[name]
+
+
+def _set(attr: str, fn: Callable) -> None:
+    owner, name = _owner(attr)
+    setattr(owner, name, fn)
+
+
+_originals: dict[str, Callable] = {}  # attribute -> the interpreter's own function
 _replacements: dict[str, Callable] = {}  # attribute -> the outermost wrapper (shims on one method chain)
 _state = {"installed": False}
 
@@ -245,12 +284,12 @@ def install() -> None:
     if not _replacements:
         for shim in SHIMS:
             for attr, wrap in shim.patches:
-                _originals.setdefault(attr, vars(Builder)[attr])
+                _originals.setdefault(attr, current(attr))
                 replacement = wrap(_replacements.get(attr, _originals[attr]))
                 replacement.__touchstone_shim__ = shim.name
                 _replacements[attr] = replacement
     for attr, replacement in _replacements.items():
-        setattr(Builder, attr, replacement)
+        _set(attr, replacement)
     _state["installed"] = True
 
 
@@ -258,7 +297,7 @@ def uninstall() -> None:
     """Put back the interpreter's own methods; a no-op when nothing is installed."""
     if _state["installed"]:
         for attr, original in _originals.items():
-            setattr(Builder, attr, original)
+            _set(attr, original)
     _state["installed"] = False
 
 

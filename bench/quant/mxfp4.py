@@ -16,20 +16,15 @@ reference-compiled.
 
 from __future__ import annotations
 
-import functools
-import importlib
-import os
 from collections.abc import Callable
 
 import torch
 
-from bench.registry import Case, Impl, OpBench, Unavailable, register
+from bench.quant.sweeps import compiled, eager_skip, kernel, sweeps, triton_skip
+from bench.registry import Case, Impl, OpBench, register
 from reference.quant.mxfp4 import MX_BLOCK_SIZE, dequantize_mxfp4, quantize_mxfp4
 
 K = 4096
-MIB = 1 << 20
-FULL_MIB = (1, 16, 64, 256, 1024)
-SMALL_MIB = (1, 4, 8)  # eager quantize takes ~0.9 s per call at 8 MiB on the 2-core VM
 # Peak memory of one eager call over the bf16 tensor's size, measured as peak-RSS growth on CPU at 64 MiB:
 # quantize 72x (encode_e2m1's float64 [..., 8] distance grid dominates), dequantize 17x.
 EAGER_TEMPORARIES = {"quantize": 72, "dequantize": 17}
@@ -37,17 +32,7 @@ EAGER_TEMPORARIES = {"quantize": 72, "dequantize": 17}
 # H200's 141 GB; 66 ms per call at 256 MiB): it is the definition every other row's bytes are checked against.
 EAGER_GPU_MAX_MIB = 1024
 SCALE_RANGE = (112, 143)  # E8M0 bytes 2**-15 .. 2**15: realistic weight/activation scales, no NaN byte
-
-
-def _label(mib: int) -> str:
-    return f"{mib // 1024}GiB" if mib >= 1024 and mib % 1024 == 0 else f"{mib}MiB"
-
-
-def _cases(sizes: tuple[int, ...]) -> list[Case]:
-    return [Case(_label(mib), float(mib), (mib * MIB // (K * 2), K)) for mib in sizes]
-
-
-SWEEPS = {"small": _cases(SMALL_MIB), "full": _cases(FULL_MIB)}
+SWEEPS = sweeps(K)
 
 
 def mxfp4_bytes(case: Case) -> int:
@@ -74,53 +59,6 @@ def dequantize_inputs(case: Case, torch_device: str) -> tuple[torch.Tensor, torc
     return codes, scales
 
 
-def _eager_skip(kind: str) -> Callable[[Case, str], str | None]:
-    def skip_reason(case: Case, backend: str) -> str | None:
-        need = EAGER_TEMPORARIES[kind] * case.x_value * MIB
-        if backend != "cpu" and case.x_value > EAGER_GPU_MAX_MIB:
-            return (f"eager reference needs ~{EAGER_TEMPORARIES[kind]}x the bf16 tensor in temporaries; "
-                    f"capped at {EAGER_GPU_MAX_MIB} MiB on GPUs")
-        if backend == "cpu" and need > _host_memory() // 2:
-            return f"eager reference needs ~{need / 2**30:.0f} GiB of temporaries, over half the host memory"
-        return None
-
-    return skip_reason
-
-
-def _host_memory() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def _triton_skip(case: Case, backend: str) -> str | None:
-    if backend == "cpu":
-        return "Triton kernels need a GPU (the CPU interpreter is not a performance target)"
-    return None
-
-
-@functools.cache
-def _compiled(fn: Callable) -> Callable:
-    # One compile per function per process; dynamic=True makes M (and K) symbolic from the first call.
-    # Duck shaping off: at 1 MiB, M = 128 = K/32, so dynamo gave both sizes one symbol and the 4 MiB case
-    # recompiled (seen with TORCH_LOGS=recompiles on CPU); without it the whole sweep uses one graph.
-    try:
-        import torch.fx.experimental._config as fx_config
-
-        fx_config.use_duck_shape = False
-    except (ImportError, AttributeError):
-        pass
-    return torch.compile(fn, dynamic=True)
-
-
-def _kernel(name: str) -> Callable:
-    try:
-        module = importlib.import_module("kernels.mxfp4")
-    except ImportError as err:
-        raise Unavailable(f"kernels.mxfp4 is not importable ({type(err).__name__}: {err})") from err
-    if not hasattr(module, name):
-        raise Unavailable(f"kernels.mxfp4 has no {name}")
-    return getattr(module, name)
-
-
 def _quantize_with(get_fn: Callable[[], Callable]) -> Callable[[torch.Tensor], Callable[[], object]]:
     def factory(x: torch.Tensor) -> Callable[[], object]:
         fn = get_fn()
@@ -141,11 +79,11 @@ def _dequantize_with(get_fn: Callable[[], Callable]) -> Callable[[tuple], Callab
 def _op(name: str, kind: str, dtype: str, make_inputs: Callable, wrap: Callable, reference: Callable
         ) -> OpBench:
     impls = (
-        Impl("reference-eager", wrap(lambda: reference), _eager_skip(kind)),
+        Impl("reference-eager", wrap(lambda: reference), eager_skip(EAGER_TEMPORARIES[kind], EAGER_GPU_MAX_MIB)),
         # A peer, not gated: on the H200 (torch 2.11) inductor's build of dequantize disagrees with the eager
-        # reference on ~1/16 of outputs (one code value), so it is measured and its mismatch reported.
-        Impl("reference-compiled", wrap(lambda: _compiled(reference)), gated=False),
-        Impl("triton", wrap(lambda: _kernel(f"{kind}_mxfp4")), _triton_skip),
+        # reference on ~1/16 of outputs (it drops the sign of -0.0), so it is measured and its mismatch reported.
+        Impl("reference-compiled", wrap(lambda: compiled(reference)), gated=False),
+        Impl("triton", wrap(lambda: kernel("kernels.mxfp4", f"{kind}_mxfp4")), triton_skip),
     )
     return OpBench(
         name=name, area="quant", dtype=dtype, x_name="bf16_MiB", sweeps=SWEEPS, make_inputs=make_inputs,

@@ -1,0 +1,79 @@
+"""Pieces every quantization benchmark shares: size sweeps by input MiB, the compiled-reference wrapper, the
+lazy kernel import, and the eager reference's memory guard."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from collections.abc import Callable
+
+import torch
+
+from bench.registry import Case, Unavailable
+
+MIB = 1 << 20
+FULL_MIB = (1, 16, 64, 256, 1024)
+SMALL_MIB = (1, 4, 8)  # eager MXFP4 quantize takes ~0.9 s per call at 8 MiB on the 2-core VM
+
+
+def label(mib: int) -> str:
+    return f"{mib // 1024}GiB" if mib >= 1024 and mib % 1024 == 0 else f"{mib}MiB"
+
+
+def cases(sizes: tuple[int, ...], k: int, element_size: int = 2) -> list[Case]:
+    """One case per input size: [M, k] with M chosen so that the input is `mib` MiB."""
+    return [Case(label(mib), float(mib), (mib * MIB // (k * element_size), k)) for mib in sizes]
+
+
+def sweeps(k: int) -> dict[str, list[Case]]:
+    return {"small": cases(SMALL_MIB, k), "full": cases(FULL_MIB, k)}
+
+
+@functools.cache
+def compiled(fn: Callable) -> Callable:
+    # One compile per function per process; dynamic=True makes M (and K) symbolic from the first call.
+    # Duck shaping off: at 1 MiB, M = 128 = K/32, so dynamo gave both sizes one symbol and the 4 MiB case
+    # recompiled (seen with TORCH_LOGS=recompiles on CPU); without it the whole sweep uses one graph.
+    try:
+        import torch.fx.experimental._config as fx_config
+
+        fx_config.use_duck_shape = False
+    except (ImportError, AttributeError):
+        pass
+    return torch.compile(fn, dynamic=True)
+
+
+def kernel(module_name: str, name: str) -> Callable:
+    """Import a kernel lazily: a missing module or function makes the impl a recorded skip."""
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise Unavailable(f"{module_name} is not importable ({type(err).__name__}: {err})") from err
+    if not hasattr(module, name):
+        raise Unavailable(f"{module_name} has no {name}")
+    return getattr(module, name)
+
+
+def host_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def eager_skip(temporaries: float, gpu_max_mib: int) -> Callable[[Case, str], str | None]:
+    """Skip the eager reference where its temporaries (`temporaries` x the input) would not fit."""
+
+    def skip_reason(case: Case, backend: str) -> str | None:
+        need = temporaries * case.x_value * MIB
+        if backend != "cpu" and case.x_value > gpu_max_mib:
+            return f"eager reference needs ~{temporaries:g}x the input in temporaries; capped at {gpu_max_mib} MiB"
+        if backend == "cpu" and need > host_memory() // 2:
+            return f"eager reference needs ~{need / 2**30:.0f} GiB of temporaries, over half the host memory"
+        return None
+
+    return skip_reason
+
+
+def triton_skip(case: Case, backend: str) -> str | None:
+    if backend == "cpu":
+        return "Triton kernels need a GPU (the CPU interpreter is not a performance target)"
+    return None
