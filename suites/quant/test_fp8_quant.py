@@ -57,7 +57,16 @@ def test_quantize_matches_reference(p, device):
 def test_static_per_tensor_scale(seed, fmt, dtype, device):
     x = cases.random_blocks((5, 96), torch.float32, seed, 6.0).to(dtype)
     scale = torch.tensor([float(torch.rand(1, generator=torch.Generator().manual_seed(seed))) + 1e-3])
-    check_quantize(x, device, granularity="tensor", fmt=fmt, static_scale=scale)
+    q, scales = kernel.quantize_fp8(x.to(device), granularity="tensor", fmt=fmt, static_scale=scale.to(device))
+    want_q, want_scales = ref.quantize_fp8(x, granularity="tensor", fmt=fmt, static_scale=scale)
+    assert_exact(scales, want_scales, "static scale")
+    assert_exact(q, want_q, "codes with a static scale")
+
+
+@pytest.mark.gpu_only(reason="needs tensors on two devices")
+def test_static_scale_on_another_device_is_refused(device):
+    with pytest.raises(ValueError, match="static_scale: on cpu, but x is on"):
+        kernel.quantize_fp8(torch.ones(2, 128, device=device), granularity="tensor", static_scale=torch.ones(1))
 
 
 @pytest.mark.parametrize("ue8m0", [False, True], ids=["fp32-scale", "ue8m0"])
