@@ -140,7 +140,7 @@ def launch_quantize_fp8(x, granularity, group_size, fmt, eps, ue8m0, static_scal
     scales = torch.empty(scale_shape(x, granularity, group_size), dtype=torch.float32, device=x.device)
     if n_groups == 0 or k == 0:
         if granularity == "tensor":
-            scales.fill_(static_scale.item() if static_scale is not None else max(eps, 0.0) / fp8_max)
+            scales.fill_(static_scale.item() if static_scale is not None else eps / fp8_max)
         return q, scales
     source, source_id = scales, _SCALE_SOURCE["group"]
     if granularity == "tensor":
