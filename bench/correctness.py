@@ -46,3 +46,31 @@ def compare_exact(out: Any, baseline: Any) -> str:
 def is_failure(verdict: str) -> bool:
     """Mismatches and errors fail a run; "exact", "baseline", "unchecked..." and skips do not."""
     return verdict.startswith(("mismatch", "error"))
+
+
+def lossy_check(family: str):
+    """The check of a lossy op: max/RMS relative error against the precision-mirroring baseline, bounded by
+    the family's row of the suites' tolerance table (the same numbers the parity suites use)."""
+
+    def check(out: Any, baseline: Any) -> str:
+        try:
+            from suites.tolerances import lossy_bound, lossy_metrics
+        except ImportError as err:  # an installed wheel without the repository's suites
+            return f"unchecked (suites.tolerances not importable: {err})"
+        outs, refs = as_tensors(out), as_tensors(baseline)
+        if len(outs) != len(refs):
+            return f"mismatch: {len(outs)} outputs vs {len(refs)}"
+        worst = []
+        for i, (o, r) in enumerate(zip(outs, refs, strict=True)):
+            if o.shape != r.shape or o.dtype != r.dtype:
+                return f"mismatch: output {i} is {o.dtype} {list(o.shape)}, baseline {r.dtype} {list(r.shape)}"
+            bound = lossy_bound(family, o.dtype)
+            r = r.to(o.device)
+            metrics = lossy_metrics(o, r, r)
+            if not (metrics.max_rel <= bound.max_rel and metrics.rms_rel <= bound.rms_rel):
+                return f"mismatch: max_rel {metrics.max_rel:.3g} (bound {bound.max_rel:g}), " \
+                       f"rms_rel {metrics.rms_rel:.3g} (bound {bound.rms_rel:g})"
+            worst.append(metrics.max_rel)
+        return f"close (max_rel {max(worst):.2g})"
+
+    return check

@@ -2,12 +2,20 @@
 
 Exact ops (format encode/decode, packing, geometry, hashing) compare bit patterns: rtol = atol = 0, NaN
 positions equal (NaN payloads may differ: GPUs canonicalise NaN on conversion), signed zero checked.
-Lossy ops (GEMM, attention, MoE, SSD) get per-dtype max/RMS relative-error bounds against the
-precision-mirroring reference and an SQNR floor against the ideal one; their rows join this module with the
-first lossy op, so no suite carries its own tolerance knobs.
+Lossy ops (GEMM, attention, MoE, SSD) get, per (op family, output dtype), a max and an RMS relative-error
+bound against the precision-mirroring reference and an SQNR floor against the ideal one (`LOSSY`). Suites
+call `assert_lossy(key, ...)`; no suite carries its own tolerance knobs.
+
+Definitions (normalised by the reference's scale, so rows near zero do not blow up):
+- max_rel = max|got - mirror| / max|mirror|
+- rms_rel = rms(got - mirror) / rms(mirror)
+- sqnr_db = 10 log10(sum ideal^2 / sum (got - ideal)^2), the ideal being fp64 on the unquantized operands.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import math
 
 import torch
 
@@ -37,3 +45,81 @@ def assert_exact(got: torch.Tensor, want: torch.Tensor, what: str = "output") ->
         mismatch = got != want
     if mismatch.any():
         raise AssertionError(f"{what}: not bit-exact: " + _describe(mismatch, got, want))
+
+
+@dataclasses.dataclass(frozen=True)
+class LossyBound:
+    """Bounds of one lossy op family at one output dtype; each number says why it is what it is."""
+
+    max_rel: float  # vs the precision-mirroring reference
+    rms_rel: float  # vs the precision-mirroring reference
+    sqnr_db: float  # floor vs the ideal reference
+    why: str
+
+
+# Key: (op family, output dtype). Rows are added with each lossy op, with the measurement behind them.
+LOSSY: dict[tuple[str, torch.dtype], LossyBound] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class LossyMetrics:
+    max_rel: float
+    rms_rel: float
+    sqnr_db: float
+
+    def __str__(self) -> str:
+        return f"max_rel {self.max_rel:.3g}, rms_rel {self.rms_rel:.3g}, SQNR {self.sqnr_db:.1f} dB"
+
+
+def _f64(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu", torch.float64)
+
+
+def sqnr_db(got: torch.Tensor, ideal: torch.Tensor) -> float:
+    got, ideal = _f64(got), _f64(ideal)
+    noise = float(((got - ideal) ** 2).sum())
+    signal = float((ideal**2).sum())
+    if noise == 0.0:
+        return math.inf
+    return 10.0 * math.log10(signal / noise) if signal > 0 else -math.inf
+
+
+def lossy_metrics(got: torch.Tensor, mirror: torch.Tensor, ideal: torch.Tensor) -> LossyMetrics:
+    got64, mirror64 = _f64(got), _f64(mirror)
+    diff = got64 - mirror64
+    peak = float(mirror64.abs().max()) if mirror64.numel() else 0.0
+    rms = float(mirror64.pow(2).mean().sqrt()) if mirror64.numel() else 0.0
+    max_err = float(diff.abs().max()) if diff.numel() else 0.0
+    rms_err = float(diff.pow(2).mean().sqrt()) if diff.numel() else 0.0
+    return LossyMetrics(
+        max_rel=max_err / peak if peak > 0 else (0.0 if max_err == 0 else math.inf),
+        rms_rel=rms_err / rms if rms > 0 else (0.0 if rms_err == 0 else math.inf),
+        sqnr_db=sqnr_db(got, ideal),
+    )
+
+
+def lossy_bound(family: str, dtype: torch.dtype) -> LossyBound:
+    try:
+        return LOSSY[(family, dtype)]
+    except KeyError:
+        raise KeyError(f"no tolerance row for ({family!r}, {dtype}); add one to suites/tolerances.py") from None
+
+
+def assert_lossy(family: str, got: torch.Tensor, mirror: torch.Tensor, ideal: torch.Tensor,
+                 what: str = "output") -> LossyMetrics:
+    """Check `got` against both references with the family's row; returns the metrics for reporting."""
+    assert got.shape == mirror.shape == ideal.shape, (
+        f"{what}: shapes got {tuple(got.shape)}, mirror {tuple(mirror.shape)}, ideal {tuple(ideal.shape)}")
+    assert torch.equal(got.detach().cpu().isnan(), mirror.detach().cpu().isnan()), f"{what}: NaN positions differ"
+    bound = lossy_bound(family, got.dtype)
+    finite = ~mirror.detach().cpu().isnan()
+    metrics = lossy_metrics(got.detach().cpu()[finite], mirror.detach().cpu()[finite], ideal.detach().cpu()[finite])
+    problems = []
+    if not metrics.max_rel <= bound.max_rel:
+        problems.append(f"max_rel {metrics.max_rel:.3g} > {bound.max_rel:g}")
+    if not metrics.rms_rel <= bound.rms_rel:
+        problems.append(f"rms_rel {metrics.rms_rel:.3g} > {bound.rms_rel:g}")
+    if not metrics.sqnr_db >= bound.sqnr_db:
+        problems.append(f"SQNR {metrics.sqnr_db:.1f} dB < {bound.sqnr_db:g} dB")
+    assert not problems, f"{what} ({family}, {got.dtype}): " + "; ".join(problems) + f" [{metrics}]"
+    return metrics
