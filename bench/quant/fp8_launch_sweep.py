@@ -1,0 +1,67 @@
+"""Sweep the FP8 group quantizer's launch shape on a GPU: GB/s against a memcpy of the same run.
+
+    python -m bench.quant.fp8_launch_sweep [--mib 1024]
+
+How `_GPU_TILE_ELEMENTS` and the warp count in kernels/fp8_quant.py were chosen (re-run it on a new GPU
+before changing them). Group 128, e4m3fn, DeepSeek-V3 activations [M, 7168] bf16; fp32 and UE8M0 scales.
+Each shape is checked bit-exact against the reference on the last 256 rows before its time counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+
+import torch
+import triton
+from triton.testing import do_bench
+
+from kernels import fp8_quant as kernel
+from reference.quant import fp8 as ref
+
+K = 7168
+GROUP = 128
+SHAPES = [(g, w) for g in (8, 16, 32, 64, 128) for w in (1, 2, 4, 8) if g * GROUP // (32 * w) >= 4]
+
+
+def _time(fn) -> float:
+    fn()
+    return do_bench(fn, warmup=50, rep=300, return_mode="median")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=1024, help="size of the bf16 input in MiB")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("fp8_launch_sweep needs a GPU")
+    m = args.mib * (1 << 20) // (2 * K)
+    x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
+    n_groups = m * K // GROUP
+    moved = x.numel() * 2 + x.numel() + n_groups * 4
+    src = torch.empty(x.numel() * 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    memcpy = 2 * src.numel() / _time(lambda: dst.copy_(src)) / 1e6
+    print(f"memcpy {src.numel() / 2**30:.2f} GiB: {memcpy:.0f} GB/s", flush=True)
+    tail = slice(m - 256, m)
+    q = torch.empty(m, K, dtype=torch.uint8, device="cuda")
+    scales = torch.empty(m, K // GROUP, dtype=torch.float32, device="cuda")
+    eps_bits = torch.tensor(ref.DEFAULT_EPS, dtype=torch.float32).view(torch.int32).item()
+    for ue8m0 in (False, True):
+        want_q, want_s = ref.quantize_fp8(x[tail].cpu(), granularity="group", group_size=GROUP, ue8m0=ue8m0)
+        for block_g, warps in SHAPES:
+            q.fill_(0xAA)
+            ms = _time(functools.partial(
+                kernel._quantize_fp8_kernel[(triton.cdiv(n_groups, block_g),)], x, q, scales, scales, n_groups,
+                K // GROUP, GROUP, K, eps_bits, BLOCK_G=block_g, GROUP=GROUP, FMT=0, FP8_MAX=448.0, UE8M0=ue8m0,
+                SOURCE=0, CONTIGUOUS=True, FAULT=0, num_warps=warps))
+            exact = torch.equal(q[tail].cpu(), want_q.view(torch.uint8)) and torch.equal(scales[tail].cpu(), want_s)
+            gbps = moved / ms / 1e6
+            print(f"ue8m0={int(ue8m0)} groups={block_g:4d} warps={warps}  {ms * 1e3:7.1f} us  {gbps:5.0f} GB/s  "
+                  f"{gbps / memcpy:.3f}x memcpy  {'exact' if exact else 'MISMATCH'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
