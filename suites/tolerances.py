@@ -58,7 +58,25 @@ class LossyBound:
 
 
 # Key: (op family, output dtype). Rows are added with each lossy op, with the measurement behind them.
-LOSSY: dict[tuple[str, torch.dtype], LossyBound] = {}
+_BLOCK_FP8_WHY = (
+    "block-FP8 W8A8 GEMM vs reference.gemm.block_fp8 mirror (same FP8 operands, fp32 per-128 block sums). "
+    "Interpreter: 0 difference in every suite draw. GPU (not yet measured on the H200): modelled by truncating "
+    "each k=32 wgmma step to 13 bits below its largest addend (DeepSeek-V3: ~14 bits kept on H800), "
+    "M,N,K up to 64x576x16384, randn data: fp32 out max_rel 1.7e-4 / rms_rel 1.3e-4, bf16 out max_rel 4.4e-3 "
+    "(one-ulp rounding flips) / rms_rel 7e-4; vLLM's H100/H200 bound for the same kernel structure is "
+    "mean|err|/mean|ref| < 1e-3. Faults: a weight scale read from the next K or N block, on suite data with "
+    "block magnitude spreads 2**+-1 and 2**+-4 (1500 CPU draws each), gives rms_rel >= 7.9e-3 (K) and "
+    ">= 4.4e-3 (N); with equal block scales such a fault is invisible to any bound. SQNR vs fp64 on the "
+    "unquantized operands: median 28.7 dB, min 24.8 dB over 3000 suite-sized draws (spreads up to 2**+-12); "
+    "DeepGEMM's FP8 bound calc_diff 1e-3 is ~27 dB at large shapes.")
+LOSSY: dict[tuple[str, torch.dtype], LossyBound] = {
+    # max_rel: one bf16 ulp of the peak (2**-7) plus 2.2e-3 for the accumulator; rms_rel: 3x the model.
+    ("block_fp8_gemm", torch.bfloat16): LossyBound(1e-2, 2e-3, 22.0, _BLOCK_FP8_WHY),
+    # max_rel: one fp16 ulp of the peak (2**-10) plus 2e-3; rms_rel: 8x the model.
+    ("block_fp8_gemm", torch.float16): LossyBound(3e-3, 1e-3, 22.0, _BLOCK_FP8_WHY),
+    # no output rounding: ~10x the modelled accumulator error.
+    ("block_fp8_gemm", torch.float32): LossyBound(2e-3, 1e-3, 22.0, _BLOCK_FP8_WHY),
+}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""FP8 (E4M3) quantization with one fp32 scale per group: per tensor, per token, per token group.
+"""FP8 (E4M3) quantization with one fp32 scale per group: per tensor, per token, per token group, and per
+2-D weight block (`quantize_fp8_blocks`, DeepSeek-V3's 128x128 weight tiles).
 
 A group is the whole tensor ("tensor"), one row ("token") or `group_size` consecutive elements of a row
 ("group", 128 for DeepSeek-V3-style 1x128 activation groups). For each group, in fp32:
@@ -134,3 +135,50 @@ def dequantize_fp8(
     groups = _groups(q.to(torch.float32), granularity, group_size)
     out = groups * scales.reshape(groups.shape[0], 1).to(torch.float32)
     return out.reshape(q.shape).to(dtype)
+
+
+def check_quantize_fp8_blocks_args(w: torch.Tensor, block: int, fmt: str, eps: float) -> None:
+    """Raise TypeError/ValueError naming the bad argument."""
+    if w.dim() != 2:
+        raise ValueError(f"w: must be 2-D [N, K], got shape {tuple(w.shape)}")
+    if w.dtype not in INPUT_DTYPES:
+        raise TypeError(f"w: dtype must be one of {INPUT_DTYPES}, got {w.dtype}")
+    if block <= 0:
+        raise ValueError(f"block: must be positive, got {block}")
+    check_quantize_fp8_args(w, "group", 1, fmt, eps, None)  # fmt and eps
+
+
+def block_scale_shape(w: torch.Tensor, block: int = 128) -> tuple[int, int]:
+    """[ceil(N / block), ceil(K / block)]: one scale per tile, edge tiles included."""
+    return (-(-w.shape[0] // block), -(-w.shape[1] // block))
+
+
+def quantize_fp8_blocks(
+    w: torch.Tensor, *, block: int = 128, fmt: str = "e4m3fn", eps: float = DEFAULT_EPS, ue8m0: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-block weight quantization (DeepSeek-V3 128x128): one fp32 scale per [block x block] tile of a 2-D
+    w [N, K]; each tile follows `quantize_fp8`'s per-group rule (amax clamped by eps, NaN/Inf policy,
+    UE8M0 rounding). Edge tiles are zero-padded to full size, so the padding never changes an amax.
+    Returns (q [N, K] of the fp8 dtype, scales float32 [ceil(N / block), ceil(K / block)])."""
+    check_quantize_fp8_blocks_args(w, block, fmt, eps)
+    n, k = w.shape
+    nb, kb = block_scale_shape(w, block)
+    padded = torch.zeros(nb * block, kb * block, dtype=w.dtype, device=w.device)
+    padded[:n, :k] = w
+    tiles = padded.reshape(nb, block, kb, block).permute(0, 2, 1, 3).reshape(nb, kb, block * block)
+    q, scales = quantize_fp8(tiles, granularity="group", group_size=block * block, fmt=fmt, eps=eps, ue8m0=ue8m0)
+    q = q.reshape(nb, kb, block, block).permute(0, 2, 1, 3).reshape(nb * block, kb * block)[:n, :k]
+    return q.contiguous(), scales.reshape(nb, kb)
+
+
+def dequantize_fp8_blocks(q: torch.Tensor, scales: torch.Tensor, *, block: int = 128,
+                          dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """fp32(q) * the scale of its tile, rounded once to `dtype`."""
+    if q.dim() != 2:
+        raise ValueError(f"q: must be 2-D [N, K], got shape {tuple(q.shape)}")
+    if scales.dtype != torch.float32 or tuple(scales.shape) != block_scale_shape(q, block):
+        raise ValueError(f"scales: want float32 {block_scale_shape(q, block)}, got {scales.dtype} "
+                         f"{tuple(scales.shape)}")
+    n, k = q.shape
+    full = scales.repeat_interleave(block, 0).repeat_interleave(block, 1)[:n, :k]
+    return (q.to(torch.float32) * full).to(dtype)

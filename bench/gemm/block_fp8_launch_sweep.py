@@ -1,0 +1,129 @@
+"""Sweep the block-FP8 GEMM's launch configs on a GPU: TFLOP/s and the ratio to cuBLAS blockwise `_scaled_mm`
+of the same run, per shape.
+
+    python -m bench.gemm.block_fp8_launch_sweep [--shapes 8192x8192x8192,4096x2112x7168] [--quick]
+
+Default shapes: 8192^3 (the bar: >= 0.95x cuBLAS blockwise) and the DeepSeek-V3 projections (N, K) in
+{(2112, 7168), (24576, 1536), (7168, 16384), (7168, 2048)} x M in {1, 16, 128, 1024, 4096}. One line per
+(shape, config): time, TFLOP/s, ratio to cuBLAS blockwise, and the check against the mirror reference with
+the suites' tolerance row. The launcher's own choice (`kernels.block_fp8_gemm.GPU_CONFIGS`) is the line
+marked "table"; the winners go into that table. GPU only: the interpreter says nothing about launch shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+from triton.testing import do_bench
+
+from bench.gemm import block_fp8_peers as peers
+from kernels import block_fp8_gemm as kernel
+from reference.gemm.block_fp8 import block_fp8_gemm_mirror
+from suites.tolerances import lossy_bound, lossy_metrics
+
+C = kernel.LaunchConfig
+# Compute-bound candidates (M > 64). sm_90 compile checks (ptxas, no GPU): 128x128 / 8 warps: 160 registers,
+# no spills, 96 KiB shared at 3 stages; 64x128 / 4 warps: 159 registers (up to 3 CTAs per SM by registers),
+# so one CTA's scaling FMAs can overlap another's wgmma; warp_specialize splits 64x128 and 128x64 tiles into a
+# TMA producer and two MMA partitions (168 registers, no spills) but leaves 128x128 / 8 warps as it is;
+# 128x256 / 8 warps spills (~68 spill stores: the dot's fresh accumulator doubles the register tile).
+LARGE_M = (
+    C(128, 128, 8, 1, num_warps=8, num_stages=3),
+    C(128, 128, 8, 1, num_warps=8, num_stages=4),
+    C(128, 128, 8, 1, persistent=True, num_warps=8, num_stages=3),
+    C(128, 128, 8, 1, persistent=True, num_warps=8, num_stages=4),
+    C(128, 128, 16, 1, num_warps=8, num_stages=3),
+    C(64, 128, 8, 1, num_warps=4, num_stages=3),
+    C(64, 128, 8, 1, num_warps=4, num_stages=4),
+    C(64, 128, 8, 1, warp_specialize=True, num_warps=4, num_stages=3),
+    C(64, 128, 8, 1, warp_specialize=True, num_warps=4, num_stages=4),
+    C(64, 128, 8, 1, persistent=True, warp_specialize=True, num_warps=4, num_stages=3),
+    C(128, 64, 8, 1, warp_specialize=True, num_warps=4, num_stages=4),
+    C(128, 256, 8, 1, num_warps=8, num_stages=3),
+)
+# Weight-bandwidth-bound candidates (M <= 64): few tiles, so split K (0 = from the SM count); BLOCK_M 16 takes
+# the mma.sync path (fp8 widened to fp16), 64 the wgmma one.
+SMALL_M = (
+    C(64, 128, 1, 0, num_warps=4, num_stages=4),
+    C(64, 128, 1, 1, num_warps=4, num_stages=4),
+    C(64, 128, 1, 2, num_warps=4, num_stages=4),
+    C(64, 128, 1, 4, num_warps=4, num_stages=4),
+    C(64, 128, 1, 8, num_warps=4, num_stages=4),
+    C(64, 64, 1, 0, num_warps=4, num_stages=6),
+    C(16, 128, 1, 0, num_warps=4, num_stages=4),
+    C(16, 64, 1, 0, num_warps=4, num_stages=6),
+    C(64, 128, 1, 0, warp_specialize=True, num_warps=4, num_stages=4),
+)
+DSV3 = [(m, n, k) for n, k in ((2112, 7168), (24576, 1536), (7168, 16384), (7168, 2048))
+        for m in (1, 16, 128, 1024, 4096)]
+DEFAULT_SHAPES = [(8192, 8192, 8192), *DSV3]
+
+
+def _time(fn) -> float:
+    fn()
+    return do_bench(fn, warmup=50, rep=300, return_mode="median")
+
+
+def sweep_shape(m: int, n: int, k: int, quick: bool) -> None:
+    ops = peers.make_operands(m, n, k, "cuda")
+    flops = peers.gemm_flops(m, n, k)
+    mirror = block_fp8_gemm_mirror(*ops.args, out_dtype=torch.bfloat16)
+    bound = lossy_bound("block_fp8_gemm", torch.bfloat16)
+    try:
+        cublas_ms = _time(peers.cublas_blockwise(ops))
+    except RuntimeError as err:
+        cublas_ms = float("nan")
+        print(f"{m}x{n}x{k} cublas-blockwise FAILED: {str(err).splitlines()[0][:200]}", flush=True)
+    for name, make in (("cublas-blockwise", None), ("cublas-rowwise-fp8", peers.cublas_rowwise),
+                       ("cublas-bf16", peers.bf16_matmul)):
+        try:
+            ms = cublas_ms if make is None else _time(make(ops))
+            print(f"{m}x{n}x{k} {name:<40} {ms * 1e3:9.1f} us  {flops / ms / 1e9:7.1f} TFLOP/s  "
+                  f"{cublas_ms / ms:5.3f}x blockwise", flush=True)
+        except RuntimeError as err:
+            print(f"{m}x{n}x{k} {name} FAILED: {str(err).splitlines()[0][:200]}", flush=True)
+    table = kernel.choose_config(m, n, k, torch.device("cuda"))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    candidates = (SMALL_M if m <= 64 else LARGE_M)[: 3 if quick else None]
+    for label, config in [("table", table), *(("", c) for c in candidates)]:
+        split = config.split_k or kernel.auto_split_k(m, n, k, config.block_m, config.block_n, sms)
+        text = (f"bm={config.block_m} bn={config.block_n} g={config.group_m} sk={split} "
+                f"p={int(config.persistent)} ws={int(config.warp_specialize)} w={config.num_warps} "
+                f"s={config.num_stages}")
+        try:
+            def fn(config=config, args=ops.args):
+                return kernel.launch_block_fp8_gemm(*args, out_dtype=torch.bfloat16, config=config)
+
+            metrics = lossy_metrics(fn(), mirror, mirror)
+            verdict = "ok" if metrics.max_rel <= bound.max_rel and metrics.rms_rel <= bound.rms_rel else "MISMATCH"
+            ms = _time(fn)
+        except Exception as err:  # a config that does not compile or launch is a result, not a stop
+            print(f"{m}x{n}x{k} triton {text} {label} FAILED: {type(err).__name__}: {str(err)[:160]}", flush=True)
+            continue
+        print(f"{m}x{n}x{k} triton {text:<40} {ms * 1e3:9.1f} us  {flops / ms / 1e9:7.1f} TFLOP/s  "
+              f"{cublas_ms / ms:5.3f}x blockwise  {verdict} (max_rel {metrics.max_rel:.2g}, rms_rel "
+              f"{metrics.rms_rel:.2g}) {label}", flush=True)
+    del ops, mirror
+    torch.cuda.empty_cache()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", help="comma-separated MxNxK; default 8192^3 and the DeepSeek-V3 shapes")
+    parser.add_argument("--quick", action="store_true", help="only the first three candidates per shape")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("block_fp8_launch_sweep needs a GPU")
+    shapes = DEFAULT_SHAPES
+    if args.shapes:
+        shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
+    for m, n, k in shapes:
+        sweep_shape(m, n, k, args.quick)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

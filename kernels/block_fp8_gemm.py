@@ -1,0 +1,229 @@
+"""Block-FP8 W8A8 GEMM in Triton (DeepSeek-V3: 1x128 activation groups, 128x128 weight blocks), mirrored by
+`reference.gemm.block_fp8.block_fp8_gemm_mirror` (its docstring is the contract and the precision story).
+
+Op: `touchstone::block_fp8_gemm(a, a_scales, b, b_scales, out_dtype) -> C`; call it through `block_fp8_gemm`.
+
+Design (for the H200; see bench/gemm/block_fp8_launch_sweep.py):
+- BLOCK_K = 128, so each K step needs one activation scale per row and one weight scale per 128 columns:
+  `acc += tl.dot(a, b.T) * (a_s * b_s)` in fp32. The dot starts from zero every step, so the wgmma FP8
+  accumulator only ever sums 128 products and the cross-block sum is fp32 (DeepSeek's promotion).
+- With BLOCK_N <= 128 a tile sits inside one weight block, so its weight scale is one scalar per step and
+  the per-step scaling is one multiply per row plus one FMA per accumulator element.
+- A and B are read through TMA descriptors (host `TensorDescriptor`): out-of-range rows of the last M and N
+  tiles are zero-filled by the hardware, so the main loop has no masks. Scales are ordinary loads (any
+  strides: cuBLAS's column-major activation scales work as they are).
+- Tiles are visited in GROUP_M-row groups for L2 reuse; PERSISTENT launches one program per SM that walks
+  the tiles; SPLIT_K > 1 (small M, where few tiles cannot fill 132 SMs and the weights must stream at full
+  bandwidth) writes fp32 partial sums per K range that the launcher adds in a fixed order (deterministic).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from kernels._boundary import check_device, interpreter_active
+from reference.gemm.block_fp8 import BLOCK, check_block_fp8_gemm_args
+
+# Planted bugs for the suite's negative controls; FAULT is a constexpr, so fault 0 compiles them away.
+FAULTS = {
+    "none": 0,
+    "weight_scale_next_k_block": 1,  # the weight scale of K block kb read from block kb + 1 (wrapping)
+    "weight_scale_next_n_block": 2,  # the weight scale of N block nb read from block nb + 1 (wrapping)
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+    block_m: int
+    block_n: int  # 64, 128 or 256 (a multiple or divisor of the 128-wide weight block)
+    group_m: int = 8
+    split_k: int = 1  # 0: choose from the SM count (small M)
+    persistent: bool = False
+    warp_specialize: bool = False  # Triton's producer/consumer split of the K loop (TMA warp + MMA warps)
+    num_warps: int = 8
+    num_stages: int = 3
+
+
+# GPU launch table by M. UNTUNED: chosen from the problem's shape without an H200 measurement; the lead's
+# run of bench/gemm/block_fp8_launch_sweep.py decides them. Reasoning: M > 64 is compute-bound: 128x128
+# tiles (one weight scale per step), 8 warps (two consumer warpgroups), 3 stages of 2 x 16 KiB operands.
+# M <= 64 is weight-bandwidth-bound: a 64-row tile (wgmma's minimum M) and split-K to put every SM on the
+# weight stream.
+GPU_CONFIGS: tuple[tuple[int, LaunchConfig], ...] = (
+    (64, LaunchConfig(block_m=64, block_n=128, group_m=1, split_k=0, num_warps=4, num_stages=4)),
+    (1 << 62, LaunchConfig(block_m=128, block_n=128, group_m=8, split_k=1, num_warps=8, num_stages=3)),
+)
+# The interpreter pays per program and per op, not per FLOP: few, small programs.
+INTERPRETER_CONFIG = LaunchConfig(block_m=32, block_n=64, group_m=1, split_k=1, num_warps=4, num_stages=1)
+MIN_K_BLOCKS_PER_SPLIT = 4  # below this the fp32 partials cost more traffic than the split saves
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _device_sms(device: torch.device) -> int:
+    if device.type == "cpu" or interpreter_active():
+        return 4  # the interpreter: a persistent grid of a few programs still walks several tiles each
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def auto_split_k(m: int, n: int, k: int, block_m: int, block_n: int, sms: int) -> int:
+    """Enough K splits to give every SM a tile, each split at least MIN_K_BLOCKS_PER_SPLIT blocks deep."""
+    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
+    return max(1, min(sms // tiles, (k // BLOCK) // MIN_K_BLOCKS_PER_SPLIT))
+
+
+def choose_config(m: int, n: int, k: int, device: torch.device) -> LaunchConfig:
+    """The launch table's config for this shape (split_k 0 is resolved by the launcher)."""
+    if device.type == "cpu" or interpreter_active():
+        return INTERPRETER_CONFIG
+    return next(cfg for max_m, cfg in GPU_CONFIGS if m <= max_m)
+
+
+@triton.jit
+def _tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
+    """Grouped order: GROUP_M tile rows share each B column tile while it is in L2."""
+    tiles_per_split = num_m * num_n
+    split = tile // tiles_per_split
+    tile = tile - split * tiles_per_split
+    in_group = GROUP_M * num_n
+    first_m = (tile // in_group) * GROUP_M
+    group_rows = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % in_group) % group_rows
+    pid_n = (tile % in_group) // group_rows
+    return pid_m, pid_n, split
+
+
+@triton.jit
+def _gemm_tile(a_desc, b_desc, c_ptr, as_ptr, bs_ptr, pid_m, pid_n, split, M, N, k_blocks, k_per_split,
+               stride_cs, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FAULT: tl.constexpr):
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_lo = split * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, k_blocks)
+    n_blocks = tl.cdiv(N, 128)
+    if BLOCK_N <= 128:
+        n_block = (pid_n * BLOCK_N) // 128
+    else:
+        n_block = offs_n // 128
+    if FAULT == 2:
+        n_block = (n_block + 1) % n_blocks
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for kb in tl.range(k_lo, k_hi, warp_specialize=WARP_SPECIALIZE):
+        a = a_desc.load([pid_m * BLOCK_M, kb * 128])
+        b = b_desc.load([pid_n * BLOCK_N, kb * 128])
+        a_s = tl.load(as_ptr + offs_m * stride_asm + kb * stride_ask, mask=offs_m < M, other=0.0)
+        kb_w = kb
+        if FAULT == 1:
+            kb_w = (kb + 1) % k_blocks
+        if BLOCK_N <= 128:
+            b_s = tl.load(bs_ptr + n_block * stride_bsn + kb_w * stride_bsk)
+            acc += tl.dot(a, b.T) * (a_s * b_s)[:, None]
+        else:
+            b_s = tl.load(bs_ptr + n_block * stride_bsn + kb_w * stride_bsk, mask=offs_n < N, other=0.0)
+            acc += tl.dot(a, b.T) * (a_s[:, None] * b_s[None, :])
+    rows = offs_m.to(tl.int64)
+    c_ptrs = c_ptr + split.to(tl.int64) * stride_cs + rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(offs_m < M)[:, None] & (offs_n < N)[None, :])
+
+
+@triton.jit
+def _block_fp8_gemm_kernel(
+    a_desc, b_desc, c_ptr, as_ptr, bs_ptr, M, N, k_blocks, k_per_split, num_programs,
+    stride_cs, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
+    PERSISTENT: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FAULT: tl.constexpr,
+):
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    if PERSISTENT:
+        for tile in tl.range(tl.program_id(0), num_m * num_n * SPLIT_K, num_programs, flatten=True):
+            pid_m, pid_n, split = _tile_coords(tile, num_m, num_n, GROUP_M)
+            _gemm_tile(a_desc, b_desc, c_ptr, as_ptr, bs_ptr, pid_m, pid_n, split, M, N, k_blocks, k_per_split,
+                       stride_cs, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk,
+                       BLOCK_M, BLOCK_N, WARP_SPECIALIZE, FAULT)
+    else:
+        pid_m, pid_n, split = _tile_coords(tl.program_id(0), num_m, num_n, GROUP_M)
+        _gemm_tile(a_desc, b_desc, c_ptr, as_ptr, bs_ptr, pid_m, pid_n, split, M, N, k_blocks, k_per_split,
+                   stride_cs, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk,
+                   BLOCK_M, BLOCK_N, WARP_SPECIALIZE, FAULT)
+
+
+def _check_tma_operand(name: str, t: torch.Tensor) -> None:
+    """TMA reads rows of a 2-D tensor: unit stride along K, 16-byte aligned base and row stride."""
+    if t.stride(1) != 1:
+        raise ValueError(f"{name}: K must be the contiguous dim (stride 1), got strides {t.stride()}; "
+                         f"call .contiguous()")
+    if t.stride(0) % 16 or t.data_ptr() % 16:
+        raise ValueError(f"{name}: TMA needs a 16-byte aligned base and row stride, got data_ptr % 16 = "
+                         f"{t.data_ptr() % 16}, row stride {t.stride(0)}; call .clone()")
+
+
+def launch_block_fp8_gemm(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor,
+                          out_dtype: torch.dtype = torch.bfloat16, config: LaunchConfig | None = None,
+                          fault: str = "none") -> torch.Tensor:
+    """Validate, allocate and launch; `config` overrides the launch table (sweeps, tests), `fault` plants a
+    named bug (negative controls only)."""
+    check_block_fp8_gemm_args(a, a_scales, b, b_scales, out_dtype)
+    device = check_device(a=a, a_scales=a_scales, b=b, b_scales=b_scales)
+    m, k = a.shape
+    n = b.shape[0]
+    out = torch.empty(m, n, dtype=out_dtype, device=device)
+    if m == 0 or n == 0:
+        return out
+    _check_tma_operand("a", a)
+    _check_tma_operand("b", b)
+    cfg = config or choose_config(m, n, k, device)
+    if cfg.split_k == 0:
+        cfg = dataclasses.replace(cfg, split_k=auto_split_k(m, n, k, cfg.block_m, cfg.block_n, _device_sms(device)))
+    if (cfg.block_n > 128 and cfg.block_n % 128) or (cfg.block_n < 128 and 128 % cfg.block_n):
+        raise ValueError(f"config: block_n {cfg.block_n} must divide or be a multiple of {BLOCK}")
+    k_blocks = k // BLOCK
+    split = max(1, min(cfg.split_k, k_blocks))
+    k_per_split = triton.cdiv(k_blocks, split)
+    split = triton.cdiv(k_blocks, k_per_split)  # no empty split
+    target = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=device)
+    c_strides = (0, *out.stride()) if split == 1 else target.stride()
+    a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [cfg.block_m, BLOCK])
+    b_desc = TensorDescriptor(b, list(b.shape), list(b.stride()), [cfg.block_n, BLOCK])
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n) * split
+    programs = tiles
+    if cfg.persistent:
+        programs = min(tiles, _device_sms(device))
+    _block_fp8_gemm_kernel[(programs,)](
+        a_desc, b_desc, target, a_scales, b_scales, m, n, k_blocks, k_per_split, programs,
+        *c_strides, *a_scales.stride(), *b_scales.stride(),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m, SPLIT_K=split,
+        PERSISTENT=cfg.persistent, WARP_SPECIALIZE=cfg.warp_specialize, FAULT=FAULTS[fault],
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if split > 1:
+        out.copy_(target.sum(dim=0))  # deterministic fp32 sum of the K ranges (no atomics), then one rounding
+    return out
+
+
+@torch.library.custom_op("touchstone::block_fp8_gemm", mutates_args=())
+def _block_fp8_gemm_op(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor,
+                       out_dtype: torch.dtype) -> torch.Tensor:
+    return launch_block_fp8_gemm(a, a_scales, b, b_scales, out_dtype)
+
+
+@_block_fp8_gemm_op.register_fake
+def _(a, a_scales, b, b_scales, out_dtype):
+    check_block_fp8_gemm_args(a, a_scales, b, b_scales, out_dtype)
+    return a.new_empty(a.shape[0], b.shape[0], dtype=out_dtype)
+
+
+def block_fp8_gemm(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor,
+                   out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Kernel twin of `reference.gemm.block_fp8.block_fp8_gemm_mirror` (same arguments)."""
+    return torch.ops.touchstone.block_fp8_gemm(a, a_scales, b, b_scales, out_dtype)

@@ -1,0 +1,281 @@
+"""Block-FP8 W8A8 GEMM: the Triton kernel against the precision-mirroring reference (max/RMS relative error)
+and the unquantized fp64 product (SQNR), with the one tolerance row per output dtype in suites.tolerances;
+the mirror against the fp64 dequantized product; named cases with exact expected values; the 128x128
+weight quantizer; boundaries; negative controls (weight scales read from the neighbouring K or N block)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reference.gemm import block_fp8 as ref
+from reference.quant import fp8 as quant
+from suites.tolerances import assert_exact, assert_lossy
+
+kernel = pytest.importorskip("kernels.block_fp8_gemm")
+FAMILY = "block_fp8_gemm"
+FP8 = torch.float8_e4m3fn
+Config = kernel.LaunchConfig
+# Launch shapes the interpreter can afford that still walk every code path: scalar and per-column weight
+# scales (BLOCK_N <= 128 / 256), split-K with its fp32 partials, the persistent loop, tile grouping.
+CONFIGS = (
+    None,  # the launcher's own choice
+    Config(block_m=16, block_n=128, group_m=2, split_k=1, num_warps=4, num_stages=1),
+    Config(block_m=32, block_n=256, group_m=1, split_k=1, num_warps=4, num_stages=1),
+    Config(block_m=16, block_n=64, group_m=4, split_k=3, num_warps=4, num_stages=1),
+    Config(block_m=64, block_n=128, group_m=2, split_k=2, persistent=True, num_warps=4, num_stages=1),
+)
+
+
+def make_operands(m: int, n: int, k: int, seed: int, spread: float):
+    """Unquantized x [M, K] and w [N, K] (randn times 2**U(-spread, spread) per 128-group / per K block of the
+    weight tiles, so block scales differ as in real checkpoints), their block-FP8 quantization and the fp64
+    product."""
+    g = torch.Generator().manual_seed(seed)
+    group_mag = torch.exp2(torch.empty(m, k // 128).uniform_(-spread, spread, generator=g))
+    x = torch.randn(m, k, generator=g) * group_mag.repeat_interleave(128, 1)
+    # Weight tiles: the full spread along K, at most 2**+-1 between N blocks, so that no single column block
+    # dominates the product (an SQNR over one effective output is noise, not a property of the format).
+    k_mag = torch.empty(1, k // 128).uniform_(-spread, spread, generator=g)
+    tile_mag = torch.exp2(k_mag + torch.empty(-(-n // 128), k // 128).uniform_(-1, 1, generator=g))
+    w = torch.randn(n, k, generator=g) * tile_mag.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)
+    # One power of two for the whole product puts its peak near 2**8: in range for every output dtype.
+    x = x * 2.0 ** (8 - math.ceil(math.log2(float(ref.unquantized_gemm(x, w).abs().max()))))
+    a, a_scales = quant.quantize_fp8(x, granularity="group", group_size=128)
+    b, b_scales = quant.quantize_fp8_blocks(w, block=128)
+    return (a, a_scales, b, b_scales), ref.unquantized_gemm(x, w)
+
+
+def vllm_style_operands(m: int, n: int, k: int, seed: int):
+    """vLLM's test data: FP8 codes of U(-448, 448), scales U(0, 1) * 1e-2 per group and per tile."""
+    g = torch.Generator().manual_seed(seed)
+    a = ((torch.rand(m, k, generator=g) - 0.5) * 896).to(FP8)
+    b = ((torch.rand(n, k, generator=g) - 0.5) * 896).to(FP8)
+    a_scales = torch.rand(m, k // 128, generator=g) * 1e-2
+    b_scales = torch.rand(-(-n // 128), k // 128, generator=g) * 1e-2
+    operands = (a, a_scales, b, b_scales)
+    return operands, ref.block_fp8_gemm_ideal(*operands)
+
+
+def on(device: str, operands, column_major_scales: bool = False):
+    a, a_scales, b, b_scales = (t.to(device) for t in operands)
+    if column_major_scales:  # the layout cuBLAS wants: [M, KB] with stride (1, M)
+        a_scales = a_scales.t().contiguous().t()
+    return a, a_scales, b, b_scales
+
+
+def run_kernel(operands, device, out_dtype, config=None, fault="none", column_major_scales=False):
+    args = on(device, operands, column_major_scales)
+    if config is None and fault == "none":
+        return kernel.block_fp8_gemm(*args, out_dtype=out_dtype)
+    return kernel.launch_block_fp8_gemm(*args, out_dtype=out_dtype, config=config, fault=fault)
+
+
+@given(m=st.integers(1, 70), n=st.integers(17, 300), k_blocks=st.integers(1, 4), seed=st.integers(0, 2**31 - 1),
+       spread=st.sampled_from([0.0, 4.0, 12.0]), out_dtype=st.sampled_from(ref.OUT_DTYPES),
+       config=st.sampled_from(CONFIGS), column_major=st.booleans())
+def test_kernel_matches_references(m, n, k_blocks, seed, spread, out_dtype, config, column_major, device):
+    operands, ideal = make_operands(m, n, 128 * k_blocks, seed, spread)
+    got = run_kernel(operands, device, out_dtype, config, column_major_scales=column_major)
+    assert_lossy(FAMILY, got, ref.block_fp8_gemm_mirror(*operands, out_dtype=out_dtype), ideal)
+
+
+@given(m=st.integers(1, 40), n=st.integers(1, 260), k_blocks=st.integers(1, 6), seed=st.integers(0, 2**31 - 1))
+def test_mirror_is_within_fp32_summation_error_of_the_exact_product(m, n, k_blocks, seed):
+    """The mirror itself: fp32 sums of exact products, so |mirror - exact| <= gamma_n * sum |terms| with
+    n = 128 (in-block sum) + k_blocks (cross-block sum) + 2 (the scale product and the multiply)."""
+    operands, _ = vllm_style_operands(m, n, 128 * k_blocks, seed)
+    mirror = ref.block_fp8_gemm_mirror(*operands, out_dtype=torch.float32).double()
+    a64, b64 = ref.dequantize_operands(*operands)
+    exact = a64 @ b64.T
+    steps = 128 + k_blocks + 2
+    gamma = steps * 2.0**-24 / (1 - steps * 2.0**-24)
+    bound = gamma * (a64.abs() @ b64.abs().T)
+    assert ((mirror - exact).abs() <= bound).all()
+    assert torch.equal(exact, ref.block_fp8_gemm_ideal(*operands))
+
+
+def test_tiny_and_empty_shapes(device):
+    operands, ideal = make_operands(1, 1, 128, seed=5, spread=0.0)
+    got = run_kernel(operands, device, torch.float32)
+    assert_lossy(FAMILY, got, ref.block_fp8_gemm_mirror(*operands, out_dtype=torch.float32), ideal, "1x1x128")
+    empty = (torch.zeros(0, 128, dtype=FP8), torch.zeros(0, 1), torch.zeros(3, 128, dtype=FP8), torch.ones(1, 1))
+    assert run_kernel(empty, device, torch.bfloat16).shape == (0, 3)
+
+
+# ---- named cases: operands built from codes and scales whose product is exact in every output dtype ----
+def const_operands(m, n, k, a_code=1.0, b_code=1.0):
+    return torch.full((m, k), a_code).to(FP8), torch.full((n, k), b_code).to(FP8)
+
+
+def case_scale_per_k_block():
+    """K = 256: C = 128 * 1 * 1 * (1 * 1) + 128 * 1 * 1 * (2 * 4) = 1152 (the scale of K block 1 differs)."""
+    a, b = const_operands(3, 20, 256)
+    a_scales = torch.tensor([[1.0, 2.0]]).repeat(3, 1)
+    b_scales = torch.tensor([[1.0, 4.0]])
+    return (a, a_scales, b, b_scales), torch.full((3, 20), 1152.0)
+
+
+def case_n_not_a_multiple_of_128():
+    """N = 130: columns 0..127 use weight block 0 (scale 0.5), columns 128..129 block 1 (scale 8)."""
+    a, b = const_operands(2, 130, 128, a_code=2.0, b_code=-0.5)
+    operands = (a, torch.full((2, 1), 0.25), b, torch.tensor([[0.5], [8.0]]))
+    want = torch.full((2, 130), 128 * 2.0 * -0.5 * 0.25 * 0.5)
+    want[:, 128:] = 128 * 2.0 * -0.5 * 0.25 * 8.0
+    return operands, want
+
+
+def case_nan_code_poisons_its_row():
+    """a[1, 200] = 0x7F (NaN in e4m3fn): row 1 is NaN everywhere, row 0 is 256 * 1.5 * 2 = 768."""
+    a, b = const_operands(2, 5, 256, a_code=1.5, b_code=2.0)
+    a.view(torch.uint8)[1, 200] = 0x7F
+    want = torch.full((2, 5), 768.0)
+    want[1] = math.nan
+    return (a, torch.ones(2, 2), b, torch.ones(1, 2)), want
+
+
+def case_all_negative_zero_gives_positive_zero():
+    """Every product is -0.0: the accumulator starts at +0.0, so C is +0.0 (bits 0)."""
+    a, b = const_operands(2, 3, 128, a_code=-0.0, b_code=1.0)
+    return (a, torch.ones(2, 1), b, torch.ones(1, 1)), torch.zeros(2, 3)
+
+
+def case_overflow_rounds_to_inf():
+    """448 * 448 * 128 * 2**120 overflows fp32 (and every output format): +Inf, and -Inf for negative b."""
+    a, b = const_operands(1, 2, 128, a_code=448.0, b_code=448.0)
+    b[1] = torch.full((128,), -448.0).to(FP8)
+    want = torch.tensor([[math.inf, -math.inf]])
+    return (a, torch.full((1, 1), 2.0**60), b, torch.full((1, 1), 2.0**60)), want
+
+
+NAMED = {f.__name__.removeprefix("case_"): f for f in (
+    case_scale_per_k_block, case_n_not_a_multiple_of_128, case_nan_code_poisons_its_row,
+    case_all_negative_zero_gives_positive_zero, case_overflow_rounds_to_inf)}
+
+
+@pytest.mark.parametrize("out_dtype", ref.OUT_DTYPES, ids=str)
+@pytest.mark.parametrize("name", sorted(NAMED))
+def test_named_cases(name, out_dtype, device):
+    operands, want = NAMED[name]()
+    want = want.to(out_dtype)
+    assert_exact(ref.block_fp8_gemm_mirror(*operands, out_dtype=out_dtype), want, f"{name} (mirror)")
+    assert_exact(run_kernel(operands, device, out_dtype).cpu(), want, f"{name} (kernel)")
+
+
+def test_fp16_output_overflows_where_fp32_does_not(device):
+    """C = 128 * 1024 = 131072: finite in bf16 and fp32, beyond fp16's 65504: +Inf (RNE cast)."""
+    a, b = const_operands(1, 1, 128)
+    operands = (a, torch.full((1, 1), 32.0), b, torch.full((1, 1), 32.0))
+    for out_dtype, want in ((torch.float16, math.inf), (torch.bfloat16, 131072.0), (torch.float32, 131072.0)):
+        assert run_kernel(operands, device, out_dtype).item() == want
+        assert ref.block_fp8_gemm_mirror(*operands, out_dtype=out_dtype).item() == want
+
+
+# ---- the 128x128 weight quantizer ----
+def test_block_quantizer_is_per_tensor_quantization_of_each_tile():
+    g = torch.Generator().manual_seed(9)
+    w = torch.randn(200, 300, generator=g) * 4
+    q, scales = quant.quantize_fp8_blocks(w, block=128)
+    assert scales.shape == (2, 3) and q.shape == w.shape
+    for i in range(2):
+        for j in range(3):
+            tile = w[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128]  # edge tiles are smaller: padding is 0
+            want_q, want_s = quant.quantize_fp8(tile.contiguous(), granularity="tensor")
+            assert_exact(scales[i, j].reshape(1), want_s, f"scale of tile {i},{j}")
+            assert_exact(q[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128], want_q, f"codes of tile {i},{j}")
+    back = quant.dequantize_fp8_blocks(q, scales)
+    assert ((back - w).abs() <= w.abs() * 2.0**-4 + scales.max() * 2.0**-10).all()
+
+
+def test_block_quantizer_bad_arguments():
+    with pytest.raises(ValueError, match="w: must be 2-D"):
+        quant.quantize_fp8_blocks(torch.zeros(2, 2, 128))
+    with pytest.raises(TypeError, match="w: dtype"):
+        quant.quantize_fp8_blocks(torch.zeros(2, 128, dtype=torch.int32))
+    with pytest.raises(ValueError, match="block"):
+        quant.quantize_fp8_blocks(torch.zeros(2, 128), block=0)
+
+
+# ---- the op ----
+# opcheck's test_schema compares inputs before and after the call with float arithmetic that torch does not
+# implement for float8_e4m3fn ("mul_cpu_reduced_float" not implemented); the test checks the bytes instead.
+OPCHECK_UTILS = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+def test_opcheck(device):
+    operands = on(device, make_operands(5, 130, 256, seed=3, spread=2.0)[0])
+    before = [t.clone() for t in operands]
+    torch.library.opcheck(torch.ops.touchstone.block_fp8_gemm.default, (*operands, torch.bfloat16),
+                          test_utils=OPCHECK_UTILS)
+    for name, old, new in zip(("a", "a_scales", "b", "b_scales"), before, operands, strict=True):
+        assert torch.equal(old.view(torch.uint8) if old.dtype == FP8 else old,
+                           new.view(torch.uint8) if new.dtype == FP8 else new), f"{name} was mutated"
+
+
+def _bad(**change):
+    a, a_scales, b, b_scales = torch.zeros(4, 256, dtype=FP8), torch.ones(4, 2), torch.zeros(130, 256, dtype=FP8), \
+        torch.ones(2, 2)
+    args = dict(a=a, a_scales=a_scales, b=b, b_scales=b_scales, out_dtype=torch.bfloat16)
+    args.update(change)
+    return args
+
+
+BAD = [
+    (_bad(a=torch.zeros(4, 256, dtype=torch.bfloat16)), TypeError, "a: dtype"),
+    (_bad(b=torch.zeros(130, 256, dtype=torch.float8_e5m2)), TypeError, "b: dtype"),
+    (_bad(b=torch.zeros(130, 128, dtype=FP8)), ValueError, "b: K"),
+    (_bad(a=torch.zeros(4, 200, dtype=FP8), b=torch.zeros(130, 200, dtype=FP8)), ValueError, "partial K blocks"),
+    (_bad(a_scales=torch.ones(4, 2, dtype=torch.float64)), TypeError, "a_scales"),
+    (_bad(a_scales=torch.ones(4, 1)), ValueError, r"a_scales: shape must be \(4, 2\)"),
+    (_bad(b_scales=torch.ones(1, 2)), ValueError, r"b_scales: shape must be \(2, 2\)"),
+    (_bad(out_dtype=torch.int32), TypeError, "out_dtype"),
+]
+
+
+@pytest.mark.parametrize(("args", "error", "message"), BAD, ids=[m for _, _, m in BAD])
+def test_bad_arguments(args, error, message, device):
+    with pytest.raises(error, match=message):
+        ref.block_fp8_gemm_mirror(**args)
+    moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+    with pytest.raises(error, match=message):
+        kernel.block_fp8_gemm(**moved)
+
+
+def test_kernel_boundary_layouts(device):
+    (a, a_scales, b, b_scales), ideal = make_operands(4, 64, 256, seed=1, spread=0.0)
+    a, a_scales, b, b_scales = on(device, (a, a_scales, b, b_scales))
+    with pytest.raises(ValueError, match="a: K must be the contiguous dim"):
+        kernel.block_fp8_gemm(a.t().contiguous().t(), a_scales, b, b_scales)
+    wide = torch.zeros(64, 264, dtype=FP8, device=device)  # row stride 264 bytes: not 16-byte aligned
+    wide[:, :256] = b
+    with pytest.raises(ValueError, match="b: TMA needs a 16-byte aligned"):
+        kernel.block_fp8_gemm(a, a_scales, wide[:, :256], b_scales)
+    aligned = torch.zeros(64, 384, dtype=FP8, device=device)  # a column slice with an aligned stride is read as is
+    aligned[:, 128:] = b
+    got = kernel.block_fp8_gemm(a, a_scales, aligned[:, 128:], b_scales, out_dtype=torch.float32)
+    mirror = ref.block_fp8_gemm_mirror(*(t.cpu() for t in (a, a_scales, b, b_scales)), out_dtype=torch.float32)
+    assert_lossy(FAMILY, got, mirror, ideal, "strided b")
+
+
+# ---- negative controls: a one-block indexing error in the real kernel must fail the tolerance check ----
+NEGATIVE_DATA = {
+    "vllm_random_scales": lambda seed: vllm_style_operands(24, 300, 512, seed),
+    "quantized_randn_spread_1": lambda seed: make_operands(24, 300, 512, seed, spread=1.0),
+    "quantized_randn_spread_4": lambda seed: make_operands(24, 300, 512, seed, spread=4.0),
+}
+
+
+@pytest.mark.parametrize("data", sorted(NEGATIVE_DATA))
+@pytest.mark.parametrize("fault", ["weight_scale_next_k_block", "weight_scale_next_n_block"])
+def test_negative_control_one_block_off(fault, data, device):
+    for seed in range(2):
+        operands, ideal = NEGATIVE_DATA[data](seed)
+        mirror = ref.block_fp8_gemm_mirror(*operands, out_dtype=torch.bfloat16)
+        config = Config(block_m=32, block_n=128, group_m=1, num_warps=4, num_stages=1)
+        assert_lossy(FAMILY, run_kernel(operands, device, torch.bfloat16, config), mirror, ideal)
+        with pytest.raises(AssertionError, match="rms_rel"):
+            assert_lossy(FAMILY, run_kernel(operands, device, torch.bfloat16, config, fault), mirror, ideal)
