@@ -12,7 +12,8 @@ that names its convention. Conversions are explicit and cost one IEEE fp32 divis
 fp32(1 / s_enc) and `to_encode()` fp32(1 / s_dec). A round trip returns the starting value or one of its
 fp32 neighbours (the two reciprocals round independently); it is exact for powers of two.
 
-Values are 0-dim float32 tensors (kept on their device: building or converting a scale never syncs).
+Every division here is tensor / tensor: torch evaluates `scalar / tensor` as reciprocal(tensor) * scalar,
+two roundings. Values are 0-dim float32 tensors (kept on their device: building or converting a scale never syncs).
 The NVFP4 ops are specified for global scales with s_enc in [2**-126, 2**118] (s_dec in [2**-118, 2**126]),
 where no per-block product or quotient overflows; `from_amax` always lands there: it clamps amax to
 [AMAX_FLOOR, fp32 max] first, so an all-zero tensor gets a finite scale (and quantizes to zero blocks),
@@ -63,13 +64,14 @@ class EncodeScale:
     @classmethod
     def from_amax(cls, amax: torch.Tensor | float) -> EncodeScale:
         """fp32(2688 / amax), amax clamped to [AMAX_FLOOR, fp32 max] (vLLM's get_nvfp4_global_scale)."""
-        return cls(GLOBAL_RANGE / _clamped_amax(amax))
+        amax = _clamped_amax(amax)
+        return cls(amax.new_tensor(GLOBAL_RANGE) / amax)  # tensor / tensor: `2688 / t` is reciprocal(t) * 2688
 
     def to_encode(self) -> EncodeScale:
         return self
 
     def to_decode(self) -> DecodeScale:
-        return DecodeScale(1.0 / self.value)
+        return DecodeScale(torch.ones_like(self.value) / self.value)
 
     def to(self, device: torch.device | str) -> EncodeScale:
         return EncodeScale(self.value.to(device))
@@ -90,7 +92,7 @@ class DecodeScale:
         return cls(_clamped_amax(amax) / GLOBAL_RANGE)
 
     def to_encode(self) -> EncodeScale:
-        return EncodeScale(1.0 / self.value)
+        return EncodeScale(torch.ones_like(self.value) / self.value)
 
     def to_decode(self) -> DecodeScale:
         return self
