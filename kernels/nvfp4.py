@@ -19,6 +19,13 @@ How the kernels stay exact (the reference's order of fp32 operations, each one r
   rounding, as the reference's fp32 product; then a saturating clamp and one RNE conversion to the output.
 The elements are read and written as words holding one element pair (the two nibbles of one code byte),
 as in kernels/mxfp4.py, with the same multi-tile prefetch loop.
+
+SASS per element (sm_90, Triton 3.6, compiled without a GPU; main path, division slow paths excluded):
+quantize bf16 ~15 per tile of (128 blocks, 4 warps: one block per thread), of which 8 are the element
+rounding (fmul, fadd, 4 integer ops for the large path, compare + predicated min) and ~1.5 the per-block
+divisions; dequantize ~15. MXFP4's quantize is ~12 (0.92x memcpy on the H200), so NVFP4 may sit below the
+issue's 0.90x bar until measured; the per-block `s / d` could become a 128-entry table (one L1 load per
+block) if the sweep shows the kernel issue-bound.
 """
 
 from __future__ import annotations
