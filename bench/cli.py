@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from bench import report
+from bench import accuracy, report
 from bench.environment import Environment, collect, timestamp
 from bench.formatting import num, size, times
 from bench.registry import SWEEPS, discover
@@ -127,6 +127,13 @@ def run_bench(args: argparse.Namespace) -> int:
         all_rows += run_op(op, env, roofs, config, progress, on_row=save)
         report.render_op(folder, op.name)
         report.render_index(folder)
+    for table in accuracy.for_ops([op.name for op in selected]):
+        try:
+            path = accuracy.write(folder, table, table.rows())
+            print(f"accuracy table {table.name}: {path}", flush=True)
+        except Exception as err:  # an accuracy table never costs the timings already written
+            print(f"accuracy table {table.name}: error: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+    report.render_index(folder)
     print(_compact_table(all_rows), flush=True)
     print(f"roofs: memcpy {num(roofs.memcpy.value)} GB/s, gemm bf16 {num(roofs.gemm.value)} TFLOP/s", flush=True)
     peers = {(op.name, impl.name) for op in selected for impl in op.impls if not impl.gated}

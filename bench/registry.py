@@ -13,7 +13,8 @@ An `OpBench` declares everything the runner and the report need and nothing abou
 - `compare_to` (the impl every other impl is divided by in the report) and `headline` comparisons
   (pairs (impl, other), where other is an impl name or the roof name).
 
-Definitions live in one module per op family under bench/<area>/; `discover()` imports them.
+Definitions live in one module per op family under bench/<area>/; `discover()` imports them. A family may
+also register accuracy tables (`AccuracyReport`, written by bench/accuracy.py next to the timing reports).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from bench.correctness import compare_exact
 ROOFS = ("memcpy", "gemm")
 SWEEPS = ("small", "full")
 # One module per op family; each calls `register(...)` at import time.
-FAMILY_MODULES = ("bench.quant.mxfp4", "bench.quant.fp8", "bench.gemm.block_fp8")
+FAMILY_MODULES = ("bench.quant.mxfp4", "bench.quant.fp8", "bench.quant.nvfp4", "bench.gemm.block_fp8")
 
 
 class Unavailable(Exception):  # a verdict rather than a failure: the impl is recorded as skipped
@@ -118,3 +119,24 @@ def discover() -> dict[str, OpBench]:
     for module in FAMILY_MODULES:
         importlib.import_module(module)
     return REGISTRY
+
+
+@dataclasses.dataclass(frozen=True)
+class AccuracyReport:
+    """A table computed alongside the timings of `ops`: `rows()` returns dicts with the same keys (columns)."""
+
+    name: str
+    title: str
+    ops: tuple[str, ...]
+    rows: Callable[[], list[dict[str, Any]]]
+    note: str = ""
+
+
+ACCURACY_REPORTS: dict[str, AccuracyReport] = {}
+
+
+def register_accuracy(report: AccuracyReport) -> AccuracyReport:
+    if report.name in ACCURACY_REPORTS and ACCURACY_REPORTS[report.name] is not report:
+        raise ValueError(f"accuracy report {report.name!r} is registered twice")
+    ACCURACY_REPORTS[report.name] = report
+    return report

@@ -14,6 +14,7 @@ import pathlib
 import sys
 from collections.abc import Sequence
 
+from bench import accuracy
 from bench.formatting import md_table, num, size, times
 from bench.plots import plot_op
 from bench.registry import discover
@@ -162,7 +163,7 @@ def index_markdown(folder: pathlib.Path) -> str:
     parts = [f"# Benchmarks: {folder.name}", ""]
     body = []
     for path in sorted(folder.glob("*.csv")):
-        if path.name == ROOFS_CSV or not (rows := _read(path)):
+        if path.name == ROOFS_CSV or accuracy.is_accuracy_csv(path) or not (rows := _read(path)):
             continue
         op, view = rows[0]["op"], view_of(rows)
         timed = [row for row in rows if row["p50"] is not None]
@@ -172,6 +173,9 @@ def index_markdown(folder: pathlib.Path) -> str:
                      "; ".join(headline(rows, view)) or "—", _unique(rows, "git_sha")])
     header = ["op", "dtype", "roof", "fastest at the largest size (throughput, x roof)", "headline", "git"]
     parts += [md_table(header, body), ""]
+    if tables := accuracy.names_in(folder):
+        parts += ["## Accuracy tables", ""]
+        parts += [f"- [{name}]({name}{accuracy.SUFFIX}.md)" for name in tables] + [""]
     if (folder / ROOFS_CSV).exists():
         roofs = _read(folder / ROOFS_CSV)
         parts += ["## Roofs (measured in the bench run)", ""]
@@ -191,7 +195,9 @@ def rebuild(path: pathlib.Path) -> list[pathlib.Path]:
     folders = sorted({csv.parent for csv in path.rglob("*.csv")})
     for folder in folders:
         for csv in sorted(folder.glob("*.csv")):
-            if csv.name != ROOFS_CSV:
+            if accuracy.is_accuracy_csv(csv):
+                accuracy.render(folder, csv.name.removesuffix(f"{accuracy.SUFFIX}.csv"))
+            elif csv.name != ROOFS_CSV:
                 render_op(folder, csv.stem)
         render_index(folder)
     return folders

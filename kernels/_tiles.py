@@ -14,3 +14,13 @@ def block_offsets(block, blocks_per_row, row_stride, per_block, CONTIGUOUS: tl.c
         return block * per_block
     row = block // blocks_per_row
     return row * row_stride + (block - row * blocks_per_row) * per_block
+
+
+@triton.jit
+def load_block_words(x_ptr, block, n_blocks, blocks_per_row, row_stride, WORDS: tl.constexpr,
+                     CONTIGUOUS: tl.constexpr):
+    """[blocks, WORDS] words of each block of a quantizer's input, read as words that hold one element pair
+    (2i, 2i+1), the pair that shares one output byte: bf16/fp16 pairs in int32 words, fp32 pairs in int64
+    words. Blocks past n_blocks read 0."""
+    word = block_offsets(block, blocks_per_row, row_stride, WORDS, CONTIGUOUS)[:, None] + tl.arange(0, WORDS)[None, :]
+    return tl.load(x_ptr + word, mask=(block < n_blocks)[:, None], other=0)

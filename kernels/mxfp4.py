@@ -11,8 +11,8 @@ rounding is done either by the FPU on an exact value or by integer arithmetic on
 - The scale byte is amax's biased exponent E minus emax_elem (2) plus a per-mode bump read off amax's
   mantissa bits M: floor never, rceil M > 0x400000 (m > 1.5), even M >= 0x600000 (m >= 1.75), ceil M != 0;
   clamped at 0, which also covers amax == 0 and fp32-subnormal amax.
-- Elements: see `_e2m1_code` (one fma for v < 2, a carry on the bits for v >= 2). bf16 pairs are read as
-  one 32-bit word and rounded together; the pair is exactly the two nibbles of one output byte.
+- Elements: see `kernels._e2m1.e2m1_code` (one fma for v < 2, a carry on the bits for v >= 2). bf16 pairs
+  are read as one 32-bit word and rounded together; the pair is exactly the two nibbles of one output byte.
 - Dequantize: see `_e2m1_bits`; products are exact, saturated at the output dtype's max, NaN for 0xFF.
 The kernels issue ~12 SASS instructions per element (quantize, bf16), so on the H200 they are as much
 ALU- as memory-bound; the launch shapes below were swept for that.
@@ -25,7 +25,8 @@ import triton
 import triton.language as tl
 
 from kernels._boundary import as_rows, check_device, interpreter_active
-from kernels._tiles import block_offsets
+from kernels._e2m1 import e2m1_code, round_index
+from kernels._tiles import block_offsets, load_block_words
 from reference.quant.mx_scale import SCALE_MODES
 from reference.quant.mxfp4 import MX_BLOCK_SIZE, check_dequantize_args, check_quantize_args
 
@@ -54,29 +55,6 @@ _INTERPRETER = (2048, 1, 1)
 
 
 @triton.jit
-def _e2m1_code(magnitude, rounded_index, inv_scale, rebias, large_from):
-    """E2M1 code (bits 2:0; bits 21:3 are zero, bits above are junk) of v = |x| * 2**-e: RNE, saturating.
-
-    - v < 2 (codes 0..4 are exactly 2v): the FPU rounds in one fma, |x| * 2**-e + 1.5 * 2**22, whose fp32
-      ulp is 0.5, so the sum's low mantissa bits are round-to-nearest-even(2v); 1.5 * 2**22 has a zero low
-      byte. 2**-e lies in [2**-126, 2**127] and the fused product is not rounded before the add.
-    - v >= 2 (x is then an fp32 normal): `rounded_index` is x's (biased exponent, top mantissa bit) after
-      rounding its significand to 1 bit with ties to even (see callers); subtracting rebias = (126 + e) << 1
-      gives the E2M1 code, and min() saturates at 6.0.
-    magnitude: fp32 bits of |x|; inv_scale = 2**-e (fp32); large_from: fp32 bits of 2**(e + 1).
-    """
-    small = tl.fma(magnitude.to(tl.float32, bitcast=True), inv_scale, 6291456.0).to(tl.uint32, bitcast=True)
-    large = tl.minimum(rounded_index - rebias, 7)
-    return tl.where(magnitude >= large_from, large, small)
-
-
-@triton.jit
-def _round_index(magnitude):
-    """(biased exponent << 1 | top mantissa bit) of fp32 bits, significand rounded to 1 bit, ties to even."""
-    return (magnitude + 0x1FFFFF + ((magnitude >> 22) & 1)) >> 22
-
-
-@triton.jit
 def _quantize_mxfp4_kernel(
     x_ptr, codes_ptr, scales_ptr, n_blocks, blocks_per_row, x_row_stride,
     BLOCKS: tl.constexpr, TILES: tl.constexpr, INPUT: tl.constexpr, SCALE_MODE: tl.constexpr,
@@ -85,21 +63,13 @@ def _quantize_mxfp4_kernel(
     # Each program quantizes TILES consecutive tiles of BLOCKS blocks, loading tile t + 1 before it
     # computes tile t, so every warp keeps a tile's loads in flight while its ALUs work.
     block = tl.program_id(0).to(tl.int64) * (BLOCKS * TILES) + tl.arange(0, BLOCKS)
-    words = _load_words(x_ptr, block, n_blocks, blocks_per_row, x_row_stride, CONTIGUOUS)
+    words = load_block_words(x_ptr, block, n_blocks, blocks_per_row, x_row_stride, 16, CONTIGUOUS)
     for _ in range(TILES - 1):
-        next_words = _load_words(x_ptr, block + BLOCKS, n_blocks, blocks_per_row, x_row_stride, CONTIGUOUS)
+        next_words = load_block_words(x_ptr, block + BLOCKS, n_blocks, blocks_per_row, x_row_stride, 16, CONTIGUOUS)
         _quantize_tile(words, block, n_blocks, codes_ptr, scales_ptr, INPUT, SCALE_MODE, FAULT)
         block += BLOCKS
         words = next_words
     _quantize_tile(words, block, n_blocks, codes_ptr, scales_ptr, INPUT, SCALE_MODE, FAULT)
-
-
-@triton.jit
-def _load_words(x_ptr, block, n_blocks, blocks_per_row, x_row_stride, CONTIGUOUS: tl.constexpr):
-    """The 16 words of each block; x is read as words holding one element pair (2i, 2i+1), the pair that
-    shares one output byte: bf16/fp16 pairs in int32 words, fp32 pairs in int64 words."""
-    word = block_offsets(block, blocks_per_row, x_row_stride, 16, CONTIGUOUS)[:, None] + tl.arange(0, 16)[None, :]
-    return tl.load(x_ptr + word, mask=(block < n_blocks)[:, None], other=0)
 
 
 @triton.jit
@@ -160,11 +130,11 @@ def _quantize_tile(words, block, n_blocks, codes_ptr, scales_ptr,
         # Sign bits 15 and 31 of the word land on bits 3 and 7 of the product's high word (above: junk).
         signs = tl.umulhi(words & 0x80008000, 0x00100100)
     else:
-        low_index = _round_index(low)
-        high_index = _round_index(high)
+        low_index = round_index(low)
+        high_index = round_index(high)
         signs = low_sign | (high_sign << 4)
-    code_low = _e2m1_code(low, low_index, inv_scale, rebias, large_from)
-    code_high = _e2m1_code(high, high_index, inv_scale, rebias, large_from)
+    code_low = e2m1_code(low, low_index, inv_scale, rebias, large_from)
+    code_high = e2m1_code(high, high_index, inv_scale, rebias, large_from)
     if FAULT == 2:
         code_low, code_high = code_high, code_low
     # A multiply-add packs the pair: the small path's junk bits sit above bit 21, so they never reach the

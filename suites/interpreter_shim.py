@@ -1,6 +1,6 @@
 """Interpreter shim: make `TRITON_INTERPRET=1` compute what GPU Triton (sm_90, Triton 3.6) computes.
 
-The CPU test tier runs Triton kernels under `triton/runtime/interpreter.py`, which gets five things wrong
+The CPU test tier runs Triton kernels under `triton/runtime/interpreter.py`, which gets six things wrong
 (seen in Triton 3.6.0; the bf16 dot, bf16 rounding and fp8 ones in 3.9.0 too). Each fix is a named `Shim`
 record wrapping methods of the interpreter's own `InterpreterBuilder` (or, named "interpreter.<name>",
 functions of the interpreter module), so it reaches interpreter mode only: compiled kernels never touch
@@ -25,6 +25,8 @@ GPU semantics matched, and where each fact comes from:
   rounding mode for conversion"): the shim raises NotImplementedError rather than guess.
 - fp8 -> fp16/bf16/fp32 is exact (`cvt.rn.f16x2.e4m3x2`/`.e5m2x2`); e4m3 0x7F/0xFF are NaN, e5m2 0x7C/0xFC
   +-Inf; except fp8e5 -> bf16, where sm_90 turns Inf/NaN into finite numbers (`fp8e5_bits_to_f32_sm90_bf16`).
+- tl.fma on fp32 is one `fma.rn.f32`: the exact x * y + z rounded once (PTX ISA; upstream's interpreter fix
+  triton-lang/triton#11641 says the same).
 - sm_89 converts fp32->fp8 through `cvt.rz.f16.f32` first (1 ulp apart at near-ties): not modelled.
 Checked on an H200 (Triton 3.6.0): suites/harness/test_interpreter_shim.py with `--device cuda` runs the
 same parity tests on the GPU, so the oracles followed here match the hardware bit for bit.
@@ -167,6 +169,33 @@ def _fp8_fp_to_fp(original: Callable) -> Callable:
     return create_fp_to_fp
 
 
+def fma_f32(x: np.ndarray, y: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """fma.rn.f32: x * y + z rounded once. The product is exact in float64 (48 bits); TwoSum gives the sum
+    s and its exact error e (x * y + z = s + e). Rounding s to fp32 is right unless s is exactly halfway
+    between two fp32 neighbours (RN53 cannot cross such a midpoint, it can only land on it): then the sign
+    of e says which neighbour the exact value is nearer to."""
+    p = np.asarray(x, np.float32).astype(np.float64) * np.asarray(y, np.float32).astype(np.float64)
+    c = np.asarray(z, np.float32).astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = p + c
+        b = s - p
+        e = (p - (s - b)) + (c - b)
+        r = s.astype(np.float32)
+        below = np.where(r.astype(np.float64) > s, np.nextafter(r, np.float32(-np.inf)), r)
+        above = np.where(r.astype(np.float64) > s, r, np.nextafter(r, np.float32(np.inf)))
+        halfway = np.isfinite(s) & ((below.astype(np.float64) + above.astype(np.float64)) / 2 == s) & (below != above)
+    return np.where(halfway & (e > 0), above, np.where(halfway & (e < 0), below, r)).astype(np.float32)
+
+
+def _fused_fma(original: Callable) -> Callable:
+    def create_fma(self, x, y, z):
+        if z.dtype.scalar.name == "fp32":
+            return _Handle(fma_f32(x.data, y.data, z.data), z.dtype.scalar)
+        return original(self, x, y, z)
+
+    return create_fma
+
+
 def _scalar_index(original: Callable) -> Callable:
     """Scalar kernel arguments are 1-element arrays; `int()` of those fails from numpy 2.4 on, which breaks
     `range()` over a runtime bound. Index through the one element instead."""
@@ -246,6 +275,14 @@ SHIMS: tuple[Shim, ...] = (
         upstream="triton-lang/triton#8322 (open); open PRs triton-lang/triton#11897 and #11667",
         remove_when=_REMOVE.format("fp8_convert"),
         patches=(("create_fp_to_fp", _fp8_fp_to_fp), ("create_dot", _decoding_dot(tuple(_FP8)))),
+    ),
+    Shim(
+        name="fma_fused",
+        fixes="tl.fma on fp32 rounded the product before the add (x * y + z in numpy); now one rounding of the "
+        "exact value, as fma.rn.f32 does. fp16/fp64 fma are left to the interpreter",
+        upstream="triton-lang/triton#11424 and #11610 (fixed after 3.6.0 by #11641)",
+        remove_when=_REMOVE.format("fma_fused"),
+        patches=(("create_fma", _fused_fma),),
     ),
 )
 

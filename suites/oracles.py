@@ -94,3 +94,27 @@ def quantize_fp8(x: torch.Tensor, granularity: str, group_size: int, fmt: str, e
         recip = (np.float32(1.0) / scale).astype(np.float32)
         scaled = np.clip(groups * recip[:, None], -fp8_max, fp8_max).astype(np.float32)
     return scaled.astype(dtype).view(np.uint8).reshape(-1), scale.reshape(-1)
+
+
+E4M3 = ml_dtypes.float8_e4m3fn
+
+
+def quantize_nvfp4(x: torch.Tensor, encode_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Oracle NVFP4 quantizer: numpy float32 arithmetic in the reference's order, ml_dtypes' E4M3 cast
+    (after a clamp to 448: ml_dtypes does not saturate) and E2M1 cast; the project's NaN/Inf-block policy."""
+    blocks = x.detach().cpu().to(torch.float32).numpy().reshape(-1, 16)
+    s = np.float32(encode_scale)
+    finite = np.isfinite(blocks).all(axis=1)
+    magnitude = np.abs(np.where(finite[:, None], blocks, 0)).astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        block_scale = (magnitude.max(axis=1) * (s / np.float32(6.0))).astype(np.float32)
+        scale = np.minimum(block_scale, np.float32(448.0)).astype(E4M3)
+        stored = scale.astype(np.float32)
+        multiplier = np.where(stored == 0, np.float32(0), s / stored).astype(np.float32)
+        scaled = (magnitude * multiplier[:, None]).astype(np.float32)
+    codes = e2m1_codes(scaled) | np.where(np.signbit(blocks), 0x8, 0).astype(np.uint8)
+    codes = np.where(finite[:, None], codes, 0).astype(np.uint8)
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    scale_bytes = np.where(finite, scale.view(np.uint8), 0x7F).astype(np.uint8)
+    lead, k = tuple(x.shape[:-1]), x.shape[-1]
+    return (torch.from_numpy(packed.reshape(*lead, k // 2)), torch.from_numpy(scale_bytes.reshape(*lead, k // 16)))

@@ -8,6 +8,7 @@ No torch.compile here (minutes on 2 cores); timing windows are shrunk so the who
 from __future__ import annotations
 
 import csv
+import dataclasses
 import importlib.util
 import inspect
 import io
@@ -15,10 +16,10 @@ import io
 import pytest
 import torch
 
-from bench import cli, environment, report
+from bench import accuracy, cli, environment, report
 from bench.correctness import compare_exact
 from bench.environment import NVIDIA_SMI_QUERIES, collect, parse_nvidia_smi
-from bench.registry import REGISTRY, Case, Impl, OpBench, Unavailable, discover
+from bench.registry import ACCURACY_REPORTS, REGISTRY, AccuracyReport, Case, Impl, OpBench, Unavailable, discover
 from bench.roofs import Roof, Roofs
 from bench.rows import COLUMNS, KEY, read_csv, upsert_csv
 from bench.runner import Progress, RunConfig, count_measurements, run_op
@@ -305,3 +306,81 @@ def test_mxfp4_eager_runs_on_cpu(env):
         verdicts = {row["impl"]: row["correctness"] for row in rows}
         assert verdicts["reference-eager"] == "baseline" and verdicts["triton"].startswith("skipped: Triton")
         assert rows[0]["p50"] > 0 and rows[0]["shape"] == "[128, 4096]"
+
+
+def dummy_accuracy(ops=("dummy_copy",)) -> AccuracyReport:
+    return AccuracyReport(
+        name="dummy_accuracy", title="Dummy accuracy table", ops=ops, note="Two rows, two columns.",
+        rows=lambda: [{"policy": "a", "sqnr_db": 20.123456}, {"policy": "b", "sqnr_db": "refused"}],
+    )
+
+
+def test_accuracy_table_files_index_and_rebuild(tmp_path, monkeypatch):
+    table = dummy_accuracy()
+    monkeypatch.setitem(ACCURACY_REPORTS, table.name, table)
+    folder = tmp_path / "cpu-test"
+    path = accuracy.write(folder, table, table.rows())
+    assert path.name == "dummy_accuracy.accuracy.csv"
+    assert accuracy.read(path) == [{"policy": "a", "sqnr_db": "20.12"}, {"policy": "b", "sqnr_db": "refused"}]
+    md = (folder / "dummy_accuracy.accuracy.md").read_text()
+    assert md.startswith("# Dummy accuracy table") and "Two rows, two columns." in md
+    assert "| policy | sqnr_db |" in md and "| a | 20.12 |" in md and "touchstone bench --ops dummy_copy" in md
+    report.render_index(folder)
+    assert "[dummy_accuracy](dummy_accuracy.accuracy.md)" in (folder / "index.md").read_text()
+    (folder / "dummy_accuracy.accuracy.md").unlink()
+    assert cli.main(["report", "--out", str(tmp_path)]) == 0  # no bench CSV warning, the table rebuilt
+    assert (folder / "dummy_accuracy.accuracy.md").read_text() == md
+    assert accuracy.for_ops(["dummy_copy"]) == [table] and accuracy.for_ops(["other"]) == []
+    with pytest.raises(ValueError, match="same keys"):
+        accuracy.write(folder, table, [{"a": 1}, {"b": 2}])
+
+
+def test_cli_bench_writes_the_accuracy_tables_of_its_ops(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("bench.environment.detect_platform", lambda: CPU)
+    monkeypatch.setitem(REGISTRY, "dummy_copy", dummy_op())
+    monkeypatch.setitem(ACCURACY_REPORTS, "dummy_accuracy", dummy_accuracy())
+    monkeypatch.setitem(ACCURACY_REPORTS, "other_accuracy", dataclasses.replace(
+        dummy_accuracy(("other_op",)), name="other_accuracy"))
+    monkeypatch.setattr("bench.roofs.MEMCPY_BYTES", {"cpu": 1 << 20, "gpu": 1 << 20})
+    monkeypatch.setattr("bench.roofs.GEMM_N", {"cpu": 64, "gpu": 64})
+    assert cli.main(["bench", "--ops", "dummy_copy", "--impls", "copy", "--out", str(tmp_path)]) == 0
+    assert "accuracy table dummy_accuracy" in capsys.readouterr().out
+    (folder,) = [path for path in tmp_path.iterdir() if path.is_dir()]
+    names = {p.name for p in folder.iterdir()}
+    assert {"dummy_accuracy.accuracy.csv", "dummy_accuracy.accuracy.md"} <= names
+    assert "other_accuracy.accuracy.csv" not in names
+    assert "[dummy_accuracy](dummy_accuracy.accuracy.md)" in (folder / "index.md").read_text()
+
+
+def test_nvfp4_definitions():
+    ops = discover()
+    quantize, dequantize = ops["nvfp4_quantize"], ops["nvfp4_dequantize"]
+    full = {case.label: case for case in quantize.sweeps["full"]}
+    assert full["256MiB"].shape == (256 * 1024 * 1024 // (7168 * 2), 7168)
+    m = full["1MiB"].shape[0]
+    assert quantize.bytes_model(full["1MiB"]) == m * 7168 * 2 + m * 3584 + m * 448
+    assert dequantize.bytes_model(full["1GiB"]) == quantize.bytes_model(full["1GiB"])
+    assert not quantize.impl("reference-compiled").gated and quantize.impl("triton").gated
+    assert ("triton", "memcpy") in quantize.headline and ("triton", "reference-compiled") in quantize.headline
+    assert [t.name for t in accuracy.for_ops(["nvfp4_quantize"])] == ["nvfp4_w13_policies"]
+
+
+def test_nvfp4_eager_runs_on_cpu(env):
+    ops = discover()
+    for name in ("nvfp4_quantize", "nvfp4_dequantize"):
+        config = RunConfig(sweep="small", impls=["reference-eager", "triton"], cases=["1MiB"], **FAST)
+        rows = run_op(ops[name], env, fake_roofs(), config, Progress(2, io.StringIO()))
+        verdicts = {row["impl"]: row["correctness"] for row in rows}
+        assert verdicts["reference-eager"] == "baseline" and verdicts["triton"].startswith("skipped: Triton")
+
+
+def test_nvfp4_w13_policy_table():
+    from bench.quant.nvfp4 import W13_RATIOS, w13_policy_rows
+
+    rows = w13_policy_rows(rows=32, k=128)
+    sqnr = {(row["amax_ratio_up_over_gate"], row["policy"]): row["sqnr_db"] for row in rows}
+    assert {ratio for ratio, _ in sqnr} == set(W13_RATIOS)
+    assert sqnr[1.0, "use_w1"] == sqnr[1.0, "max_requant"] == sqnr[1.0, "raise"] == sqnr[1.0, "separate"]
+    for ratio in (2.0, 10.0):
+        assert sqnr[ratio, "raise"] == "refused (ValueError)"
+        assert sqnr[ratio, "use_w1"] < 10.0 < sqnr[ratio, "max_requant"] <= sqnr[ratio, "separate"] + 1e-9

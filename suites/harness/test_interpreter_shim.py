@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import ml_dtypes
@@ -267,6 +268,68 @@ def _probe_bf16_dot(device: str) -> str | None:
     return None if torch.equal(got, want) else f"max |err| {(got - want).abs().max()}"
 
 
+@triton.jit
+def _fma_kernel(X, Y, Z, R, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x, y, z = tl.load(X + offs, mask=offs < n), tl.load(Y + offs, mask=offs < n), tl.load(Z + offs, mask=offs < n)
+    tl.store(R + offs, tl.fma(x, y, z), mask=offs < n)
+
+
+def fma(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor, device: str) -> torch.Tensor:
+    r = torch.empty(x.shape, dtype=torch.float32, device=device)
+    block = max(16, triton.next_power_of_2(x.numel())) if device == "cpu" else 1024
+    _fma_kernel[(triton.cdiv(x.numel(), block),)](x.to(device), y.to(device), z.to(device), r, x.numel(), BLOCK=block)
+    return r.cpu()
+
+
+def exact_fma(x: torch.Tensor, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """Oracle: the exact rational x * y + z, rounded once to fp32 (nearest, ties to even)."""
+    out = []
+    for a, b, c in zip(x.tolist(), y.tolist(), z.tolist(), strict=True):
+        value = Fraction(a) * Fraction(b) + Fraction(c)
+        r = np.float32(float(value))
+        neighbours = (np.nextafter(r, np.float32(-np.inf)), r, np.nextafter(r, np.float32(np.inf)))
+        odd = lambda v: int(np.float32(v).view(np.uint32)) & 1  # ties go to the even bit pattern
+        out.append(min(neighbours, key=lambda v, value=value: (abs(Fraction(float(v)) - value), odd(v))))
+    return torch.tensor(np.array(out, dtype=np.float32))
+
+
+# Cancellation keeps the product's rounding residual (triton#11424); 4097 * 4097 = 16785409 is halfway between
+# fp32 neighbours, so the tiny addend decides (triton#11610); 0.28125 * 0.8888889 rounds onto the E2M1 midpoint
+# 0.25 if rounded first (kernels/nvfp4.py's double-rounding probe).
+_FMA_CASES = ((1.4142135, 1.7320508, None), (4097.0, 4097.0, 2.0**-30), (0.28125, 0.8888889, 6291456.0))
+
+
+def _fma_case_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    x = torch.tensor([c[0] for c in _FMA_CASES], dtype=torch.float32)
+    y = torch.tensor([c[1] for c in _FMA_CASES], dtype=torch.float32)
+    z = torch.tensor([0.0 if c[2] is None else c[2] for c in _FMA_CASES])
+    z[0] = -(x[0] * y[0])  # minus the fp32-rounded product
+    return x, y, z
+
+
+@pytest.mark.parametrize("inputs", ["named", "cancellation", "halfway"])
+def test_fma_rounds_once(device, inputs):
+    gen = torch.Generator().manual_seed(11)
+    if inputs == "named":
+        x, y, z = _fma_case_inputs()
+    elif inputs == "cancellation":
+        x, y = torch.randn(512, generator=gen), torch.randn(512, generator=gen) * 3
+        z = -(x * y) + torch.randn(512, generator=gen) * 1e-6 * torch.randint(0, 2, (512,), generator=gen)
+    else:  # integer products: many land exactly halfway between fp32 neighbours
+        x = torch.randint(1, 2**13, (512,), generator=gen).float()
+        y = torch.randint(1, 2**13, (512,), generator=gen).float()
+        z = torch.randint(0, 2, (512,), generator=gen).float().mul(2).sub(1) * torch.exp2(
+            -torch.randint(1, 40, (512,), generator=gen).float())
+    assert_same(fma(x, y, z, device), exact_fma(x, y, z), x, "tl.fma")
+
+
+def _probe_fma_fused(device: str) -> str | None:
+    x, y, z = _fma_case_inputs()
+    got, want = fma(x, y, z, device), exact_fma(x, y, z)
+    return None if np.array_equal(bits_of(got), bits_of(want)) else f"{got.tolist()} vs fused {want.tolist()}"
+
+
 def _probe_bf16_round(device: str) -> str | None:
     x = f32([0x3F80C000, 0x3F818000, 0x3F80FFFF])  # above a tie, a tie to even (up), just below the next
     got, want = convert(x, torch.bfloat16, device), x.to(torch.bfloat16)
@@ -315,6 +378,7 @@ PROBES = {
     "bf16_widen": _probe_bf16_widen,
     "scalar_index": _probe_scalar_index,
     "fp8_convert": _probe_fp8_convert,
+    "fma_fused": _probe_fma_fused,
 }
 BUGS = {
     "bf16_dot": "tl.dot on bf16 operands",
@@ -322,6 +386,7 @@ BUGS = {
     "bf16_widen": "bf16->fp32 widening of subnormals",
     "scalar_index": "loops over a runtime bound under numpy >= 2.4",
     "fp8_convert": "fp32<->fp8 conversions",
+    "fma_fused": "the unfused fp32 tl.fma",
 }
 
 

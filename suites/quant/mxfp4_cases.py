@@ -100,11 +100,12 @@ def bits_of(t: torch.Tensor) -> torch.Tensor:
     return t.view(_BITS_DTYPE[t.dtype])
 
 
-def random_blocks(shape: tuple[int, ...], dtype: torch.dtype, seed: int, spread: float) -> torch.Tensor:
-    """Normal data whose blocks of 32 get magnitudes 2**U(-spread, spread): many scale exponents per tensor."""
+def random_blocks(shape: tuple[int, ...], dtype: torch.dtype, seed: int, spread: float, block: int = 32
+                  ) -> torch.Tensor:
+    """Normal data whose blocks of `block` get magnitudes 2**U(-spread, spread): many scale exponents per tensor."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(shape, generator=gen, dtype=torch.float32)
-    blocks = x.unflatten(-1, (-1, 32))
+    blocks = x.unflatten(-1, (-1, block))
     exponent = (torch.rand((*blocks.shape[:-1], 1), generator=gen) * 2 - 1) * spread
     return (blocks * torch.exp2(exponent.round())).flatten(-2).to(dtype)
 

@@ -1,0 +1,88 @@
+"""Sweep the NVFP4 kernels' launch shapes on a GPU: GB/s against a memcpy of the same run.
+
+    python -m bench.quant.nvfp4_launch_sweep [--mib 1024] [--k 7168]
+
+How the constants `_QUANTIZE_GPU` / `_DEQUANTIZE_GPU` in kernels/nvfp4.py are to be chosen (they are
+untuned starting points until this has run on an H200). Each shape is checked bit-exact against the
+reference on the last 256 rows before it is timed. The issue's bar for quantize at >= 256 MiB is 0.90x
+memcpy. GPU only: the interpreter says nothing about launch shapes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import sys
+
+import torch
+import triton
+from triton.testing import do_bench
+
+from kernels import nvfp4 as kernel
+from reference.quant import nvfp4 as ref
+from reference.quant.nvfp4_global_scale import EncodeScale, tensor_amax
+
+# (blocks of 16 per tile, warps) x tiles per program; with bf16 one block is one thread's two 16-byte loads.
+QUANTIZE_SHAPES = list(itertools.product(((64, 2), (128, 4), (128, 2), (256, 4), (256, 8), (512, 8)), (1, 2, 4, 8)))
+DEQUANTIZE_SHAPES = [(64, 2), (128, 2), (128, 4), (256, 4), (256, 8), (512, 8)]
+
+
+def _time(fn) -> float:
+    fn()
+    return do_bench(fn, warmup=50, rep=300, return_mode="median")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, default=1024, help="size of the bf16 input in MiB")
+    parser.add_argument("--k", type=int, default=7168, help="row length (a multiple of 16)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("nvfp4_launch_sweep needs a GPU")
+    k = args.k
+    m = args.mib * (1 << 20) // (2 * k)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    scale = EncodeScale.from_amax(tensor_amax(x))
+    moved = x.numel() * 2 + m * k // 2 + m * k // 16
+    n_blocks = m * k // 16
+    src = torch.empty(x.numel() * 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    memcpy = 2 * src.numel() / _time(lambda: dst.copy_(src)) / 1e6
+    print(f"memcpy {src.numel() / 2**30:.2f} GiB: {memcpy:.0f} GB/s; x [{m}, {k}] bf16", flush=True)
+
+    tail = slice(m - 256, m)
+    want_codes, want_scales = ref.quantize_nvfp4(x[tail].cpu(), scale.to("cpu"))
+    words = x.view(torch.int32)
+    codes = torch.empty(m, k // 2, dtype=torch.uint8, device="cuda")
+    scales = torch.empty(m, k // 16, dtype=torch.uint8, device="cuda")
+    for (blocks, warps), tiles in QUANTIZE_SHAPES:
+        grid = (triton.cdiv(n_blocks, blocks * tiles),)
+        codes.fill_(0xAA)
+        ms = _time(functools.partial(
+            kernel._quantize_nvfp4_kernel[grid], words, codes, scales, scale.value, n_blocks, k // 16, k // 2,
+            BLOCKS=blocks, TILES=tiles, INPUT=0, CONTIGUOUS=True, FAULT=0, num_warps=warps, enable_fp_fusion=False))
+        exact = torch.equal(codes[tail].cpu(), want_codes) and torch.equal(scales[tail].cpu(), want_scales)
+        gbps = moved / ms / 1e6
+        print(f"quantize   blocks={blocks:4d} tiles={tiles} warps={warps}  {ms * 1e3:7.1f} us  {gbps:5.0f} GB/s  "
+              f"{gbps / memcpy:.3f}x memcpy  {'exact' if exact else 'MISMATCH'}", flush=True)
+
+    codes, scales = kernel.quantize_nvfp4(x, scale)
+    decode = scale.to_decode()
+    want = ref.dequantize_nvfp4(codes[tail].cpu(), scales[tail].cpu(), decode.to("cpu"))
+    out = torch.empty_like(x)
+    for blocks, warps in DEQUANTIZE_SHAPES:
+        grid = (triton.cdiv(n_blocks, blocks),)
+        ms = _time(functools.partial(
+            kernel._dequantize_nvfp4_kernel[grid], codes, scales, decode.value, out.view(torch.int32), n_blocks,
+            k // 16, k // 2, k // 16, BLOCKS=blocks, OUTPUT=0, CONTIGUOUS=True, num_warps=warps,
+            enable_fp_fusion=False))
+        exact = torch.equal(out[tail].cpu().view(torch.int16), want.view(torch.int16))
+        gbps = moved / ms / 1e6
+        print(f"dequantize blocks={blocks:4d} warps={warps}  {ms * 1e3:7.1f} us  {gbps:5.0f} GB/s  "
+              f"{gbps / memcpy:.3f}x memcpy  {'exact' if exact else 'MISMATCH'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
