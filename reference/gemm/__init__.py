@@ -1,0 +1,1 @@
+"""GEMM references: precision-mirroring and ideal definitions of the quantized matmuls."""
