@@ -58,6 +58,8 @@ FAULTS = {
 # - M <= 64: the dot kernel with BLOCK_N = 64 gives 128 programs, about one per SM; split-K 2 doubles that
 #   so that each SM streams two K halves.
 # - M > 64: compute bound; 128 x 128 tiles, K tile 128 (GROUPS = 4).
+# Every row here and every candidate of the sweep compiles for sm_90 (Triton 3.6, no GPU): wgmma for the dot
+# kernel, no local-memory spills; registers 32-128 (GEMV), 70-255 (dot; 128 x 128 at 4 warps is at 255).
 _GPU_CONFIGS = (
     (1, "gemv", 32, 1, 16, 2, 4, 1),
     (16, "dot", 64, 16, 4, 2, 4, 3),

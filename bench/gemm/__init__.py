@@ -1,0 +1,1 @@
+"""Benchmarks of the quantized GEMMs (reference/gemm, kernels/): one module per op family."""
