@@ -29,7 +29,9 @@ from bench.correctness import compare_exact
 ROOFS = ("memcpy", "gemm")
 SWEEPS = ("small", "full")
 # One module per op family; each calls `register(...)` at import time.
-FAMILY_MODULES = ("bench.quant.mxfp4", "bench.quant.fp8", "bench.quant.nvfp4", "bench.gemm.block_fp8")
+FAMILY_MODULES = (
+    "bench.quant.mxfp4", "bench.quant.fp8", "bench.quant.nvfp4", "bench.gemm.block_fp8", "bench.gemm.w4a16_mxfp4",
+)
 
 
 class Unavailable(Exception):  # a verdict rather than a failure: the impl is recorded as skipped

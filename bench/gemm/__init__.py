@@ -1,1 +1,1 @@
-"""GEMM benchmarks: block-FP8 W8A8 (DeepSeek-V3) first."""
+"""GEMM benchmarks (reference/gemm, kernels/): one module per op family."""

@@ -1,0 +1,329 @@
+"""W4A16 MXFP4 GEMM in Triton: y = x @ W^T, x bf16 [M, K], W as MXFP4 codes [N, K/2] + E8M0 scales [N, K/32].
+
+Op: `touchstone::w4a16_mxfp4_gemm(x, codes, scales) -> y` (bf16 [M, N]); call it through
+`w4a16_mxfp4_gemm` below, which has the reference's signature (`reference.gemm.w4a16_mxfp4`).
+
+Both kernels dequantize W inside the K loop and never write it out. They compute what the mirror reference
+computes (exact products of bf16 x and exact weights, fp32 sums, one bf16 rounding) in their own order:
+- `_gemv_kernel` (M = 1 decode; any M works, one x row per program): fp32 FMAs on CUDA cores, written for
+  the H200's issue rate: at ~0.75x memcpy the 67 M weights of an 8192 x 8192 matrix leave ~5 instructions
+  per weight, so the scale is not applied per weight. Each weight is decoded as E2M1 value * 2**-126 in 3
+  integer ops (`_signed_nibble`), multiplied with x * 2**64 in one FFMA chain per 32-element MX block, and
+  the block sum is scaled once (* 2**62 * 2**e, exact: powers of two). A tile is [GROUPS, BLOCK_N] blocks,
+  block dim first so that Triton's default layout gives a thread several rows of one block and each x
+  element is converted once for all of them. Codes are read as int32 words (16 bytes per block and row,
+  one 128-bit load); x as int32 words of bf16 pairs, whose even and odd elements meet a code byte's low and
+  high nibbles (nothing is interleaved). SASS (sm_90, BLOCK_N 32, GROUPS 16, 4 warps): ~6 instructions per
+  weight all told, of which 3 integer decode + 1 FFMA.
+  Exactness domain: products x * 2**64 * w * 2**-126 are exact fp32 products for 2**-77 <= |x| < 2**64
+  (and x = 0, +-Inf, NaN); smaller |x| may lose bits to fp32 subnormals, larger overflows to Inf. The
+  block-sum scaling never forms a weight, so no saturation applies (see the contract below).
+- `_dot_kernel` (larger M): tensor cores (wgmma on sm_90). The product is computed transposed, y^T tile
+  [BLOCK_N, BLOCK_M] = W tile [BLOCK_N, BK] @ x tile^T, so the dequantized weights (registers) are tl.dot's
+  first operand and BLOCK_M may be 16 ("swap AB": M = 2..16 pays for no more MMA rows than M = 16). Weights
+  are decoded exactly to bf16 (`_signed_nibble`, then * 2**126 * block scale, both exact). The even and odd
+  halves of a K tile are two dots of depth BK/2 (low nibbles with x's even elements, high with odd).
+Split-K (both kernels): SPLIT_K programs per output tile each sum a contiguous range of K tiles into an
+fp32 workspace [SPLIT_K, M, N]; `_split_k_sum_kernel` adds the partials in split order and rounds once.
+
+Contract beyond the mirror's: scale bytes 253 and 254 (2**126, 2**127), the only ones whose weights can
+reach 2**128 and saturate in the mirror, are outside the kernel's contract: the GEMV path uses the exact
+weight, the dot path an fp32 product that overflows to Inf. No producer of finite bf16 weights emits 254,
+and 253 only from rceil on |w| > 2.5e38. NaN (byte 0xFF) follows the mirror in both paths.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._boundary import check_device, interpreter_active
+from reference.gemm.w4a16_mxfp4 import check_w4a16_args
+from reference.quant.mxfp4 import MX_BLOCK_SIZE
+
+# Planted bugs for the suite's negative controls; FAULT is a constexpr, so fault 0 compiles them away.
+FAULTS = {
+    "none": 0,
+    "scale_of_next_block": 1,  # block j's weights scaled by block j+1's scale (the last block keeps its own)
+    "swap_nibbles": 2,  # the high nibble taken as element 2i
+}
+
+# Launch configs, UNTUNED (no GPU was available to the author; bench/gemm/w4a16_mxfp4_launch_sweep.py
+# measures the candidates on the H200). Rows: (largest M, kernel, BLOCK_N, BLOCK_M, GROUPS, SPLIT_K, warps,
+# stages); the first row whose M bound holds is used. Reasoning behind the guesses, for N = K = 8192:
+# - M = 1 is weight-bandwidth bound (34 MiB of codes + scales in ~11 us at 0.75x memcpy): BLOCK_N = 32 and
+#   GROUPS = 16 (8 KiB of codes per tile, 4 rows x 4 x 128-bit loads per thread at 4 warps, 96 registers)
+#   gives 256 programs; split-K 2 makes that 512 (~4 per SM) at the cost of a second small launch.
+# - M <= 64: the dot kernel with BLOCK_N = 64 gives 128 programs, about one per SM; split-K 2 doubles that
+#   so that each SM streams two K halves.
+# - M > 64: compute bound; 128 x 128 tiles, K tile 128 (GROUPS = 4).
+# Every row here and every candidate of the sweep compiles for sm_90 (Triton 3.6, no GPU): wgmma for the dot
+# kernel, no local-memory spills; registers 32-128 (GEMV), 70-255 (dot; 128 x 128 at 4 warps is at 255).
+_GPU_CONFIGS = (
+    (1, "gemv", 32, 1, 16, 2, 4, 1),
+    (16, "dot", 64, 16, 4, 2, 4, 3),
+    (64, "dot", 64, 64, 4, 2, 4, 3),
+    (256, "dot", 128, 64, 4, 1, 4, 3),
+    (None, "dot", 128, 128, 4, 1, 8, 3),
+)
+# The interpreter costs ~1 ms per program and much more per tl.dot: few programs, one-tile-wide K loops.
+_INTERPRETER_CONFIGS = (
+    (1, "gemv", 16, 1, 2, 1, 1, 1),
+    (None, "dot", 16, 16, 2, 1, 1, 1),
+)
+
+
+@triton.jit
+def _scale_values(scale):
+    """E8M0 bytes (uint32) -> fp32 2**(s - 127): byte 0 is the subnormal 2**-127, byte 0xFF is NaN."""
+    bits = tl.where(scale == 0, 0x00400000, scale << 23)
+    return tl.where(scale == 255, 0x7FC00000, bits).to(tl.uint32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _signed_nibble(bits):
+    """int32 with a nibble at bits 31:28 -> fp32 E2M1 value * 2**-126 (sign at 31, magnitude at 24:22).
+
+    The arithmetic shift right by 6 moves the magnitude bits to 24:22 (fp32 exponent LSBs and top mantissa
+    bit: exactly the E2M1 value times 2**-126, the subnormal 0.5 included) and smears the sign over 31:25;
+    the mask keeps bits 31 and 24:22. Three integer ops per element (two when no left shift is needed).
+    """
+    return ((bits >> 6) & -2118123520).to(tl.float32, bitcast=True)  # -2118123520 = 0x81C00000
+
+
+@triton.jit
+def _tile_weights(codes_ptr, scales_ptr, n, n_mask, block, codes_row_stride, scales_row_stride, n_blocks,
+                  EVEN_K: tl.constexpr, FAULT: tl.constexpr):
+    """Decoded weights of one tile, split by nibble: (low, high), each fp32 [BLOCK_N, GROUPS, 16]; element
+    (r, g, i) of `low` is W[n[r], 32 * block[g] + 2i], of `high` W[n[r], 32 * block[g] + 2i + 1]."""
+    byte = tl.arange(0, 16)
+    code_offsets = n[:, None, None] * codes_row_stride + block[None, :, None] * 16 + byte[None, None, :]
+    scale_block = block
+    if FAULT == 1:
+        scale_block = tl.minimum(block + 1, n_blocks - 1)
+    scale_offsets = n[:, None] * scales_row_stride + scale_block[None, :]
+    if EVEN_K:
+        codes = tl.load(codes_ptr + code_offsets, mask=n_mask[:, None, None], other=0)
+        scale = tl.load(scales_ptr + scale_offsets, mask=n_mask[:, None], other=127)
+    else:
+        in_k = block < n_blocks
+        codes = tl.load(codes_ptr + code_offsets, mask=n_mask[:, None, None] & in_k[None, :, None], other=0)
+        scale = tl.load(scales_ptr + scale_offsets, mask=n_mask[:, None] & in_k[None, :], other=127)
+    codes = codes.to(tl.int32)
+    scale = _scale_values(scale.to(tl.uint32))[:, :, None]
+    # * 2**126 gives the E2M1 value, * scale the weight: both exact (2**126 * scale itself could overflow).
+    low = _signed_nibble(codes << 28) * 8.507059173023462e37 * scale
+    high = _signed_nibble(codes << 24) * 8.507059173023462e37 * scale
+    if FAULT == 2:
+        low, high = high, low
+    return low, high
+
+
+@triton.jit
+def _x_halves(words):
+    """int32 words of bf16 pairs -> (even, odd) elements as fp32 (bf16 -> fp32 is a 16-bit shift)."""
+    words = words.to(tl.uint32, bitcast=True)
+    return (words << 16).to(tl.float32, bitcast=True), (words & 0xFFFF0000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, codes_ptr, scales_ptr, out_ptr, N, n_blocks, tiles_per_split,
+    x_row_stride, codes_row_stride, scales_row_stride, out_row_stride, out_split_stride,
+    BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, EVEN_K: tl.constexpr, OUT_FP32: tl.constexpr,
+    FAULT: tl.constexpr,
+):
+    # x_ptr: int32 words (bf16 pairs) [M, K/2]; codes_ptr: int8 view of the codes; program (n tile, m, split).
+    # Tiles are [GROUPS, BLOCK_N, 16] (block, row, byte): with the block dim first Triton's default layout
+    # spreads a warp's threads over blocks before rows, so a thread holds several rows of the same block and
+    # converts each x element once for all of them.
+    pid_n, m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < N
+    n = tl.where(n_mask, n, 0).to(tl.int64)
+    word = tl.arange(0, 4)
+    x_row = x_ptr + m.to(tl.int64) * x_row_stride
+    acc = tl.zeros([GROUPS, BLOCK_N], dtype=tl.float32)
+    first = split * tiles_per_split
+    last = tl.minimum(first + tiles_per_split, tl.cdiv(n_blocks, GROUPS))
+    for tile in range(first, last):
+        block = tile * GROUPS + tl.arange(0, GROUPS)
+        scale_block = block
+        if FAULT == 1:
+            scale_block = tl.minimum(block + 1, n_blocks - 1)
+        # codes as int32 words [GROUPS, BLOCK_N, 4] (word t of a block holds elements 8t .. 8t + 7); x as
+        # int32 words of bf16 pairs [GROUPS, 4, 4] (pair 4t + b meets byte b of code word t).
+        code_offsets = block[:, None, None] * 4 + n[None, :, None] * codes_row_stride + word[None, None, :]
+        scale_offsets = scale_block[:, None] + n[None, :] * scales_row_stride
+        x_offsets = block[:, None, None] * 16 + word[None, :, None] * 4 + word[None, None, :]
+        if EVEN_K:
+            codes = tl.load(codes_ptr + code_offsets, mask=n_mask[None, :, None], other=0)
+            scale = tl.load(scales_ptr + scale_offsets, mask=n_mask[None, :], other=127)
+            pairs = tl.load(x_row + x_offsets)
+        else:
+            in_k = block < n_blocks
+            codes = tl.load(codes_ptr + code_offsets, mask=in_k[:, None, None] & n_mask[None, :, None], other=0)
+            scale = tl.load(scales_ptr + scale_offsets, mask=in_k[:, None] & n_mask[None, :], other=127)
+            pairs = tl.load(x_row + x_offsets, mask=in_k[:, None, None], other=0)
+        # x * 2**64 meets w * 2**-126: exact products for 2**-77 <= |x| < 2**64 (see the module doc).
+        even, odd = _x_halves(pairs)
+        even, odd = even * 18446744073709551616.0, odd * 18446744073709551616.0
+        even02, even13 = tl.split(tl.reshape(even, [GROUPS, 4, 2, 2]))  # split by bit 0 of the byte index
+        odd02, odd13 = tl.split(tl.reshape(odd, [GROUPS, 4, 2, 2]))
+        even0, even2 = tl.split(even02)
+        even1, even3 = tl.split(even13)
+        odd0, odd2 = tl.split(odd02)
+        odd1, odd3 = tl.split(odd13)
+        # One FFMA chain per code word over its 8 elements, then 3 adds over the 4 words of a block.
+        partial = _byte_products(codes, 0, even0, odd0, tl.zeros_like(even0[:, None, :] * codes), FAULT)
+        partial = _byte_products(codes, 1, even1, odd1, partial, FAULT)
+        partial = _byte_products(codes, 2, even2, odd2, partial, FAULT)
+        partial = _byte_products(codes, 3, even3, odd3, partial, FAULT)
+        block_sum = tl.sum(partial, axis=2) * 4611686018427387904.0  # * 2**62: back to x * w
+        acc += block_sum * _scale_values(scale.to(tl.uint32))
+    y = tl.sum(acc, axis=0)
+    out = out_ptr + split.to(tl.int64) * out_split_stride + m.to(tl.int64) * out_row_stride + n
+    if OUT_FP32:
+        tl.store(out, y, mask=n_mask)
+    else:
+        tl.store(out, y.to(tl.bfloat16), mask=n_mask)
+
+
+@triton.jit
+def _byte_products(words, byte: tl.constexpr, even, odd, acc, FAULT: tl.constexpr):
+    """acc + W * x over byte `byte` of every code word: its low nibble times `even`, high nibble times `odd`
+    (x * 2**64, [GROUPS, 4]), the weights decoded as E2M1 value * 2**-126 (`_signed_nibble`)."""
+    low = _signed_nibble(words << (28 - 8 * byte))
+    high = _signed_nibble(words << (24 - 8 * byte))
+    if FAULT == 2:
+        low, high = high, low
+    acc += low * even[:, None, :]
+    acc += high * odd[:, None, :]
+    return acc
+
+
+@triton.jit
+def _dot_kernel(
+    x_ptr, codes_ptr, scales_ptr, out_ptr, M, N, n_blocks, tiles_per_split,
+    x_row_stride, codes_row_stride, scales_row_stride, out_row_stride, out_split_stride,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, GROUPS: tl.constexpr, EVEN_K: tl.constexpr,
+    OUT_FP32: tl.constexpr, FAULT: tl.constexpr,
+):
+    # x_ptr: int32 words (bf16 pairs) [M, K/2]; program (n tile, m tile, split); acc is y^T's tile.
+    pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < N
+    n = tl.where(n_mask, n, 0).to(tl.int64)
+    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = m < M
+    m = tl.where(m_mask, m, 0).to(tl.int64)
+    HALF: tl.constexpr = GROUPS * 16  # words (element pairs) per K tile
+    word = tl.arange(0, HALF)
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    first = split * tiles_per_split
+    last = tl.minimum(first + tiles_per_split, tl.cdiv(n_blocks, GROUPS))
+    for tile in range(first, last):
+        block = tile * GROUPS + tl.arange(0, GROUPS)
+        low, high = _tile_weights(codes_ptr, scales_ptr, n, n_mask, block, codes_row_stride, scales_row_stride,
+                                  n_blocks, EVEN_K, FAULT)
+        low = tl.reshape(low, [BLOCK_N, HALF]).to(tl.bfloat16)  # exact: every value is a bf16 value
+        high = tl.reshape(high, [BLOCK_N, HALF]).to(tl.bfloat16)
+        x_offsets = m[None, :] * x_row_stride + (tile * HALF + word)[:, None]  # x^T words [HALF, BLOCK_M]
+        if EVEN_K:
+            words = tl.load(x_ptr + x_offsets)
+        else:
+            in_k = (tile * GROUPS + word // 16) < n_blocks
+            words = tl.load(x_ptr + x_offsets, mask=in_k[:, None], other=0)
+        words = words.to(tl.uint32, bitcast=True)
+        even = (words & 0xFFFF).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        odd = (words >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        acc = tl.dot(low, even, acc)
+        acc = tl.dot(high, odd, acc)
+    out = out_ptr + split.to(tl.int64) * out_split_stride + m[None, :] * out_row_stride + n[:, None]
+    mask = n_mask[:, None] & m_mask[None, :]
+    if OUT_FP32:
+        tl.store(out, acc, mask=mask)
+    else:
+        tl.store(out, acc.to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
+def _split_k_sum_kernel(partial_ptr, y_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
+    """y = bf16(sum over splits of the fp32 partials, added in split order)."""
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < numel
+    total = tl.load(partial_ptr + offsets, mask=mask, other=0.0)
+    for split in tl.static_range(1, SPLIT_K):
+        total += tl.load(partial_ptr + split * numel + offsets, mask=mask, other=0.0)
+    tl.store(y_ptr + offsets, total.to(tl.bfloat16), mask=mask)
+
+
+def launch_config(m: int, device: torch.device) -> tuple:
+    """(kernel, BLOCK_N, BLOCK_M, GROUPS, SPLIT_K, warps, stages) for M rows on `device`."""
+    table = _INTERPRETER_CONFIGS if device.type == "cpu" or interpreter_active() else _GPU_CONFIGS
+    return next(row[1:] for row in table if row[0] is None or m <= row[0])
+
+
+def launch(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, config: tuple | None = None,
+           fault: str = "none") -> torch.Tensor:
+    """Validate, allocate and launch. `config` overrides the table (launch sweeps); `fault` plants a named bug
+    (negative controls only)."""
+    check_w4a16_args(x, codes, scales)
+    check_device(x=x, codes=codes, scales=scales)
+    for name, t in (("x", x), ("codes", codes), ("scales", scales)):
+        if t.shape[1] > 1 and t.stride(1) != 1:
+            raise ValueError(f"{name}: last dim must have stride 1, got strides {t.stride()}; call .contiguous()")
+    # x is read as int32 words of bf16 pairs and the GEMV kernel reads codes as int32 words.
+    for name, t, per_word in (("x", x, 2), ("codes", codes, 4)):
+        if t.numel() and (t.stride(0) % per_word or t.data_ptr() % 4):
+            raise ValueError(f"{name}: rows must start on 4-byte boundaries, got row stride {t.stride(0)} at "
+                             f"address {t.data_ptr():#x}; call .contiguous()")
+    m, k = x.shape
+    n = codes.shape[0]
+    y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
+    if m == 0 or n == 0:
+        return y
+    if k == 0:
+        return y.zero_()
+    kind, block_n, block_m, groups, split_k, warps, stages = config or launch_config(m, x.device)
+    n_blocks = k // MX_BLOCK_SIZE
+    k_tiles = triton.cdiv(n_blocks, groups)
+    split_k = max(1, min(split_k, k_tiles))
+    tiles_per_split = triton.cdiv(k_tiles, split_k)
+    split_k = triton.cdiv(k_tiles, tiles_per_split)  # no empty splits
+    out = y if split_k == 1 else torch.empty(split_k, m, n, dtype=torch.float32, device=x.device)
+    words = x.view(torch.int32)  # [M, K/2] bf16 pairs
+    common = dict(EVEN_K=n_blocks % groups == 0, OUT_FP32=split_k > 1, FAULT=FAULTS[fault], num_warps=warps,
+                  num_stages=stages)
+    if kind == "gemv":
+        code_words = codes.view(torch.int32)
+        strides = (words.stride(0), code_words.stride(0), scales.stride(0), n, m * n)
+        _gemv_kernel[(triton.cdiv(n, block_n), m, split_k)](
+            words, code_words, scales, out, n, n_blocks, tiles_per_split, *strides,
+            BLOCK_N=block_n, GROUPS=groups, **common)
+    else:
+        strides = (words.stride(0), codes.stride(0), scales.stride(0), n, m * n)
+        _dot_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m), split_k)](
+            words, codes, scales, out, m, n, n_blocks, tiles_per_split, *strides,
+            BLOCK_N=block_n, BLOCK_M=block_m, GROUPS=groups, **common)
+    if split_k > 1:
+        block = 1024
+        _split_k_sum_kernel[(triton.cdiv(m * n, block),)](out, y, m * n, SPLIT_K=split_k, BLOCK=block)
+    return y
+
+
+@torch.library.custom_op("touchstone::w4a16_mxfp4_gemm", mutates_args=())
+def _gemm_op(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return launch(x, codes, scales)
+
+
+@_gemm_op.register_fake
+def _(x, codes, scales):
+    check_w4a16_args(x, codes, scales)
+    return x.new_empty(x.shape[0], codes.shape[0], dtype=torch.bfloat16)
+
+
+def w4a16_mxfp4_gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Kernel twin of `reference.gemm.w4a16_mxfp4.w4a16_mxfp4_gemm_mirror` (bf16 [M, N])."""
+    return torch.ops.touchstone.w4a16_mxfp4_gemm(x, codes, scales)

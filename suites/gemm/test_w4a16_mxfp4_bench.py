@@ -1,0 +1,41 @@
+"""The W4A16 MXFP4 GEMM benchmark definition: sweep shapes, bytes/FLOPs models, and a CPU run of the harness
+(eager mirror and bf16 matmul; the Triton row is a recorded skip on CPU)."""
+
+from __future__ import annotations
+
+import io
+
+from bench.environment import collect
+from bench.registry import discover
+from bench.roofs import Roof, Roofs
+from bench.runner import Progress, RunConfig, run_op
+from bench.timing import Timing
+from kernels.platform import Platform
+
+
+def test_definition():
+    op = discover()["w4a16_mxfp4_gemm"]
+    full = {case.label: case for case in op.sweeps["full"]}
+    assert list(full) == ["M1", "M4", "M16", "M128", "M1024"]
+    assert full["M1"].shape == (1, 8192, 8192)
+    # 32 MiB of codes + 2 MiB of scales + x and y
+    assert op.bytes_model(full["M1"]) == (32 << 20) + (2 << 20) + 8192 * 2 + 8192 * 2
+    assert op.flops_model(full["M1024"]) == 2 * 1024 * 8192 * 8192
+    assert op.impl("triton").gated and not op.impl("bf16-matmul").gated
+    triton = op.impl("triton")
+    assert triton.skip_reason(full["M1"], "cpu") and triton.skip_reason(full["M1"], "cuda") is None
+
+
+def test_cpu_run_checks_the_peer_against_the_mirror():
+    op = discover()["w4a16_mxfp4_gemm"]
+    timing = Timing(0.9, 1.0, 1.1, 10)
+    roofs = Roofs(Roof("memcpy", "copy", "uint8", (1,), 2, 0, timing),
+                  Roof("gemm", "mm", "bf16", (1, 1, 1), 6, 2, timing))
+    config = RunConfig(sweep="small", impls=["reference-eager", "bf16-matmul", "triton"], cases=["M1"],
+                       warmup_ms=1.0, rep_ms=2.0)
+    env = collect(Platform("cpu", "Test CPU", 1, None, "x86_64", "cpu"))
+    rows = run_op(op, env, roofs, config, Progress(3, io.StringIO()))
+    verdicts = {row["impl"]: row["correctness"] for row in rows}
+    assert verdicts["reference-eager"] == "baseline"
+    assert verdicts["bf16-matmul"].startswith("close")
+    assert verdicts["triton"].startswith("skipped: Triton")
