@@ -50,14 +50,16 @@ class LaunchConfig:
     num_stages: int = 3
 
 
-# GPU launch table by M. UNTUNED: chosen from the problem's shape without an H200 measurement; the lead's
-# run of bench/gemm/block_fp8_launch_sweep.py decides them. Reasoning: M > 64 is compute-bound: 128x128
-# tiles (one weight scale per step), 8 warps (two consumer warpgroups), 3 stages of 2 x 16 KiB operands.
-# M <= 64 is weight-bandwidth-bound: a 64-row tile (wgmma's minimum M) and split-K to put every SM on the
-# weight stream.
+# GPU launch table by M. M > 64 measured at 8192^3 on the H200 (`python -m bench.gemm.block_fp8_launch_sweep`,
+# 2026-11-29; cuBLAS blockwise `_scaled_mm` 1128 TFLOP/s in the same run): 128x128 tiles, 8 warps, 3 stages,
+# GROUP_M 16: 876 TFLOP/s = 0.776x (GROUP_M 8: 853-863 at 3-4 stages; persistent 805-854; 64x128 / 4 warps
+# 808-832; warp-specialized 64x128 502-541). Every K step waits for its wgmma before the per-block scaling
+# FMAs (see the module doc), which is what caps it below cuBLAS. M <= 64 (weight-bandwidth-bound: a 64-row
+# tile, wgmma's minimum M, and split-K to put every SM on the weight stream) is UNMEASURED: the sweep's
+# DeepSeek-V3 shapes did not fit the session's device time.
 GPU_CONFIGS: tuple[tuple[int, LaunchConfig], ...] = (
     (64, LaunchConfig(block_m=64, block_n=128, group_m=1, split_k=0, num_warps=4, num_stages=4)),
-    (1 << 62, LaunchConfig(block_m=128, block_n=128, group_m=8, split_k=1, num_warps=8, num_stages=3)),
+    (1 << 62, LaunchConfig(block_m=128, block_n=128, group_m=16, split_k=1, num_warps=8, num_stages=3)),
 )
 # The interpreter pays per program and per op, not per FLOP: few, small programs.
 INTERPRETER_CONFIG = LaunchConfig(block_m=32, block_n=64, group_m=1, split_k=1, num_warps=4, num_stages=1)

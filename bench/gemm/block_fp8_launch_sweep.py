@@ -40,7 +40,7 @@ LARGE_M = (
     C(64, 128, 8, 1, warp_specialize=True, num_warps=4, num_stages=3),
     C(64, 128, 8, 1, warp_specialize=True, num_warps=4, num_stages=4),
     C(64, 128, 8, 1, persistent=True, warp_specialize=True, num_warps=4, num_stages=3),
-    C(128, 64, 8, 1, warp_specialize=True, num_warps=4, num_stages=4),
+    # 128x64 warp-specialized (4 warps, 4 stages) did not finish within a 400 s H200 slot: left out.
     C(128, 256, 8, 1, num_warps=8, num_stages=3),
 )
 # Weight-bandwidth-bound candidates (M <= 64): few tiles, so split K (0 = from the SM count); BLOCK_M 16 takes
