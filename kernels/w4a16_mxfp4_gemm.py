@@ -7,14 +7,16 @@ Both kernels dequantize W inside the K loop and never write it out. They compute
 computes (exact products of bf16 x and exact weights, fp32 sums, one bf16 rounding) in their own order:
 - `_gemv_kernel` (M = 1 decode; any M works, one x row per program): fp32 FMAs on CUDA cores, written for
   the H200's issue rate: at ~0.75x memcpy the 67 M weights of an 8192 x 8192 matrix leave ~5 instructions
-  per weight, so the scale is not applied per weight. Each weight is decoded as E2M1 value * 2**-126 in 3
-  integer ops (`_signed_nibble`), multiplied with x * 2**64 in one FFMA chain per 32-element MX block, and
-  the block sum is scaled once (* 2**62 * 2**e, exact: powers of two). A tile is [GROUPS, BLOCK_N] blocks,
-  block dim first so that Triton's default layout gives a thread several rows of one block and each x
-  element is converted once for all of them. Codes are read as int32 words (16 bytes per block and row,
-  one 128-bit load); x as int32 words of bf16 pairs, whose even and odd elements meet a code byte's low and
-  high nibbles (nothing is interleaved). SASS (sm_90, BLOCK_N 32, GROUPS 16, 4 warps): ~6 instructions per
-  weight all told, of which 3 integer decode + 1 FFMA.
+  per weight, so the scale is not applied per weight. Each weight is decoded as E2M1 value * 2**-126 in 2
+  integer ops (shift, mask: `_spread_weight`) from a word whose nibbles have their signs moved 6 bits up
+  (`_sign_spread`, one select per 4 weights), multiplied with x * 2**64 in one FFMA chain per 32-element MX
+  block, and the block sum is scaled once (* 2**62 * 2**e, exact: powers of two). A tile is [GROUPS,
+  BLOCK_N] blocks, block dim first so that Triton's default layout gives a thread several rows of one block
+  and each x element is converted once for all of them. Codes are read as int32 words (16 bytes per block
+  and row, one 128-bit load); x as int32 words of bf16 pairs, whose even and odd elements meet a code byte's
+  low and high nibbles (nothing is interleaved). With PREFETCH the next K tile's loads are issued before
+  the current tile is computed. SASS (sm_90, the K loop at BLOCK_N 16..64, GROUPS 8..32, prefetch):
+  ~4.5-4.7 instructions per weight, of which ~1.9 on the ALU pipe (LOP3, SHF), ~1.1 IMAD, 1 FFMA.
   Exactness domain: products x * 2**64 * w * 2**-126 are exact fp32 products for 2**-77 <= |x| < 2**64
   (and x = 0, +-Inf, NaN); smaller |x| may lose bits to fp32 subnormals, larger overflows to Inf. The
   block-sum scaling never forms a weight, so no saturation applies (see the contract below).
@@ -42,6 +44,8 @@ from kernels._boundary import check_device, interpreter_active
 from reference.gemm.w4a16_mxfp4 import check_w4a16_args
 from reference.quant.mxfp4 import MX_BLOCK_SIZE
 
+SPREAD_MASK = 0x00770077  # `_sign_spread`'s select: magnitudes of nibbles 0, 1, 4, 5
+
 # Planted bugs for the suite's negative controls; FAULT is a constexpr, so fault 0 compiles them away.
 FAULTS = {
     "none": 0,
@@ -49,27 +53,37 @@ FAULTS = {
     "swap_nibbles": 2,  # the high nibble taken as element 2i
 }
 
-# Launch configs, UNTUNED (no GPU was available to the author; bench/gemm/w4a16_mxfp4_launch_sweep.py
-# measures the candidates on the H200). Rows: (largest M, kernel, BLOCK_N, BLOCK_M, GROUPS, SPLIT_K, warps,
-# stages); the first row whose M bound holds is used. Reasoning behind the guesses, for N = K = 8192:
-# - M = 1 is weight-bandwidth bound (34 MiB of codes + scales in ~11 us at 0.75x memcpy): BLOCK_N = 32 and
-#   GROUPS = 16 (8 KiB of codes per tile, 4 rows x 4 x 128-bit loads per thread at 4 warps, 96 registers)
-#   gives 256 programs; split-K 2 makes that 512 (~4 per SM) at the cost of a second small launch.
-# - M <= 64: the dot kernel with BLOCK_N = 64 gives 128 programs, about one per SM; split-K 2 doubles that
-#   so that each SM streams two K halves.
-# - M > 64: compute bound; 128 x 128 tiles, K tile 128 (GROUPS = 4).
-# Every row here and every candidate of the sweep compiles for sm_90 (Triton 3.6, no GPU): wgmma for the dot
-# kernel, no local-memory spills; registers 32-128 (GEMV), 70-255 (dot; 128 x 128 at 4 warps is at 255).
+# Launch configs. Rows: (largest M, kernel, BLOCK_N, BLOCK_M, GROUPS, SPLIT_K, warps, stages); the first row
+# whose M bound holds is used. For the GEMV, stages 2 is its one-tile register prefetch (PREFETCH), 1 none.
+# Measured on the H200 (bench/gemm/w4a16_mxfp4_launch_sweep.py --m 1 4 16, N = K = 8192, CUDA-graph replay,
+# bf16 matmul 44.4 us at M = 1..16) with the kernels as they were BEFORE the prefetch and the sign-spread
+# decode (`_sign_spread`):
+# - M = 1: best ('gemv', 64, 1, 16, 4, 4, 1) 24.2 us = 1.81x bf16, 0.348x memcpy; dot kernels 45-110 us.
+# - M = 4 and 16: best ('dot', 64, 16, 4, 4, 4, 3) 46.8 / 47.4 us (0.95x bf16); GEMV 60-87 us at M = 4.
+# The M = 1 row is NOT that measurement but a reasoned guess for the new GEMV (no GPU to the author; the
+# sweep has the old best as a control). sm_90 SASS of the loop (Triton 3.6): the old GEMV at (64, 16, 4
+# warps) used 156 registers, so 3 programs per SM and 512 programs = 1.3 waves, each tile's loads waiting
+# out DRAM latency, and ~2.4 ALU-pipe ops per weight (the ALU pipe has 16 lanes per SM sub-partition
+# against the FMA pipes' 32: 67 M weights x 2.4 / (528 x 16 lanes) / 1.98 GHz = 9.6 us before any memory
+# stall). Now: ~1.9 ALU-pipe ops and ~4.7 instructions per weight, and (16, 1, 32, 1, 4 warps, prefetch)
+# takes 122 registers: 4 programs per SM, 512 programs = 0.97 waves, 8 KiB of codes in flight per program
+# (~32 KiB per SM, above the ~25 KiB that 4.2 TB/s x ~0.8 us of latency asks of each of 132 SMs), and no
+# split-K: one launch, no second kernel in the 11 us budget. Runner-up guesses in the sweep: (32, 16, split
+# 2, 4 warps) and (64, 8, split 4, 4 warps), both 128 registers, 512 programs.
+# - M > 16 rows are UNMEASURED guesses: the dot kernel with BLOCK_N 64 and split-K 2 up to M = 64 (about
+#   one program per SM, two K halves); above, compute bound, 128 x 128 tiles, K tile 128 (GROUPS = 4).
+# Every row here and every candidate of the sweep compiles for sm_90 (Triton 3.6, no GPU) with no
+# local-memory spills: wgmma for the dot kernel; registers 92-224 (GEMV), 70-255 (dot).
 _GPU_CONFIGS = (
-    (1, "gemv", 32, 1, 16, 2, 4, 1),
-    (16, "dot", 64, 16, 4, 2, 4, 3),
+    (1, "gemv", 16, 1, 32, 1, 4, 2),
+    (16, "dot", 64, 16, 4, 4, 4, 3),
     (64, "dot", 64, 64, 4, 2, 4, 3),
     (256, "dot", 128, 64, 4, 1, 4, 3),
     (None, "dot", 128, 128, 4, 1, 8, 3),
 )
 # The interpreter costs ~1 ms per program and much more per tl.dot: few programs, one-tile-wide K loops.
 _INTERPRETER_CONFIGS = (
-    (1, "gemv", 16, 1, 2, 1, 1, 1),
+    (1, "gemv", 16, 1, 2, 1, 1, 2),
     (None, "dot", 16, 16, 2, 1, 1, 1),
 )
 
@@ -130,58 +144,40 @@ def _x_halves(words):
 @triton.jit
 def _gemv_kernel(
     x_ptr, codes_ptr, scales_ptr, out_ptr, N, n_blocks, tiles_per_split,
-    x_row_stride, codes_row_stride, scales_row_stride, out_row_stride, out_split_stride,
-    BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, EVEN_K: tl.constexpr, OUT_FP32: tl.constexpr,
-    FAULT: tl.constexpr,
+    x_row_stride, codes_row_stride, scales_row_stride, out_row_stride, out_split_stride, spread_mask,
+    BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, PREFETCH: tl.constexpr, EVEN_K: tl.constexpr,
+    OUT_FP32: tl.constexpr, FAULT: tl.constexpr,
 ):
-    # x_ptr: int32 words (bf16 pairs) [M, K/2]; codes_ptr: int8 view of the codes; program (n tile, m, split).
-    # Tiles are [GROUPS, BLOCK_N, 16] (block, row, byte): with the block dim first Triton's default layout
+    # x_ptr: int32 words (bf16 pairs) [M, K/2]; codes_ptr: int32 view of the codes; program (n tile, m, split).
+    # Tiles are [GROUPS, BLOCK_N, 4] (block, row, code word): with the block dim first Triton's default layout
     # spreads a warp's threads over blocks before rows, so a thread holds several rows of the same block and
     # converts each x element once for all of them.
+    # PREFETCH: tile t + 1's codes, scales and x are loaded (into registers) before tile t is computed, so a
+    # warp keeps one tile in flight while it decodes; without it each tile's loads wait out a full DRAM
+    # latency with nothing to overlap but the other resident warps.
     pid_n, m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < N
     n = tl.where(n_mask, n, 0).to(tl.int64)
-    word = tl.arange(0, 4)
     x_row = x_ptr + m.to(tl.int64) * x_row_stride
     acc = tl.zeros([GROUPS, BLOCK_N], dtype=tl.float32)
     first = split * tiles_per_split
     last = tl.minimum(first + tiles_per_split, tl.cdiv(n_blocks, GROUPS))
-    for tile in range(first, last):
-        block = tile * GROUPS + tl.arange(0, GROUPS)
-        scale_block = block
-        if FAULT == 1:
-            scale_block = tl.minimum(block + 1, n_blocks - 1)
-        # codes as int32 words [GROUPS, BLOCK_N, 4] (word t of a block holds elements 8t .. 8t + 7); x as
-        # int32 words of bf16 pairs [GROUPS, 4, 4] (pair 4t + b meets byte b of code word t).
-        code_offsets = block[:, None, None] * 4 + n[None, :, None] * codes_row_stride + word[None, None, :]
-        scale_offsets = scale_block[:, None] + n[None, :] * scales_row_stride
-        x_offsets = block[:, None, None] * 16 + word[None, :, None] * 4 + word[None, None, :]
-        if EVEN_K:
-            codes = tl.load(codes_ptr + code_offsets, mask=n_mask[None, :, None], other=0)
-            scale = tl.load(scales_ptr + scale_offsets, mask=n_mask[None, :], other=127)
-            pairs = tl.load(x_row + x_offsets)
-        else:
-            in_k = block < n_blocks
-            codes = tl.load(codes_ptr + code_offsets, mask=in_k[:, None, None] & n_mask[None, :, None], other=0)
-            scale = tl.load(scales_ptr + scale_offsets, mask=in_k[:, None] & n_mask[None, :], other=127)
-            pairs = tl.load(x_row + x_offsets, mask=in_k[:, None, None], other=0)
-        # x * 2**64 meets w * 2**-126: exact products for 2**-77 <= |x| < 2**64 (see the module doc).
-        even, odd = _x_halves(pairs)
-        even, odd = even * 18446744073709551616.0, odd * 18446744073709551616.0
-        even02, even13 = tl.split(tl.reshape(even, [GROUPS, 4, 2, 2]))  # split by bit 0 of the byte index
-        odd02, odd13 = tl.split(tl.reshape(odd, [GROUPS, 4, 2, 2]))
-        even0, even2 = tl.split(even02)
-        even1, even3 = tl.split(even13)
-        odd0, odd2 = tl.split(odd02)
-        odd1, odd3 = tl.split(odd13)
-        # One FFMA chain per code word over its 8 elements, then 3 adds over the 4 words of a block.
-        partial = _byte_products(codes, 0, even0, odd0, tl.zeros_like(even0[:, None, :] * codes), FAULT)
-        partial = _byte_products(codes, 1, even1, odd1, partial, FAULT)
-        partial = _byte_products(codes, 2, even2, odd2, partial, FAULT)
-        partial = _byte_products(codes, 3, even3, odd3, partial, FAULT)
-        block_sum = tl.sum(partial, axis=2) * 4611686018427387904.0  # * 2**62: back to x * w
-        acc += block_sum * _scale_values(scale.to(tl.uint32))
+    if PREFETCH:
+        codes, scale, pairs = _gemv_tile_loads(x_row, codes_ptr, scales_ptr, n, n_mask, first, first < last,
+                                               n_blocks, codes_row_stride, scales_row_stride, GROUPS, EVEN_K, FAULT)
+        for tile in range(first, last):
+            # The last iteration's prefetch is masked off (a uniform predicate): no bytes beyond the split.
+            next_codes, next_scale, next_pairs = _gemv_tile_loads(
+                x_row, codes_ptr, scales_ptr, n, n_mask, tile + 1, tile + 1 < last, n_blocks, codes_row_stride,
+                scales_row_stride, GROUPS, EVEN_K, FAULT)
+            acc += _gemv_tile_sum(codes, scale, pairs, spread_mask, GROUPS, FAULT)
+            codes, scale, pairs = next_codes, next_scale, next_pairs
+    else:
+        for tile in range(first, last):
+            codes, scale, pairs = _gemv_tile_loads(x_row, codes_ptr, scales_ptr, n, n_mask, tile, True, n_blocks,
+                                                   codes_row_stride, scales_row_stride, GROUPS, EVEN_K, FAULT)
+            acc += _gemv_tile_sum(codes, scale, pairs, spread_mask, GROUPS, FAULT)
     y = tl.sum(acc, axis=0)
     out = out_ptr + split.to(tl.int64) * out_split_stride + m.to(tl.int64) * out_row_stride + n
     if OUT_FP32:
@@ -191,11 +187,83 @@ def _gemv_kernel(
 
 
 @triton.jit
-def _byte_products(words, byte: tl.constexpr, even, odd, acc, FAULT: tl.constexpr):
-    """acc + W * x over byte `byte` of every code word: its low nibble times `even`, high nibble times `odd`
-    (x * 2**64, [GROUPS, 4]), the weights decoded as E2M1 value * 2**-126 (`_signed_nibble`)."""
-    low = _signed_nibble(words << (28 - 8 * byte))
-    high = _signed_nibble(words << (24 - 8 * byte))
+def _gemv_tile_loads(x_row, codes_ptr, scales_ptr, n, n_mask, tile, live, n_blocks, codes_row_stride,
+                     scales_row_stride, GROUPS: tl.constexpr, EVEN_K: tl.constexpr, FAULT: tl.constexpr):
+    """K tile `tile` of the GEMV: codes as int32 words [GROUPS, BLOCK_N, 4] (word t of a block holds elements
+    8t .. 8t + 7, one 128-bit load per block and row), scale bytes [GROUPS, BLOCK_N] and x as int32 words of
+    bf16 pairs [GROUPS, 4, 4] (pair 4t + b meets byte b of code word t). `live` (a scalar) masks it all off."""
+    word = tl.arange(0, 4)
+    block = tile * GROUPS + tl.arange(0, GROUPS)
+    scale_block = block
+    if FAULT == 1:
+        scale_block = tl.minimum(block + 1, n_blocks - 1)
+    code_offsets = block[:, None, None] * 4 + n[None, :, None] * codes_row_stride + word[None, None, :]
+    scale_offsets = scale_block[:, None] + n[None, :] * scales_row_stride
+    x_offsets = block[:, None, None] * 16 + word[None, :, None] * 4 + word[None, None, :]
+    if EVEN_K:
+        in_k = (tl.arange(0, GROUPS) < GROUPS) & live  # folds to `live`: no per-block compare
+    else:
+        in_k = (block < n_blocks) & live
+    codes = tl.load(codes_ptr + code_offsets, mask=in_k[:, None, None] & n_mask[None, :, None], other=0)
+    scale = tl.load(scales_ptr + scale_offsets, mask=in_k[:, None] & n_mask[None, :], other=127)
+    pairs = tl.load(x_row + x_offsets, mask=in_k[:, None, None], other=0)
+    return codes, scale, pairs
+
+
+@triton.jit
+def _gemv_tile_sum(codes, scale, pairs, spread_mask, GROUPS: tl.constexpr, FAULT: tl.constexpr):
+    """[GROUPS, BLOCK_N] fp32: each block's dot product with x, scaled (the operands of `_gemv_tile_loads`)."""
+    # x * 2**64 meets w * 2**-126: exact products for 2**-77 <= |x| < 2**64 (see the module doc).
+    even, odd = _x_halves(pairs)
+    even, odd = even * 18446744073709551616.0, odd * 18446744073709551616.0
+    even02, even13 = tl.split(tl.reshape(even, [GROUPS, 4, 2, 2]))  # split by bit 0 of the byte index
+    odd02, odd13 = tl.split(tl.reshape(odd, [GROUPS, 4, 2, 2]))
+    even0, even2 = tl.split(even02)
+    even1, even3 = tl.split(even13)
+    odd0, odd2 = tl.split(odd02)
+    odd1, odd3 = tl.split(odd13)
+    # Bytes 0 and 2 of each code word decode from one sign-spread word, bytes 1 and 3 from another (the word
+    # shifted down a byte); then one FFMA chain per code word over its 8 elements, 3 adds over a block's words.
+    spread02, spread13 = _sign_spread(codes, spread_mask), _sign_spread(codes >> 8, spread_mask)
+    partial = _byte_products(spread02, 22, even0, odd0, tl.zeros_like(even0[:, None, :] * codes), FAULT)
+    partial = _byte_products(spread13, 22, even1, odd1, partial, FAULT)
+    partial = _byte_products(spread02, 6, even2, odd2, partial, FAULT)
+    partial = _byte_products(spread13, 6, even3, odd3, partial, FAULT)
+    block_sum = tl.sum(partial, axis=2) * 4611686018427387904.0  # * 2**62: back to x * w
+    return block_sum * _scale_values(scale.to(tl.uint32))
+
+
+@triton.jit
+def _sign_spread(words, spread_mask):
+    """int32 code words -> words in which nibbles 0, 1, 4, 5 have their magnitude in place and their sign 6 bits
+    above it (bits 9, 13, 25, 29, which belong to nibbles 2, 3, 6, 7: the rest of the word is garbage).
+
+    Then `_spread_weight(spread, 22 - 4j)` decodes nibble j in 2 ops (shift, mask) against 3 for
+    `_signed_nibble`, and the shift can go to the FMA pipe (IMAD.SHL). The GEMV is issue- and ALU-pipe bound
+    (the ALU pipe has half the FMA pipes' lanes on sm_90): sm_90 SASS of its K loop went from ~2.4 ALU-pipe
+    ops (SHF.R.S32 + LOP3 per weight) and ~4.8 instructions per weight to ~1.9 and ~4.5-4.7 (ptxas still
+    puts about one shift in four on the ALU pipe). Cost: one shift and one LOP3 select per 4 weights.
+    """
+    # spread_mask = 0x00770077 arrives as a kernel argument: with a literal, LLVM folds the known-zero low bits
+    # of `shifted` into a second constant (~C & ~0x3F) and ptxas emits two LOP3s instead of one.
+    shifted = words << 6
+    return shifted ^ ((words ^ shifted) & spread_mask)
+
+
+@triton.jit
+def _spread_weight(spread, SHIFT: tl.constexpr):
+    """Nibble (22 - SHIFT) / 4 of a `_sign_spread` word -> fp32 E2M1 value * 2**-126: the shift brings its
+    magnitude to bits 24:22 and its sign to 31, the mask keeps those (the bits of `_signed_nibble`)."""
+    return ((spread << SHIFT) & -2118123520).to(tl.float32, bitcast=True)  # -2118123520 = 0x81C00000
+
+
+@triton.jit
+def _byte_products(spread, SHIFT: tl.constexpr, even, odd, acc, FAULT: tl.constexpr):
+    """acc + W * x over one byte of every code word, from its `_sign_spread` word (the byte's low nibble at
+    spread-nibble (22 - SHIFT) / 4, its high nibble one above): low nibble times `even`, high times `odd`
+    (x * 2**64, [GROUPS, 4]), the weights decoded as E2M1 value * 2**-126."""
+    low = _spread_weight(spread, SHIFT)
+    high = _spread_weight(spread, SHIFT - 4)
     if FAULT == 2:
         low, high = high, low
     acc += low * even[:, None, :]
@@ -298,10 +366,13 @@ def launch(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, config: t
                   num_stages=stages)
     if kind == "gemv":
         code_words = codes.view(torch.int32)
-        strides = (words.stride(0), code_words.stride(0), scales.stride(0), n, m * n)
+        strides = (words.stride(0), code_words.stride(0), scales.stride(0), n, m * n, SPREAD_MASK)
+        # The GEMV's "stages" is its own: 2 = the one-tile register prefetch, 1 = none (Triton's pipeliner would
+        # stage these loads through shared memory, which costs issue slots the decode needs).
+        common["num_stages"] = 1
         _gemv_kernel[(triton.cdiv(n, block_n), m, split_k)](
             words, code_words, scales, out, n, n_blocks, tiles_per_split, *strides,
-            BLOCK_N=block_n, GROUPS=groups, **common)
+            BLOCK_N=block_n, GROUPS=groups, PREFETCH=stages > 1, **common)
     else:
         strides = (words.stride(0), codes.stride(0), scales.stride(0), n, m * n)
         _dot_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m), split_k)](

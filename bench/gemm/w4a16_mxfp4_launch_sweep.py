@@ -3,8 +3,8 @@ same run, and weight GB/s against a memcpy of the same run.
 
     python -m bench.gemm.w4a16_mxfp4_launch_sweep [--m 1 4 16 128 1024] [--nk 8192]
 
-This is how `_GPU_CONFIGS` in kernels/w4a16_mxfp4_gemm.py is to be chosen (its rows are untuned guesses until
-this has run on the H200). Every config is checked against the mirror reference (lossy bound of the suites)
+This is how `_GPU_CONFIGS` in kernels/w4a16_mxfp4_gemm.py is chosen (its comment says which rows are measured
+and which are guesses). Every config is checked against the mirror reference (lossy bound of the suites)
 before it is timed. Each time is the median of do_bench over a CUDA-graph replay of one launch (the kernel(s)
 alone: no Python dispatch), with do_bench's 256 MB L2 flush before every repetition, so the 34 MiB of weights
 stream from HBM; "dispatch" is the same op called through torch.ops (what the bench registry times).
@@ -27,8 +27,19 @@ from reference.gemm.w4a16_mxfp4 import w4a16_mxfp4_gemm_mirror
 from reference.quant.mxfp4 import dequantize_mxfp4
 from suites.tolerances import lossy_bound, lossy_metrics
 
-# ~2 s per config (compile + timing): ~50 s per M for the dot list, ~70 s for the GEMV one.
-GEMV = [("gemv", bn, 1, g, s, w, 1) for bn, g, s, w in itertools.product((16, 32, 64), (8, 16), (1, 2, 4), (4, 8))]
+# ~2 s per config (compile + timing): ~50 s per M for the dot list, ~2.5 min for the GEMV one.
+# GEMV: stages 2 is the register prefetch of the next K tile. Candidates keep 8..32 code words per thread and
+# tile (fewer waste the x conversion, more pass ~170 registers: 3 programs per SM or fewer); the row first is
+# the best of the previous sweep (no prefetch, old decode: 24.2 us), as a control.
+GEMV = [("gemv", 64, 1, 16, 4, 4, 1)] + [
+    ("gemv", bn, 1, g, s, w, 2)
+    for bn, g, w, s in itertools.product((16, 32, 64), (8, 16, 32), (2, 4, 8), (1, 2, 4, 8, 16))
+    if 8 <= bn * g * 4 // (32 * w) <= 32 and 2 <= 256 // g // s and 256 <= 8192 // bn * s <= 4096
+]
+
+# M = 2..4: the control, the table's M = 1 row and the runners-up behind it (see kernels/w4a16_mxfp4_gemm.py).
+GEMV_SHORT = [("gemv", 64, 1, 16, 4, 4, 1), ("gemv", 16, 1, 32, 1, 4, 2), ("gemv", 32, 1, 16, 2, 4, 2),
+              ("gemv", 64, 1, 8, 4, 4, 2), ("gemv", 16, 1, 16, 2, 2, 2), ("gemv", 32, 1, 8, 4, 2, 2)]
 
 
 def dot_configs(m: int) -> list[tuple]:
@@ -38,8 +49,10 @@ def dot_configs(m: int) -> list[tuple]:
 
 
 def candidates(m: int) -> list[tuple]:
-    """GEMV candidates up to M = 4 (one program per row of x), tensor-core ones from M = 1 (padded to 16)."""
-    return (GEMV if m <= 4 else []) + dot_configs(m)
+    """GEMV candidates up to M = 4 (one program per row of x; the full list at M = 1 only, so that --m 1 4 16
+    fits one 10-minute run), tensor-core ones from M = 1 (padded to 16)."""
+    gemv = GEMV if m == 1 else [c for c in GEMV if c in GEMV_SHORT] if m <= 4 else []
+    return gemv + dot_configs(m)
 
 
 def memcpy_gbps() -> float:

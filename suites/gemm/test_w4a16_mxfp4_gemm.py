@@ -129,14 +129,16 @@ def test_named_cases(name, x_rows, code_bytes, scale_bytes, want, note, rows, de
         assert_exact(got[:, 0], want[r].expand(rows), f"{name}: kernel, x row {r} ({note})")
 
 
-@pytest.mark.parametrize("kind", ["gemv", "dot"])
-@pytest.mark.parametrize("split_k", [1, 2, 3])
-def test_split_k_and_ragged_k_tiles(kind, split_k, device):
-    """K = 7 blocks in tiles of 2 (the last tile half empty), split over up to 3 programs per output."""
+@pytest.mark.parametrize(("kind", "stages"), [("gemv", 1), ("gemv", 2), ("dot", 1)],
+                         ids=["gemv", "gemv_prefetch", "dot"])
+@pytest.mark.parametrize("split_k", [1, 2, 4])
+def test_split_k_and_ragged_k_tiles(kind, stages, split_k, device):
+    """K = 7 blocks in tiles of 2 (the last tile half empty), split over up to 4 programs per output (one
+    K tile each); the GEMV with and without its next-tile prefetch (whose last load is masked off)."""
     w, codes, scales = quantized_weights(24, 224, 5, 6.0, 0, "rceil")
     m = 1 if kind == "gemv" else 20
     x = random_blocks((m, 224), torch.bfloat16, 6, 3.0)
-    config = (kind, 16, 16, 2, split_k, 4, 1)
+    config = (kind, 16, 16, 2, split_k, 4, stages)
     check(x, codes, scales, device, ref.unquantized_product(x, w),
           gemm=lambda *args: kernel.launch(*args, config=config))
 
