@@ -76,6 +76,8 @@ class OpBench:
     compare_to: str
     headline: tuple[tuple[str, str], ...] = ()
     check: Callable[[Any, Any], str] = compare_exact
+    # Time every impl as a CUDA-graph replay (bench.timing.graphed says why); decode-sized GEMMs use it.
+    cuda_graph: bool = False
 
     def __post_init__(self) -> None:
         names = [impl.name for impl in self.impls]

@@ -99,7 +99,10 @@ def _attempt(op: OpBench, impl: Impl, case: Case, inputs: Any, env: Environment,
             outcome.verdict, outcome.output = "unchecked: no baseline ran", None
         del output
         if timed:
-            outcome.timing = bench(fn, env.torch_device, warmup_ms=config.warmup_ms, rep_ms=config.rep_ms)
+            outcome.timing = bench(fn, env.torch_device, warmup_ms=config.warmup_ms, rep_ms=config.rep_ms,
+                                   cuda_graph=op.cuda_graph)
+            if outcome.timing.note:
+                outcome.verdict += f" [{outcome.timing.note}]"
         return outcome
     except Unavailable as err:
         return _Outcome(f"skipped: {err}")

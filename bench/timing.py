@@ -44,6 +44,7 @@ class Timing:
     p50: float
     p80: float
     n_samples: int
+    note: str = ""  # how the timing departs from what was asked (e.g. a CUDA graph that could not be captured)
 
 
 def quantile(sorted_values: Sequence[float], q: float) -> float:
@@ -93,14 +94,43 @@ def bench_cpu(fn: Callable[[], object], warmup_ms: float, rep_ms: float) -> Timi
     return summarize(times)
 
 
+def graphed(fn: Callable[[], object], torch_device: str) -> Callable[[], object]:
+    """`fn` captured once into a CUDA graph; the returned callable replays it.
+
+    Why: a decode-sized GEMM runs for ~10-50 us while a Python-level op call costs ~30-100 us of host time
+    (custom-op dispatch, argument checks, Triton's launcher; measured on the H200 host: a custom op that
+    clones 16 floats takes 29 us per call). do_bench's 256 MB flush hides only ~70 us of it, so without a
+    graph such rows time the host. Engines replay decode steps from CUDA graphs; so does this, for every
+    impl of an op that asks for it (`OpBench.cuda_graph`). Capture runs on a side stream after one eager
+    call (the runner's correctness call), as torch.cuda.graph requires.
+    """
+    import torch
+
+    if not torch_device.startswith("cuda"):
+        return fn
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def bench(
     fn: Callable[[], object],
     torch_device: str,
     *,
     warmup_ms: float | None = None,
     rep_ms: float | None = None,
+    cuda_graph: bool = False,
 ) -> Timing:
-    """Time `fn` on `torch_device` ('cuda' for CUDA and ROCm, 'xpu', 'cpu')."""
+    """Time `fn` on `torch_device` ('cuda' for CUDA and ROCm, 'xpu', 'cpu'); `cuda_graph` times a replay."""
     if torch_device == "cpu":
         return bench_cpu(fn, warmup_ms or CPU_WARMUP_MS, rep_ms or CPU_REP_MS)
-    return bench_gpu(fn, torch_device, warmup_ms or GPU_WARMUP_MS, rep_ms or GPU_REP_MS)
+    note = ""
+    if cuda_graph:
+        try:
+            fn = graphed(fn, torch_device)
+        except Exception as err:  # not capturable (a host sync, an unsupported op): time it eagerly, say so
+            synchronize(torch_device)
+            note = f"timed without a CUDA graph ({type(err).__name__}: {str(err).splitlines()[0][:120]})"
+    timing = bench_gpu(fn, torch_device, warmup_ms or GPU_WARMUP_MS, rep_ms or GPU_REP_MS)
+    return dataclasses.replace(timing, note=note)

@@ -10,6 +10,8 @@ against with the suites' tolerance row), triton (kernels.block_fp8_gemm, gated),
 cublas-blockwise (`torch._scaled_mm` with 1x128 / 128x128 scales: the bar), cublas-rowwise-fp8 and
 cublas-bf16 (see block_fp8_peers.py). The peers multiply differently quantized (rowwise) or unquantized
 (bf16) operands, so their correctness verdict is a distance from the block-FP8 result, not a failure.
+Timing: CUDA-graph replays for every impl (`cuda_graph=True`; bench.timing.graphed says why), so the small-M
+rows time the GPU, not the host's op dispatch.
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ def _op(name: str, full: list[Case], small: list[Case]) -> OpBench:
         flops_model=lambda case: peers.gemm_flops(*case.shape), roof="gemm", baselines=("reference-mirror",),
         compare_to="cublas-blockwise", headline=(("triton", "cublas-blockwise"), ("triton", "gemm")),
         check=lossy_check("block_fp8_gemm"),
+        cuda_graph=True,
     )
 
 

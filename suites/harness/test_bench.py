@@ -243,6 +243,37 @@ def test_gpu_timing_goes_through_do_bench(monkeypatch):
     assert calls == [(25, 100, "all")]
 
 
+def test_cuda_graph_timing_falls_back_and_says_so(monkeypatch):
+    import triton.testing
+
+    from bench import timing
+
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, warmup, rep, return_mode: [fn(), 1.0][1:] * 5)
+
+    def not_capturable(fn, torch_device):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(timing, "graphed", not_capturable)
+    result = bench(lambda: None, "fake", warmup_ms=1, rep_ms=1, cuda_graph=True)
+    assert result.note.startswith("timed without a CUDA graph (RuntimeError: operation not permitted")
+    assert bench(lambda: None, "fake", warmup_ms=1, rep_ms=1).note == ""
+
+
+@pytest.mark.gpu_only(reason="captures a CUDA graph")
+def test_cuda_graph_replays_the_work(device):
+    if not device.startswith("cuda"):
+        pytest.skip("CUDA graphs are CUDA's")
+    from bench.timing import graphed
+
+    x = torch.zeros(4, device=device)
+    replay = graphed(lambda: x.add_(1), device)  # capture runs nothing
+    torch.cuda.synchronize()
+    replay()
+    replay()
+    torch.cuda.synchronize()
+    assert x.tolist() == [2.0] * 4
+
+
 def test_cuda_environment_reads_nvidia_smi(monkeypatch):
     platform = Platform("cuda", "NVIDIA H200", 1, (9, 0), "sm_90", "hopper", "13.0")
     commands = []
