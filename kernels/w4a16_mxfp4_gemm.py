@@ -60,16 +60,14 @@ FAULTS = {
 # decode (`_sign_spread`):
 # - M = 1: best ('gemv', 64, 1, 16, 4, 4, 1) 24.2 us = 1.81x bf16, 0.348x memcpy; dot kernels 45-110 us.
 # - M = 4 and 16: best ('dot', 64, 16, 4, 4, 4, 3) 46.8 / 47.4 us (0.95x bf16); GEMV 60-87 us at M = 4.
-# The M = 1 row is NOT that measurement but a reasoned guess for the new GEMV (no GPU to the author; the
-# sweep has the old best as a control). sm_90 SASS of the loop (Triton 3.6): the old GEMV at (64, 16, 4
-# warps) used 156 registers, so 3 programs per SM and 512 programs = 1.3 waves, each tile's loads waiting
-# out DRAM latency, and ~2.4 ALU-pipe ops per weight (the ALU pipe has 16 lanes per SM sub-partition
-# against the FMA pipes' 32: 67 M weights x 2.4 / (528 x 16 lanes) / 1.98 GHz = 9.6 us before any memory
-# stall). Now: ~1.9 ALU-pipe ops and ~4.7 instructions per weight, and (16, 1, 32, 1, 4 warps, prefetch)
-# takes 122 registers: 4 programs per SM, 512 programs = 0.97 waves, 8 KiB of codes in flight per program
-# (~32 KiB per SM, above the ~25 KiB that 4.2 TB/s x ~0.8 us of latency asks of each of 132 SMs), and no
-# split-K: one launch, no second kernel in the 11 us budget. Runner-up guesses in the sweep: (32, 16, split
-# 2, 4 warps) and (64, 8, split 4, 4 warps), both 128 registers, 512 programs.
+# After them (same sweep, `--m 1 4`, 2026-11-29, bf16 matmul 44.0 us): 70 GEMV candidates span 20.5-34.2 us;
+# best (32, 1, 32, split 1, 8 warps, prefetch) 20.5 us = 2.14x bf16, 0.411x memcpy; the row below (16, 1, 32,
+# split 1, 4 warps, prefetch) 20.6 us (2.13x, 0.409x); the old best 22.1 us. So the prefetch and the cheaper
+# decode gained ~15%, split-K gains nothing, and the GEMV sits at ~0.41x memcpy: far from the 0.75x bar.
+# What limits it is not yet known (the sweep is flat across occupancy, so not latency alone; likely the
+# per-tile shared-memory round trip of x and its barriers). M = 4: dot (64, 16, 4, split 4) 46.3 us, GEMV
+# 54-56 us. Through torch.ops without a CUDA graph the M = 1 call takes 52.5 us: host dispatch dominates,
+# which is why bench/gemm/w4a16_mxfp4.py times graph replays.
 # - M > 16 rows are UNMEASURED guesses: the dot kernel with BLOCK_N 64 and split-K 2 up to M = 64 (about
 #   one program per SM, two K halves); above, compute bound, 128 x 128 tiles, K tile 128 (GROUPS = 4).
 # Every row here and every candidate of the sweep compiles for sm_90 (Triton 3.6, no GPU) with no
