@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import nox
 
@@ -68,10 +69,13 @@ def _hardware(session: nox.Session, backend: str) -> None:
     session.env.pop("TRITON_INTERPRET", None)
     # Eight workers share the one GPU: the suites are many small launches, bound by host-side work.
     session.run(python, "-m", "pytest", "suites", "-n", "8", "--device", backend, *session.posargs)
-    # TOUCHSTONE_BENCH_BUDGET_S caps the bench (seconds; later measurements are recorded as skipped) for
-    # machines lent in fixed slots (the H200 lease runs 10 minutes per call); `nox -s bench -- --ops ...`
-    # then fills the skipped ops into the same report (rows are upserted).
+    # For machines lent in fixed slots (the H200 lease runs 10 minutes per call) the bench can be capped:
+    # TOUCHSTONE_BENCH_DEADLINE (Unix time by which it must stop) or TOUCHSTONE_BENCH_BUDGET_S (seconds).
+    # Later measurements are recorded as skipped; `nox -s bench -- --ops ...` then fills them into the same
+    # report (rows are upserted).
     budget = os.environ.get("TOUCHSTONE_BENCH_BUDGET_S")
+    if deadline := os.environ.get("TOUCHSTONE_BENCH_DEADLINE"):
+        budget = str(max(0.0, float(deadline) - time.time()))
     session.run(python, "-m", "bench.cli", "bench", "--sizes", "full", *(("--time-budget", budget) if budget else ()))
 
 
