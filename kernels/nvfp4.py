@@ -9,23 +9,31 @@ How the kernels stay exact (the reference's order of fp32 operations, each one r
 - amax is an integer max over |x|'s fp32 bits (NaN and Inf have the largest patterns, so "amax bits >=
   0x7F800000" means the block holds one); q = s_enc / 6 is one `tl.div_rn` per program.
 - The block scale byte is `(amax * q).to(float8e4nv)`: on sm_90 one `cvt.rn.satfinite.e4m3x2.f32`, RNE and
-  saturating at 448, which is the reference's clamp-then-round. r = s_enc / d is `tl.div_rn` per block.
-- v = |x| * r must be rounded to fp32 before the E2M1 rounding (two roundings, like the hardware path), so
-  the kernels launch with `enable_fp_fusion=False`: otherwise LLVM may contract the product into the small
-  path's add (`kernels._e2m1.e2m1_code`), one rounding instead of two (the "fused_product" fault plants
-  exactly that; the suite's double-rounding probes catch it). The E2M1 rounding of v is sticky-correct:
-  the FPU rounds v + 1.5 * 2**22 in one step (v < 2), integer adds round v's bits (v >= 2).
+  saturating at 448, which is the reference's clamp-then-round. r = s_enc / d is looked up by that byte in
+  a 128-entry table the launcher computes with the reference's own division (`multipliers`), or, with the
+  TABLE knob off, divided per block (`tl.div_rn`).
+- v = fp32(|x| * r) is rounded on its own (an FMUL), then saturated by an integer min with the bits of 6.0,
+  then rounded to E2M1 by one fma (`kernels._e2m1.e2m1_code_of_clamped`): two roundings, as the reference
+  pins them. The integer min sits between the product and the fma, so they cannot be contracted into one
+  rounding; the launch keeps `enable_fp_fusion=False` anyway, so no rewrite of this chain can silently
+  fuse them (the "fused_product" fault plants exactly that; the suite's double-rounding probes catch it).
+- NaN/Inf blocks: the saturation limit is 0 (codes 0) and the sign mask is 0 (signs 0); the scale byte is
+  0x7F. The pair's two sign bits ride in x_2i's rounding (the `tag` of its base), so each pair's byte is
+  one multiply-add of the two codes.
 - Dequantize: e2m1 * 2**-126 placed in the bits, times 2**126 (exact), times d_b = fp32(e4m3) * s_dec: one
   rounding, as the reference's fp32 product; then a saturating clamp and one RNE conversion to the output.
 The elements are read and written as words holding one element pair (the two nibbles of one code byte),
-as in kernels/mxfp4.py, with the same multi-tile prefetch loop.
+as in kernels/mxfp4.py, with a multi-tile prefetch (unrolled: no loop-carried register copies).
 
-SASS per element (sm_90, Triton 3.6, compiled without a GPU; main path, division slow paths excluded):
-quantize bf16 ~15 per tile of (128 blocks, 4 warps: one block per thread), of which 8 are the element
-rounding (fmul, fadd, 4 integer ops for the large path, compare + predicated min) and ~1.5 the per-block
-divisions; dequantize ~15. MXFP4's quantize is ~12 (0.92x memcpy on the H200), so NVFP4 may sit below the
-issue's 0.90x bar until measured; the per-block `s / d` could become a 128-entry table (one L1 load per
-block) if the sweep shows the kernel issue-bound.
+SASS per element, quantize bf16 (sm_90, Triton 3.6, compiled without a GPU by triton.compile + cuobjdump,
+main path: slow-path division subroutines excluded), at one block per thread (128 blocks, 4 warps):
+                            before (division, integer E2M1 rounding)   now (table)   now (TABLE off)
+  one tile (TILES=1)        16.75                                      13.62         14.44
+  per extra tile            14.94                                      11.44         12.56
+  TILES=8 kernel            16.56 per tile (loop body)                 11.87         12.82
+Per element now: fmul, min (saturation), max (1.0), shift, imad (rounding base), fma = 6 (was 8); per pair
+word: 3 to split, 2 for the signs, 1 to pack; per block ~30 (amax, scale, lookup, stores). MXFP4's quantize
+counts 12.5 per element the same way (its loop body) and reached 0.92x memcpy on the H200.
 """
 
 from __future__ import annotations
@@ -35,8 +43,9 @@ import triton
 import triton.language as tl
 
 from kernels._boundary import as_rows, check_device, interpreter_active
-from kernels._e2m1 import e2m1_code, round_index
+from kernels._e2m1 import e2m1_code_of_clamped
 from kernels._tiles import block_offsets, load_block_words
+from reference.formats.e4m3 import decode_e4m3
 from reference.quant.nvfp4 import NVFP4_BLOCK_SIZE, check_dequantize_args, check_quantize_args
 from reference.quant.nvfp4_global_scale import DecodeScale, EncodeScale, GlobalScale
 
@@ -51,81 +60,106 @@ FAULTS = {
     "fused_product": 3,  # v = |x| * r not rounded before the E2M1 rounding (one fma: a single rounding)
 }
 
-# Launch shapes (blocks of 16 elements per tile, tiles per program, warps): UNTUNED, no GPU measured them
-# yet. Starting points from kernels/mxfp4.py's H200 sweep (the same bytes per block-row of words); the lead
-# re-derives them with `python -m bench.quant.nvfp4_launch_sweep` and records the measurements here.
+# Launch shapes (blocks of 16 elements per tile, tiles per program, warps). H200, bf16 256 MiB, memcpy 4107 GB/s
+# (`python -m bench.quant.nvfp4_launch_sweep --mib 256`), measured with the previous element rounding
+# (~15 SASS per element) and the per-block division:
+# - quantize: blocks 64/128/256, tiles 8, warps 2/4/8 all ~104.8 us = 0.799x memcpy (a plateau: issue-bound);
+#   tiles 1: 0.72-0.73x; blocks 512: 0.70-0.72x. The current kernel (~11.9 per element) is UNMEASURED: the
+#   shapes below are that sweep's plateau, to be re-swept (fp16 reuses bf16's shape; fp32 never swept).
+# - dequantize: (128, 1, 2) 93.9 us 0.892x (best); (256, 1, 4) 0.886x; (128, 1, 4) 0.822x.
 _QUANTIZE_GPU = {torch.bfloat16: (128, 8, 4), torch.float16: (128, 8, 4), torch.float32: (128, 1, 4)}
-_DEQUANTIZE_GPU = (128, 1, 4)
+_DEQUANTIZE_GPU = (128, 1, 2)
+# r = s / d from the launcher's 128-entry table (one extra 128-element torch division per call, ~10 fewer
+# instructions per block) or divided in the kernel: UNMEASURED trade, the sweep times both.
+_MULTIPLIER_TABLE = True
 # The interpreter costs ~1 ms per program whatever its size: few, large programs, one tile each.
 _INTERPRETER = (2048, 1, 1)
 
 
 @triton.jit
-def _split_pairs(words, INPUT: tl.constexpr):
-    """Pair words -> (fp32 bits of |x_2i|, of |x_2i+1|, sign bits at positions 3 and 7). INPUT 0 bf16, 1 fp16,
-    2 fp32."""
+def _magnitudes(words, INPUT: tl.constexpr):
+    """Pair words -> fp32 bits of (|x_2i|, |x_2i+1|). INPUT 0 bf16, 1 fp16, 2 fp32."""
     if INPUT == 0:
-        words = words.to(tl.uint32, bitcast=True)
-        pair_magnitude = words & 0x7FFF7FFF
+        pair_magnitude = words.to(tl.uint32, bitcast=True) & 0x7FFF7FFF
         low = pair_magnitude << 16  # bf16 -> fp32 bits is exactly a 16-bit shift
         high = pair_magnitude & 0xFFFF0000
-        # Sign bits 15 and 31 of the word land on bits 3 and 7 of the product's high word (above: junk).
-        signs = tl.umulhi(words & 0x80008000, 0x00100100)
     elif INPUT == 1:
         words = words.to(tl.uint32, bitcast=True)
         low = (words & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32).to(tl.uint32, bitcast=True)
         high = (words >> 16).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32).to(tl.uint32, bitcast=True)
-        signs = ((low >> 28) & 0x8) | ((high >> 24) & 0x80)
         low, high = low & 0x7FFFFFFF, high & 0x7FFFFFFF
     else:
         words = words.to(tl.uint64, bitcast=True)
-        low = (words & 0xFFFFFFFF).to(tl.uint32)
-        high = (words >> 32).to(tl.uint32)
-        signs = ((low >> 28) & 0x8) | ((high >> 24) & 0x80)
-        low, high = low & 0x7FFFFFFF, high & 0x7FFFFFFF
-    return low, high, signs
+        low = (words & 0x7FFFFFFF).to(tl.uint32)
+        high = ((words >> 32) & 0x7FFFFFFF).to(tl.uint32)
+    return low, high
 
 
 @triton.jit
-def _code(magnitude, multiplier, FAULT: tl.constexpr):
-    """E2M1 code (bits 2:0, junk above bit 21) of fp32(|x| * r), RNE, saturating at 6."""
+def _sign_tag(words, keep, INPUT: tl.constexpr):
+    """2 + the pair's sign bits at bits 3 (x_2i) and 7 (x_2i+1), both 0 where `keep` ([B, 1]) is false (NaN/Inf
+    blocks); junk at bit 19 for 16-bit inputs. It is the `tag` of x_2i's E2M1 rounding, which writes the two
+    sign bits into that element's code byte for free (see `kernels._e2m1.e2m1_code_of_clamped`)."""
+    if INPUT == 2:
+        words = words.to(tl.uint64, bitcast=True)
+        signs = (((words >> 28) & 0x8) | ((words >> 56) & 0x80)).to(tl.uint32)
+        return (signs & tl.where(keep, 0xFF, 0).to(tl.uint32)) + 2
+    else:
+        # One multiply-high moves sign bit 15 to bit 3 (x 2**20) and bit 31 to bit 7 (x 2**8) of the high word
+        # (bit 31 x 2**20 is the junk at bit 19), and the constant bit 13 adds the 2 (2**13 x 2**20 = 2**33);
+        # the low word's terms (2**21 + 2**23 at most) never carry. (w & mask) | 0x2000 is one LOP3.
+        sign_bits = (words.to(tl.uint32, bitcast=True) & tl.where(keep, 0x80008000, 0).to(tl.uint32)) | 0x2000
+        return tl.umulhi(sign_bits, 0x00100100)
+
+
+@triton.jit
+def _code(magnitude, multiplier, limit, tag, FAULT: tl.constexpr):
+    """E2M1 code (bits 2:0, then tag's bits 7:3, junk from bit 8) of fp32(|x| * r), RNE, saturating at 6;
+    0 where limit is 0 (NaN/Inf blocks, whose products may be NaN)."""
     v = magnitude.to(tl.float32, bitcast=True) * multiplier
-    bits = v.to(tl.uint32, bitcast=True)
+    # Saturate on the bits (v >= 0, so integer order is float order, and NaN's bits are large).
+    clamped = tl.minimum(v.to(tl.uint32, bitcast=True), limit)
     if FAULT == 1:
-        bits = tl.where(bits < 0x3F800000, bits & 0xFFFFFFFC, bits)
-    code = e2m1_code(bits, round_index(bits), 1.0, 252, 0x40000000)
-    if FAULT == 3:
-        fused = tl.fma(magnitude.to(tl.float32, bitcast=True), multiplier, 6291456.0).to(tl.uint32, bitcast=True)
-        code = tl.where(bits >= 0x40000000, code, fused)
+        clamped = tl.where(clamped < 0x3F800000, clamped & 0xFFFFFFFC, clamped)
+    code = e2m1_code_of_clamped(clamped, tag)
+    if FAULT == 3:  # the fma sees the exact |x| * r: one rounding instead of two
+        base = ((tl.maximum(clamped, 0x3F800000) >> 23) * 0x800002 + tag).to(tl.float32, bitcast=True)
+        fused = tl.fma(magnitude.to(tl.float32, bitcast=True), multiplier * 2.0**-22, base)
+        code = tl.where(clamped < limit, fused.to(tl.uint32, bitcast=True), code)
     return code
 
 
 @triton.jit
-def _quantize_tile(words, block, n_blocks, codes_ptr, scales_ptr, s, q,
-                   INPUT: tl.constexpr, FAULT: tl.constexpr):
+def _quantize_tile(words, block, n_blocks, codes_ptr, scales_ptr, multipliers_ptr, s, q,
+                   INPUT: tl.constexpr, TABLE: tl.constexpr, FAULT: tl.constexpr):
     in_range = block < n_blocks
-    low, high, signs = _split_pairs(words, INPUT)
-    amax_bits = tl.max(tl.maximum(low, high), axis=1)
+    low, high = _magnitudes(words, INPUT)
+    amax_bits = tl.max(tl.maximum(low, high), axis=1)  # NaN and Inf have the largest patterns
     not_finite = amax_bits >= 0x7F800000
     scale_fp8 = (amax_bits.to(tl.float32, bitcast=True) * q).to(tl.float8e4nv)  # RNE, satfinite, NaN 0x7F
-    stored = scale_fp8.to(tl.float32)
-    multiplier = tl.where(stored == 0.0, 0.0, tl.div_rn(s + tl.zeros_like(stored), stored))[:, None]
-    code_low = _code(low, multiplier, FAULT)
-    code_high = _code(high, multiplier, FAULT)
-    if FAULT == 2:
-        code_low, code_high = code_high, code_low
-    keep = tl.where(not_finite, 0, 0xFF).to(tl.uint32)[:, None]  # NaN/Inf blocks: all codes 0
-    packed = (((code_low + code_high * 16) | signs) & keep).to(tl.uint8)
-    scale_byte = tl.where(not_finite, 0x7F, scale_fp8.to(tl.uint8, bitcast=True))
+    scale_bits = scale_fp8.to(tl.uint8, bitcast=True)
+    if TABLE:  # r = s / d looked up by the scale byte (see `multipliers`): one L1 load per block
+        multiplier = tl.load(multipliers_ptr + scale_bits.to(tl.int32))[:, None]
+    else:  # r = s / d divided here: ~10 more instructions per block
+        stored = scale_fp8.to(tl.float32)
+        multiplier = tl.where(stored == 0.0, 0.0, tl.div_rn(s + tl.zeros_like(stored), stored))[:, None]
+    keep = (~not_finite)[:, None]
+    limit = tl.where(keep, 0x40C00000, 0).to(tl.uint32)  # fp32 bits of 6.0; 0 zeroes NaN/Inf blocks' codes
+    code_low = _code(low, multiplier, limit, _sign_tag(words, keep, INPUT), FAULT)  # carries both signs
+    code_high = _code(high, multiplier, limit, 2, FAULT)
+    if FAULT == 2:  # magnitudes swapped, signs in place
+        code_low, code_high = (code_low & 0x88) | (code_high & 0x7), code_low & 0x7
+    packed = (code_low + code_high * 16).to(tl.uint8)  # the junk from bit 8 up is dropped here
+    scale_byte = tl.where(not_finite, 0x7F, scale_bits)
     tl.store(codes_ptr + block[:, None] * WORDS + tl.arange(0, WORDS)[None, :], packed, mask=in_range[:, None])
     tl.store(scales_ptr + block, scale_byte, mask=in_range)
 
 
 @triton.jit
 def _quantize_nvfp4_kernel(
-    x_ptr, codes_ptr, scales_ptr, encode_ptr, n_blocks, blocks_per_row, x_row_stride,
+    x_ptr, codes_ptr, scales_ptr, encode_ptr, multipliers_ptr, n_blocks, blocks_per_row, x_row_stride,
     BLOCKS: tl.constexpr, TILES: tl.constexpr, INPUT: tl.constexpr, CONTIGUOUS: tl.constexpr,
-    FAULT: tl.constexpr,
+    TABLE: tl.constexpr, FAULT: tl.constexpr,
 ):
     # Each program quantizes TILES consecutive tiles of BLOCKS blocks, loading tile t + 1 before it
     # computes tile t, so every warp keeps a tile's loads in flight while its ALUs work.
@@ -133,13 +167,13 @@ def _quantize_nvfp4_kernel(
     q = tl.div_rn(s, 6.0)
     block = tl.program_id(0).to(tl.int64) * (BLOCKS * TILES) + tl.arange(0, BLOCKS)
     words = load_block_words(x_ptr, block, n_blocks, blocks_per_row, x_row_stride, WORDS, CONTIGUOUS)
-    for _ in range(TILES - 1):
+    for _ in tl.static_range(TILES - 1):
         next_words = load_block_words(x_ptr, block + BLOCKS, n_blocks, blocks_per_row, x_row_stride, WORDS,
                                       CONTIGUOUS)
-        _quantize_tile(words, block, n_blocks, codes_ptr, scales_ptr, s, q, INPUT, FAULT)
+        _quantize_tile(words, block, n_blocks, codes_ptr, scales_ptr, multipliers_ptr, s, q, INPUT, TABLE, FAULT)
         block += BLOCKS
         words = next_words
-    _quantize_tile(words, block, n_blocks, codes_ptr, scales_ptr, s, q, INPUT, FAULT)
+    _quantize_tile(words, block, n_blocks, codes_ptr, scales_ptr, multipliers_ptr, s, q, INPUT, TABLE, FAULT)
 
 
 @triton.jit
@@ -203,6 +237,23 @@ def _word_rows(rows: torch.Tensor) -> torch.Tensor:
     return rows.view(torch.int32 if rows.element_size() == 2 else torch.int64)
 
 
+_DIVISORS: dict[torch.device, torch.Tensor] = {}
+
+
+def multipliers(encode_scale: torch.Tensor) -> torch.Tensor:
+    """The 128 block multipliers r = s / d, one per non-negative E4M3 scale byte: the reference's own fp32
+    division `s / stored` (tensor / tensor), so the kernel's r are its r. Byte 0 divides by +Inf (r = 0,
+    the reference's d = 0 case); 0x7F (NaN) gives NaN, for blocks whose codes the kernel zeroes anyway.
+    One 128-element division per call; the divisors are copied to each device once, on its first call
+    (make that call outside CUDA-graph capture)."""
+    divisors = _DIVISORS.get(encode_scale.device)
+    if divisors is None:
+        divisors = decode_e4m3(torch.arange(128, dtype=torch.uint8))
+        divisors[0] = float("inf")
+        divisors = _DIVISORS.setdefault(encode_scale.device, divisors.to(encode_scale.device))
+    return encode_scale / divisors
+
+
 def launch_quantize(x: torch.Tensor, encode_scale: torch.Tensor, fault: str = "none"):
     """Validate, allocate and launch; `fault` plants a named bug (negative controls only)."""
     check_quantize_args(x, EncodeScale(encode_scale))
@@ -215,11 +266,12 @@ def launch_quantize(x: torch.Tensor, encode_scale: torch.Tensor, fault: str = "n
     if n_blocks:
         words = _word_rows(rows)
         blocks, tiles, warps = _launch_shape(x.device, _QUANTIZE_GPU[x.dtype])
+        table = multipliers(encode_scale) if _MULTIPLIER_TABLE else encode_scale  # (unread without TABLE)
         _quantize_nvfp4_kernel[(triton.cdiv(n_blocks, blocks * tiles),)](
-            words, codes, scales, encode_scale, n_blocks, k // NVFP4_BLOCK_SIZE, words.stride(0),
+            words, codes, scales, encode_scale, table, n_blocks, k // NVFP4_BLOCK_SIZE, words.stride(0),
             BLOCKS=blocks, TILES=tiles, INPUT=_DTYPE_ID[x.dtype],
-            CONTIGUOUS=rows.shape[0] == 1 or words.stride(0) == k // 2, FAULT=FAULTS[fault], num_warps=warps,
-            enable_fp_fusion=False,
+            CONTIGUOUS=rows.shape[0] == 1 or words.stride(0) == k // 2, TABLE=_MULTIPLIER_TABLE,
+            FAULT=FAULTS[fault], num_warps=warps, enable_fp_fusion=False,
         )
     return codes, scales
 

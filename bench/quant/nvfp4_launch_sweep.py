@@ -2,10 +2,12 @@
 
     python -m bench.quant.nvfp4_launch_sweep [--mib 1024] [--k 7168]
 
-How the constants `_QUANTIZE_GPU` / `_DEQUANTIZE_GPU` in kernels/nvfp4.py are to be chosen (they are
-untuned starting points until this has run on an H200). Each shape is checked bit-exact against the
-reference on the last 256 rows before it is timed. The issue's bar for quantize at >= 256 MiB is 0.90x
-memcpy. GPU only: the interpreter says nothing about launch shapes.
+How the constants `_QUANTIZE_GPU` / `_DEQUANTIZE_GPU` / `_MULTIPLIER_TABLE` in kernels/nvfp4.py are to be
+chosen. Each shape is checked bit-exact against the reference on the last 256 rows before it is timed.
+Quantize rows with table=1 time the launcher's 128-entry multiplier table (one small torch division) and
+the kernel together, as one op call pays them; table=0 rows divide per block in the kernel instead. The
+issue's bar for quantize at >= 256 MiB is 0.90x memcpy. GPU only: the interpreter says nothing about
+launch shapes.
 """
 
 from __future__ import annotations
@@ -23,8 +25,11 @@ from kernels import nvfp4 as kernel
 from reference.quant import nvfp4 as ref
 from reference.quant.nvfp4_global_scale import EncodeScale, tensor_amax
 
-# (blocks of 16 per tile, warps) x tiles per program; with bf16 one block is one thread's two 16-byte loads.
-QUANTIZE_SHAPES = list(itertools.product(((64, 2), (128, 4), (128, 2), (256, 4), (256, 8), (512, 8)), (1, 2, 4, 8)))
+# ((blocks of 16 per tile, warps), tiles per program, multiplier table); with bf16 one block is one thread's
+# two 16-byte loads. The in-kernel division (table 0) only at 8 tiles, where the previous sweep plateaued.
+BLOCK_WARPS = ((64, 2), (128, 4), (128, 2), (256, 4), (256, 8), (512, 8))
+QUANTIZE_SHAPES = [(bw, t, True) for bw, t in itertools.product(BLOCK_WARPS, (1, 2, 4, 8))]
+QUANTIZE_SHAPES += [(bw, 8, False) for bw in BLOCK_WARPS]
 DEQUANTIZE_SHAPES = [(64, 2), (128, 2), (128, 4), (256, 4), (256, 8), (512, 8)]
 
 
@@ -56,16 +61,21 @@ def main(argv: list[str] | None = None) -> int:
     words = x.view(torch.int32)
     codes = torch.empty(m, k // 2, dtype=torch.uint8, device="cuda")
     scales = torch.empty(m, k // 16, dtype=torch.uint8, device="cuda")
-    for (blocks, warps), tiles in QUANTIZE_SHAPES:
+    for (blocks, warps), tiles, table in QUANTIZE_SHAPES:
         grid = (triton.cdiv(n_blocks, blocks * tiles),)
         codes.fill_(0xAA)
-        ms = _time(functools.partial(
-            kernel._quantize_nvfp4_kernel[grid], words, codes, scales, scale.value, n_blocks, k // 16, k // 2,
-            BLOCKS=blocks, TILES=tiles, INPUT=0, CONTIGUOUS=True, FAULT=0, num_warps=warps, enable_fp_fusion=False))
+
+        def call(grid=grid, blocks=blocks, warps=warps, tiles=tiles, table=table):
+            multipliers = kernel.multipliers(scale.value) if table else scale.value
+            kernel._quantize_nvfp4_kernel[grid](
+                words, codes, scales, scale.value, multipliers, n_blocks, k // 16, k // 2, BLOCKS=blocks,
+                TILES=tiles, INPUT=0, CONTIGUOUS=True, TABLE=table, FAULT=0, num_warps=warps, enable_fp_fusion=False)
+
+        ms = _time(call)
         exact = torch.equal(codes[tail].cpu(), want_codes) and torch.equal(scales[tail].cpu(), want_scales)
         gbps = moved / ms / 1e6
-        print(f"quantize   blocks={blocks:4d} tiles={tiles} warps={warps}  {ms * 1e3:7.1f} us  {gbps:5.0f} GB/s  "
-              f"{gbps / memcpy:.3f}x memcpy  {'exact' if exact else 'MISMATCH'}", flush=True)
+        print(f"quantize   blocks={blocks:4d} tiles={tiles} warps={warps} table={int(table)}  {ms * 1e3:7.1f} us  "
+              f"{gbps:5.0f} GB/s  {gbps / memcpy:.3f}x memcpy  {'exact' if exact else 'MISMATCH'}", flush=True)
 
     codes, scales = kernel.quantize_nvfp4(x, scale)
     decode = scale.to_decode()

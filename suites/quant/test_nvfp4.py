@@ -14,6 +14,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from reference.formats.e4m3 import decode_e4m3
 from reference.quant import nvfp4 as ref
 from reference.quant.nvfp4_global_scale import DecodeScale, EncodeScale, tensor_amax
 from suites import oracles
@@ -250,6 +251,29 @@ def test_multi_tile_launch_with_a_ragged_last_program(dtype, device, monkeypatch
     monkeypatch.setitem(kernel._QUANTIZE_GPU, dtype, (16, 3, 1))
     x = cases.random_nvfp4_blocks((37, 80), torch.float32, seed=9, spread=12.0).to(dtype)  # 185 blocks: 4 programs
     check_quantize(x, EncodeScale.from_amax(tensor_amax(x)), device)
+
+
+def test_multiplier_table_is_the_reference_division():
+    """`multipliers` holds r = s / d for every non-negative scale byte, as the reference computes it."""
+    s = EncodeScale.from_amax(torch.tensor(7.25)).value
+    stored = decode_e4m3(torch.arange(127, dtype=torch.uint8))
+    want = torch.where(stored == 0, torch.zeros_like(stored), s / stored)
+    table = kernel.multipliers(s)
+    assert_exact(table[:127], want, "multipliers")
+    assert table.shape == (128,) and table[127].isnan()
+
+
+@pytest.mark.parametrize("dtype", INPUT_DTYPES)
+def test_other_multiplier_path(dtype, device, monkeypatch):
+    """The launch knob's other side (in-kernel division vs the launcher's table) gives the same bytes."""
+    monkeypatch.setattr(kernel, "_MULTIPLIER_TABLE", not kernel._MULTIPLIER_TABLE)
+    x = cases.inject(cases.random_nvfp4_blocks((6, 64), torch.float32, seed=11, spread=12.0),
+                     [(0.3, "nan"), (0.7, "-inf")]).to(dtype)
+    for scale in (EncodeScale.from_amax(tensor_amax(x[torch.isfinite(x)])), EncodeScale(3.7e20)):
+        check_quantize(x, scale, device)
+    if dtype == torch.float32:
+        check_quantize(cases.double_rounding_blocks(), EncodeScale(1.0), device)
+        check_named_cases(device)
 
 
 @given(seed=st.integers(0, 2**31 - 1), cut=st.integers(0, 5), width=st.integers(1, 6),
