@@ -64,14 +64,18 @@ FAULTS = {
 # (`python -m bench.quant.nvfp4_launch_sweep --mib 256`), measured with the previous element rounding
 # (~15 SASS per element) and the per-block division:
 # - quantize: blocks 64/128/256, tiles 8, warps 2/4/8 all ~104.8 us = 0.799x memcpy (a plateau: issue-bound);
-#   tiles 1: 0.72-0.73x; blocks 512: 0.70-0.72x. The current kernel (~11.9 per element) is UNMEASURED: the
-#   shapes below are that sweep's plateau, to be re-swept (fp16 reuses bf16's shape; fp32 never swept).
+#   tiles 1: 0.72-0.73x; blocks 512: 0.70-0.72x.
+#   The current kernel (~11.9 per element), same sweep, 2026-11-29, memcpy 4108 GB/s: in-kernel division
+#   (TABLE off) at tiles 8: (64, 8, 2) 0.938x, (128, 8, 4) 0.936x, (256, 8, 8) 0.927x; with the multiplier
+#   table (its extra launch included) at most 0.919x (64, 2, 2) and 0.898x at (128, 8, 4). So the table is
+#   off and the shape stays (128, 8, 4) (fp16 reuses bf16's shape; fp32 never swept).
 # - dequantize: (128, 1, 2) 93.9 us 0.892x (best); (256, 1, 4) 0.886x; (128, 1, 4) 0.822x.
 _QUANTIZE_GPU = {torch.bfloat16: (128, 8, 4), torch.float16: (128, 8, 4), torch.float32: (128, 1, 4)}
 _DEQUANTIZE_GPU = (128, 1, 2)
 # r = s / d from the launcher's 128-entry table (one extra 128-element torch division per call, ~10 fewer
-# instructions per block) or divided in the kernel: UNMEASURED trade, the sweep times both.
-_MULTIPLIER_TABLE = True
+# instructions per block) or divided in the kernel: the H200 sweep above measured the division faster at
+# 256 MiB (0.936x against 0.898x at the same shape), so the table is off.
+_MULTIPLIER_TABLE = False
 # The interpreter costs ~1 ms per program whatever its size: few, large programs, one tile each.
 _INTERPRETER = (2048, 1, 1)
 

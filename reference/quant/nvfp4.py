@@ -91,7 +91,8 @@ def quantize_nvfp4_encoded(x: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tens
     blocks = x.to(torch.float32).unflatten(-1, (-1, NVFP4_BLOCK_SIZE))
     magnitude = blocks.abs()
     not_finite = ~torch.isfinite(blocks).all(dim=-1)
-    block_scale = magnitude.amax(dim=-1) * (s / E2M1_MAX)
+    # s / tensor(6): CUDA torch turns `tensor / python scalar` into a multiply by the inexact 1/6.
+    block_scale = magnitude.amax(dim=-1) * (s / torch.full_like(s, E2M1_MAX))
     scales = torch.where(not_finite, torch.full_like(block_scale, float("nan")), block_scale)
     scales = encode_e4m3(scales)  # NaN -> 0x7F
     stored = decode_e4m3(scales)

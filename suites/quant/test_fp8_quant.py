@@ -53,6 +53,17 @@ def test_quantize_matches_reference(p, device):
     check_quantize(make_input(p), device, **p["kwargs"])
 
 
+@given(p=problems())
+def test_reference_is_the_same_on_every_device(p, device):
+    """The reference run on the GPU must give the CPU's bytes: the bench checks kernels against it there
+    (`tensor / python scalar` on CUDA is a multiply by the scalar's rounded reciprocal; this caught it)."""
+    x = make_input(p)
+    want_q, want_scales = ref.quantize_fp8(x, **p["kwargs"])
+    q, scales = ref.quantize_fp8(x.to(device), **p["kwargs"])
+    assert_exact(scales, want_scales, f"scales {p['kwargs']}")
+    assert_exact(q, want_q, f"codes {p['kwargs']}")
+
+
 @given(seed=st.integers(0, 2**31 - 1), fmt=st.sampled_from(FORMATS), dtype=st.sampled_from(ref.INPUT_DTYPES))
 def test_static_per_tensor_scale(seed, fmt, dtype, device):
     x = cases.random_blocks((5, 96), torch.float32, seed, 6.0).to(dtype)

@@ -77,6 +77,14 @@ def test_quantize_matches_reference(p, device):
     check_quantize(x, global_scale(x, p["source"]), device)
 
 
+@given(p=quant_problems())
+def test_reference_is_the_same_on_every_device(p, device):
+    """The bench checks kernels against the reference run on the GPU: it must give the CPU's bytes."""
+    x = make_input(p)
+    scale = global_scale(x, p["source"])
+    check_quantize(x, scale, device, quantize=ref.quantize_nvfp4)
+
+
 @given(p=quant_problems(), out_dtype=st.sampled_from(OUTPUT_DTYPES))
 def test_dequantize_of_quantized_matches_reference(p, out_dtype, device):
     x = make_input(p)
