@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+import pytest
 import torch
 
 from suites.quant.mxfp4_cases import bits_of
@@ -95,3 +96,15 @@ def check_sign_symmetry(x: torch.Tensor, quantize: Quantize, block: int, nan_sca
     assert_exact(neg_scales, scales, "scales of -x")
     finite = (scales != nan_scale).repeat_interleave(block // 2, dim=-1)
     assert_exact(neg_codes[finite], codes[finite] ^ 0x88, "codes of -x")
+
+
+def assert_control_caught(check: Callable, device: str, quantize: Callable) -> None:
+    """A negative control: `check(device, quantize)` must fail on the planted fault, and by a bit-exact
+    mismatch (assert_exact's message), not by some other assertion."""
+    with pytest.raises(AssertionError, match="not bit-exact"):
+        check(device, quantize)
+
+
+def control_ids(controls: list[tuple]) -> list[str]:
+    """Test ids for (fault, check, why) rows: fault-check."""
+    return [f"{fault}-{check.__name__}" for fault, check, _ in controls]
