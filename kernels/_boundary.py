@@ -16,6 +16,11 @@ def interpreter_active() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def runs_interpreted(device: torch.device) -> bool:
+    """True when a kernel launched for `device` runs in the interpreter: pick the interpreter's launch shape."""
+    return device.type == "cpu" or interpreter_active()
+
+
 def check_device(**tensors: torch.Tensor) -> torch.device:
     """All tensors on one device, and a device Triton can run on here. Returns that device."""
     devices = {name: t.device for name, t in tensors.items()}

@@ -1,9 +1,13 @@
-"""Index arithmetic shared by kernels that walk a [rows, K] tensor in fixed-size blocks (or groups)."""
+"""Index arithmetic shared by kernels that walk a [rows, K] tensor in fixed-size blocks (or groups), and the
+launchers' host-side views that go with it."""
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+
+from kernels._boundary import as_rows
 
 
 @triton.jit
@@ -24,3 +28,17 @@ def load_block_words(x_ptr, block, n_blocks, blocks_per_row, row_stride, WORDS: 
     words. Blocks past n_blocks read 0."""
     word = block_offsets(block, blocks_per_row, row_stride, WORDS, CONTIGUOUS)[:, None] + tl.arange(0, WORDS)[None, :]
     return tl.load(x_ptr + word, mask=(block < n_blocks)[:, None], other=0)
+
+
+def word_rows(rows: torch.Tensor) -> torch.Tensor:
+    """[rows, K] of 2-byte or 4-byte elements -> [rows, K/2] words of one element pair each (no copy)."""
+    return rows.view(torch.int32 if rows.element_size() == 2 else torch.int64)
+
+
+def packed_rows(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Packed-FP4 codes [..., K/2] and scales [..., K/block] as rows (no copy), and whether both are contiguous
+    runs of rows (the kernels' CONTIGUOUS: block offsets without a division)."""
+    code_rows, scale_rows = as_rows(codes, "codes"), as_rows(scales, "scales")
+    contiguous = scale_rows.shape[0] == 1 or (
+        code_rows.stride(0) == codes.shape[-1] and scale_rows.stride(0) == scales.shape[-1])
+    return code_rows, scale_rows, contiguous

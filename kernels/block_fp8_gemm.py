@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels._boundary import check_device, interpreter_active
+from kernels._boundary import check_device, runs_interpreted
 from reference.gemm.block_fp8 import BLOCK, check_block_fp8_gemm_args
 
 # Planted bugs for the suite's negative controls; FAULT is a constexpr, so fault 0 compiles them away.
@@ -72,7 +72,7 @@ def _sm_count(device_index: int) -> int:
 
 
 def _device_sms(device: torch.device) -> int:
-    if device.type == "cpu" or interpreter_active():
+    if runs_interpreted(device):
         return 4  # the interpreter: a persistent grid of a few programs still walks several tiles each
     return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
 
@@ -85,7 +85,7 @@ def auto_split_k(m: int, n: int, k: int, block_m: int, block_n: int, sms: int) -
 
 def choose_config(m: int, n: int, k: int, device: torch.device) -> LaunchConfig:
     """The launch table's config for this shape (split_k 0 is resolved by the launcher)."""
-    if device.type == "cpu" or interpreter_active():
+    if runs_interpreted(device):
         return INTERPRETER_CONFIG
     return next(cfg for max_m, cfg in GPU_CONFIGS if m <= max_m)
 

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._boundary import as_rows, check_device, interpreter_active
+from kernels._boundary import as_rows, check_device, runs_interpreted
 from kernels._tiles import block_offsets
 from reference.quant.fp8 import DEFAULT_EPS, FP8_FORMATS, check_quantize_fp8_args, scale_shape
 
@@ -118,7 +118,7 @@ MAX_ROW = 1 << 16
 
 def _tile(group_len: int, n_groups: int, device: torch.device) -> tuple[int, int, int]:
     """(groups per program, padded group length, warps)."""
-    elements = _INTERPRETER_TILE_ELEMENTS if device.type == "cpu" or interpreter_active() else _GPU_TILE_ELEMENTS
+    elements = _INTERPRETER_TILE_ELEMENTS if runs_interpreted(device) else _GPU_TILE_ELEMENTS
     group = triton.next_power_of_2(group_len)
     block_g = max(1, min(elements // group, triton.next_power_of_2(n_groups)))
     return block_g, group, 4 if block_g * group <= 4096 else 8

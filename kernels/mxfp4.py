@@ -24,9 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._boundary import as_rows, check_device, interpreter_active
+from kernels._boundary import as_rows, check_device, runs_interpreted
 from kernels._e2m1 import e2m1_code, round_index
-from kernels._tiles import block_offsets, load_block_words
+from kernels._tiles import block_offsets, load_block_words, packed_rows, word_rows
 from reference.quant.mx_scale import SCALE_MODES
 from reference.quant.mxfp4 import MX_BLOCK_SIZE, check_dequantize_args, check_quantize_args
 
@@ -198,15 +198,6 @@ def _dequantize_mxfp4_kernel(
     tl.store(out_ptr + block[:, None] * 16 + tl.arange(0, 16)[None, :], words, mask=in_range[:, None])
 
 
-def _launch_shape(device: torch.device, gpu_shape: tuple[int, int, int]) -> tuple[int, int, int]:
-    return _INTERPRETER if device.type == "cpu" or interpreter_active() else gpu_shape
-
-
-def _word_rows(rows: torch.Tensor) -> torch.Tensor:
-    """[rows, K] of 2-byte or 4-byte elements -> [rows, K/2] words of one element pair each (no copy)."""
-    return rows.view(torch.int32 if rows.element_size() == 2 else torch.int64)
-
-
 def launch_quantize(x: torch.Tensor, block_size: int, scale_mode: str, fault: str = "none"):
     """Validate, allocate and launch; `fault` plants a named bug (negative controls only)."""
     check_quantize_args(x, block_size, scale_mode)
@@ -217,8 +208,8 @@ def launch_quantize(x: torch.Tensor, block_size: int, scale_mode: str, fault: st
     scales = torch.empty(*x.shape[:-1], k // MX_BLOCK_SIZE, dtype=torch.uint8, device=x.device)
     n_blocks = rows.shape[0] * (k // MX_BLOCK_SIZE)
     if n_blocks:
-        words = _word_rows(rows)
-        blocks, tiles, warps = _launch_shape(x.device, _QUANTIZE_GPU[x.dtype])
+        words = word_rows(rows)
+        blocks, tiles, warps = _INTERPRETER if runs_interpreted(x.device) else _QUANTIZE_GPU[x.dtype]
         _quantize_mxfp4_kernel[(triton.cdiv(n_blocks, blocks * tiles),)](
             words, codes, scales, n_blocks, k // MX_BLOCK_SIZE, words.stride(0),
             BLOCKS=blocks, TILES=tiles, INPUT=_DTYPE_ID[x.dtype], SCALE_MODE=_MODE_ID[scale_mode],
@@ -230,16 +221,14 @@ def launch_quantize(x: torch.Tensor, block_size: int, scale_mode: str, fault: st
 def launch_dequantize(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, block_size: int):
     check_dequantize_args(codes, scales, dtype, block_size)
     check_device(codes=codes, scales=scales)
-    code_rows, scale_rows = as_rows(codes, "codes"), as_rows(scales, "scales")
+    code_rows, scale_rows, contiguous = packed_rows(codes, scales)
     blocks_per_row = scales.shape[-1]
     out = torch.empty(*codes.shape[:-1], codes.shape[-1] * 2, dtype=dtype, device=codes.device)
     n_blocks = scale_rows.shape[0] * blocks_per_row
     if n_blocks:
-        blocks, _, warps = _launch_shape(codes.device, _DEQUANTIZE_GPU)
-        contiguous = scale_rows.shape[0] == 1 or (
-            code_rows.stride(0) == codes.shape[-1] and scale_rows.stride(0) == blocks_per_row)
+        blocks, _, warps = _INTERPRETER if runs_interpreted(codes.device) else _DEQUANTIZE_GPU
         _dequantize_mxfp4_kernel[(triton.cdiv(n_blocks, blocks),)](
-            code_rows, scale_rows, _word_rows(out.view(-1, out.shape[-1])), n_blocks, blocks_per_row,
+            code_rows, scale_rows, word_rows(out.view(-1, out.shape[-1])), n_blocks, blocks_per_row,
             code_rows.stride(0), scale_rows.stride(0),
             BLOCKS=blocks, OUTPUT=_DTYPE_ID[dtype], CONTIGUOUS=contiguous, num_warps=warps,
         )

@@ -42,9 +42,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._boundary import as_rows, check_device, interpreter_active
+from kernels._boundary import as_rows, check_device, runs_interpreted
 from kernels._e2m1 import e2m1_code_of_clamped
-from kernels._tiles import block_offsets, load_block_words
+from kernels._tiles import block_offsets, load_block_words, packed_rows, word_rows
 from reference.formats.e4m3 import decode_e4m3
 from reference.quant.nvfp4 import NVFP4_BLOCK_SIZE, check_dequantize_args, check_quantize_args
 from reference.quant.nvfp4_global_scale import DecodeScale, EncodeScale, GlobalScale
@@ -232,15 +232,6 @@ def _dequantize_nvfp4_kernel(
     tl.store(out_ptr + block[:, None] * WORDS + tl.arange(0, WORDS)[None, :], words, mask=in_range[:, None])
 
 
-def _launch_shape(device: torch.device, gpu_shape: tuple[int, int, int]) -> tuple[int, int, int]:
-    return _INTERPRETER if device.type == "cpu" or interpreter_active() else gpu_shape
-
-
-def _word_rows(rows: torch.Tensor) -> torch.Tensor:
-    """[rows, K] of 2-byte or 4-byte elements -> [rows, K/2] words of one element pair each (no copy)."""
-    return rows.view(torch.int32 if rows.element_size() == 2 else torch.int64)
-
-
 _DIVISORS: dict[torch.device, torch.Tensor] = {}
 
 
@@ -268,8 +259,8 @@ def launch_quantize(x: torch.Tensor, encode_scale: torch.Tensor, fault: str = "n
     scales = torch.empty(*x.shape[:-1], k // NVFP4_BLOCK_SIZE, dtype=torch.uint8, device=x.device)
     n_blocks = rows.shape[0] * (k // NVFP4_BLOCK_SIZE)
     if n_blocks:
-        words = _word_rows(rows)
-        blocks, tiles, warps = _launch_shape(x.device, _QUANTIZE_GPU[x.dtype])
+        words = word_rows(rows)
+        blocks, tiles, warps = _INTERPRETER if runs_interpreted(x.device) else _QUANTIZE_GPU[x.dtype]
         table = multipliers(encode_scale) if _MULTIPLIER_TABLE else encode_scale  # (unread without TABLE)
         _quantize_nvfp4_kernel[(triton.cdiv(n_blocks, blocks * tiles),)](
             words, codes, scales, encode_scale, table, n_blocks, k // NVFP4_BLOCK_SIZE, words.stride(0),
@@ -283,16 +274,14 @@ def launch_quantize(x: torch.Tensor, encode_scale: torch.Tensor, fault: str = "n
 def launch_dequantize(codes: torch.Tensor, scales: torch.Tensor, decode_scale: torch.Tensor, dtype: torch.dtype):
     check_dequantize_args(codes, scales, DecodeScale(decode_scale), dtype)
     check_device(codes=codes, scales=scales, decode_scale=decode_scale)
-    code_rows, scale_rows = as_rows(codes, "codes"), as_rows(scales, "scales")
+    code_rows, scale_rows, contiguous = packed_rows(codes, scales)
     blocks_per_row = scales.shape[-1]
     out = torch.empty(*codes.shape[:-1], codes.shape[-1] * 2, dtype=dtype, device=codes.device)
     n_blocks = scale_rows.shape[0] * blocks_per_row
     if n_blocks:
-        blocks, _, warps = _launch_shape(codes.device, _DEQUANTIZE_GPU)
-        contiguous = scale_rows.shape[0] == 1 or (
-            code_rows.stride(0) == codes.shape[-1] and scale_rows.stride(0) == blocks_per_row)
+        blocks, _, warps = _INTERPRETER if runs_interpreted(codes.device) else _DEQUANTIZE_GPU
         _dequantize_nvfp4_kernel[(triton.cdiv(n_blocks, blocks),)](
-            code_rows, scale_rows, decode_scale, _word_rows(out.view(-1, out.shape[-1])), n_blocks,
+            code_rows, scale_rows, decode_scale, word_rows(out.view(-1, out.shape[-1])), n_blocks,
             blocks_per_row, code_rows.stride(0), scale_rows.stride(0),
             BLOCKS=blocks, OUTPUT=_DTYPE_ID[dtype], CONTIGUOUS=contiguous, num_warps=warps, enable_fp_fusion=False,
         )

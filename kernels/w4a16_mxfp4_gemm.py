@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._boundary import check_device, interpreter_active
+from kernels._boundary import check_device, runs_interpreted
 from reference.gemm.w4a16_mxfp4 import check_w4a16_args
 from reference.quant.mxfp4 import MX_BLOCK_SIZE
 
@@ -327,7 +327,7 @@ def _split_k_sum_kernel(partial_ptr, y_ptr, numel, SPLIT_K: tl.constexpr, BLOCK:
 
 def launch_config(m: int, device: torch.device) -> tuple:
     """(kernel, BLOCK_N, BLOCK_M, GROUPS, SPLIT_K, warps, stages) for M rows on `device`."""
-    table = _INTERPRETER_CONFIGS if device.type == "cpu" or interpreter_active() else _GPU_CONFIGS
+    table = _INTERPRETER_CONFIGS if runs_interpreted(device) else _GPU_CONFIGS
     return next(row[1:] for row in table if row[0] is None or m <= row[0])
 
 

@@ -15,19 +15,14 @@ import sys
 
 import torch
 import triton
-from triton.testing import do_bench
 
+from bench.quant.launch_sweep import memcpy_gbps, report, time_ms
 from kernels import fp8_quant as kernel
 from reference.quant import fp8 as ref
 
 K = 7168
 GROUP = 128
 SHAPES = [(g, w) for g in (8, 16, 32, 64, 128) for w in (1, 2, 4, 8) if g * GROUP // (32 * w) >= 4]
-
-
-def _time(fn) -> float:
-    fn()
-    return do_bench(fn, warmup=50, rep=300, return_mode="median")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,10 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
     n_groups = m * K // GROUP
     moved = x.numel() * 2 + x.numel() + n_groups * 4
-    src = torch.empty(x.numel() * 2, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    memcpy = 2 * src.numel() / _time(lambda: dst.copy_(src)) / 1e6
-    print(f"memcpy {src.numel() / 2**30:.2f} GiB: {memcpy:.0f} GB/s", flush=True)
+    memcpy = memcpy_gbps(x.numel() * 2)
     tail = slice(m - 256, m)
     q = torch.empty(m, K, dtype=torch.uint8, device="cuda")
     scales = torch.empty(m, K // GROUP, dtype=torch.float32, device="cuda")
@@ -52,14 +44,12 @@ def main(argv: list[str] | None = None) -> int:
         want_q, want_s = ref.quantize_fp8(x[tail].cpu(), granularity="group", group_size=GROUP, ue8m0=ue8m0)
         for block_g, warps in SHAPES:
             q.fill_(0xAA)
-            ms = _time(functools.partial(
+            ms = time_ms(functools.partial(
                 kernel._quantize_fp8_kernel[(triton.cdiv(n_groups, block_g),)], x, q, scales, scales, n_groups,
                 K // GROUP, GROUP, K, eps_bits, BLOCK_G=block_g, GROUP=GROUP, FMT=0, FP8_MAX=448.0, UE8M0=ue8m0,
                 SOURCE=0, CONTIGUOUS=True, FAULT=0, num_warps=warps))
             exact = torch.equal(q[tail].cpu(), want_q.view(torch.uint8)) and torch.equal(scales[tail].cpu(), want_s)
-            gbps = moved / ms / 1e6
-            print(f"ue8m0={int(ue8m0)} groups={block_g:4d} warps={warps}  {ms * 1e3:7.1f} us  {gbps:5.0f} GB/s  "
-                  f"{gbps / memcpy:.3f}x memcpy  {'exact' if exact else 'MISMATCH'}", flush=True)
+            report(f"ue8m0={int(ue8m0)} groups={block_g:4d} warps={warps}", ms, moved, memcpy, exact)
     return 0
 
 

@@ -16,19 +16,14 @@ import sys
 
 import torch
 import triton
-from triton.testing import do_bench
 
+from bench.quant.launch_sweep import memcpy_gbps, report, time_ms
 from kernels import mxfp4 as kernel
 from reference.quant import mxfp4 as ref
 
 K = 4096
 QUANTIZE_SHAPES = list(itertools.product(((32, 1), (64, 1), (64, 2), (128, 1), (128, 2)), (1, 2, 4, 8)))
 DEQUANTIZE_SHAPES = [(32, 1), (64, 1), (64, 2), (128, 2), (128, 4)]
-
-
-def _time(fn) -> float:
-    fn()
-    return do_bench(fn, warmup=50, rep=300, return_mode="median")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,10 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
     moved = x.numel() * 2 + m * K // 2 + m * K // 32
     n_blocks = m * K // 32
-    src = torch.empty(x.numel() * 2, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    memcpy = 2 * src.numel() / _time(lambda: dst.copy_(src)) / 1e6
-    print(f"memcpy {src.numel() / 2**30:.2f} GiB: {memcpy:.0f} GB/s", flush=True)
+    memcpy = memcpy_gbps(x.numel() * 2)
 
     tail = slice(m - 512, m)
     want_codes, want_scales = ref.quantize_mxfp4(x[tail].cpu(), scale_mode="rceil")
@@ -54,26 +46,22 @@ def main(argv: list[str] | None = None) -> int:
     for (blocks, warps), tiles in QUANTIZE_SHAPES:
         grid = (triton.cdiv(n_blocks, blocks * tiles),)
         codes.fill_(0xAA)
-        ms = _time(functools.partial(
+        ms = time_ms(functools.partial(
             kernel._quantize_mxfp4_kernel[grid], words, codes, scales, n_blocks, K // 32, K // 2, BLOCKS=blocks,
             TILES=tiles, INPUT=0, SCALE_MODE=1, CONTIGUOUS=True, FAULT=0, num_warps=warps))
         exact = torch.equal(codes[tail].cpu(), want_codes) and torch.equal(scales[tail].cpu(), want_scales)
-        gbps = moved / ms / 1e6
-        print(f"quantize   blocks={blocks:4d} tiles={tiles} warps={warps}  {ms * 1e3:7.1f} us  {gbps:5.0f} GB/s  "
-              f"{gbps / memcpy:.3f}x memcpy  {'exact' if exact else 'MISMATCH'}", flush=True)
+        report(f"quantize   blocks={blocks:4d} tiles={tiles} warps={warps}", ms, moved, memcpy, exact)
 
     codes, scales = kernel.quantize_mxfp4(x)
     want = ref.dequantize_mxfp4(codes[tail].cpu(), scales[tail].cpu())
     out = torch.empty_like(x)
     for blocks, warps in DEQUANTIZE_SHAPES:
         grid = (triton.cdiv(n_blocks, blocks),)
-        ms = _time(functools.partial(
+        ms = time_ms(functools.partial(
             kernel._dequantize_mxfp4_kernel[grid], codes, scales, out.view(torch.int32), n_blocks, K // 32,
             K // 2, K // 32, BLOCKS=blocks, OUTPUT=0, CONTIGUOUS=True, num_warps=warps))
         exact = torch.equal(out[tail].cpu().view(torch.int16), want.view(torch.int16))
-        gbps = moved / ms / 1e6
-        print(f"dequantize blocks={blocks:4d} warps={warps}  {ms * 1e3:7.1f} us  {gbps:5.0f} GB/s  "
-              f"{gbps / memcpy:.3f}x memcpy  {'exact' if exact else 'MISMATCH'}", flush=True)
+        report(f"dequantize blocks={blocks:4d} warps={warps}", ms, moved, memcpy, exact)
     return 0
 
 

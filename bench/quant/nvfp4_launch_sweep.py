@@ -19,8 +19,8 @@ import sys
 
 import torch
 import triton
-from triton.testing import do_bench
 
+from bench.quant.launch_sweep import memcpy_gbps, report, time_ms
 from kernels import nvfp4 as kernel
 from reference.quant import nvfp4 as ref
 from reference.quant.nvfp4_global_scale import EncodeScale, tensor_amax
@@ -31,11 +31,6 @@ BLOCK_WARPS = ((64, 2), (128, 4), (128, 2), (256, 4), (256, 8), (512, 8))
 QUANTIZE_SHAPES = [(bw, t, True) for bw, t in itertools.product(BLOCK_WARPS, (1, 2, 4, 8))]
 QUANTIZE_SHAPES += [(bw, 8, False) for bw in BLOCK_WARPS]
 DEQUANTIZE_SHAPES = [(64, 2), (128, 2), (128, 4), (256, 4), (256, 8), (512, 8)]
-
-
-def _time(fn) -> float:
-    fn()
-    return do_bench(fn, warmup=50, rep=300, return_mode="median")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,10 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     scale = EncodeScale.from_amax(tensor_amax(x))
     moved = x.numel() * 2 + m * k // 2 + m * k // 16
     n_blocks = m * k // 16
-    src = torch.empty(x.numel() * 2, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    memcpy = 2 * src.numel() / _time(lambda: dst.copy_(src)) / 1e6
-    print(f"memcpy {src.numel() / 2**30:.2f} GiB: {memcpy:.0f} GB/s; x [{m}, {k}] bf16", flush=True)
+    memcpy = memcpy_gbps(x.numel() * 2, f"; x [{m}, {k}] bf16")
 
     tail = slice(m - 256, m)
     want_codes, want_scales = ref.quantize_nvfp4(x[tail].cpu(), scale.to("cpu"))
@@ -71,11 +63,10 @@ def main(argv: list[str] | None = None) -> int:
                 words, codes, scales, scale.value, multipliers, n_blocks, k // 16, k // 2, BLOCKS=blocks,
                 TILES=tiles, INPUT=0, CONTIGUOUS=True, TABLE=table, FAULT=0, num_warps=warps, enable_fp_fusion=False)
 
-        ms = _time(call)
+        ms = time_ms(call)
         exact = torch.equal(codes[tail].cpu(), want_codes) and torch.equal(scales[tail].cpu(), want_scales)
-        gbps = moved / ms / 1e6
-        print(f"quantize   blocks={blocks:4d} tiles={tiles} warps={warps} table={int(table)}  {ms * 1e3:7.1f} us  "
-              f"{gbps:5.0f} GB/s  {gbps / memcpy:.3f}x memcpy  {'exact' if exact else 'MISMATCH'}", flush=True)
+        config = f"quantize   blocks={blocks:4d} tiles={tiles} warps={warps} table={int(table)}"
+        report(config, ms, moved, memcpy, exact)
 
     codes, scales = kernel.quantize_nvfp4(x, scale)
     decode = scale.to_decode()
@@ -83,14 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     out = torch.empty_like(x)
     for blocks, warps in DEQUANTIZE_SHAPES:
         grid = (triton.cdiv(n_blocks, blocks),)
-        ms = _time(functools.partial(
+        ms = time_ms(functools.partial(
             kernel._dequantize_nvfp4_kernel[grid], codes, scales, decode.value, out.view(torch.int32), n_blocks,
             k // 16, k // 2, k // 16, BLOCKS=blocks, OUTPUT=0, CONTIGUOUS=True, num_warps=warps,
             enable_fp_fusion=False))
         exact = torch.equal(out[tail].cpu().view(torch.int16), want.view(torch.int16))
-        gbps = moved / ms / 1e6
-        print(f"dequantize blocks={blocks:4d} warps={warps}  {ms * 1e3:7.1f} us  {gbps:5.0f} GB/s  "
-              f"{gbps / memcpy:.3f}x memcpy  {'exact' if exact else 'MISMATCH'}", flush=True)
+        report(f"dequantize blocks={blocks:4d} warps={warps}", ms, moved, memcpy, exact)
     return 0
 
 

@@ -29,6 +29,7 @@ from reference.formats.e2m1 import E2M1_EMAX, E2M1_MAX, decode_e2m1, encode_e2m1
 from reference.formats.e8m0 import E8M0_NAN, decode_e8m0
 from reference.formats.nibbles import pack_nibbles, unpack_nibbles
 from reference.quant.mx_scale import SCALE_MODES, mx_block_scales
+from reference.quant.packed_fp4 import check_fp4_input, check_packed_fp4
 
 MX_BLOCK_SIZE = 32
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -43,10 +44,7 @@ def _check_block_size(block_size: int) -> None:
 def check_quantize_args(x: torch.Tensor, block_size: int, scale_mode: str) -> None:
     """Raise TypeError/ValueError naming the bad argument. Shared with the kernel launchers."""
     _check_block_size(block_size)
-    if x.dtype not in INPUT_DTYPES:
-        raise TypeError(f"x: dtype must be one of {INPUT_DTYPES}, got {x.dtype}")
-    if x.dim() == 0 or x.shape[-1] % block_size:
-        raise ValueError(f"x: last dim must be a multiple of {block_size}, got shape {tuple(x.shape)}")
+    check_fp4_input(x, block_size, INPUT_DTYPES)
     if scale_mode not in SCALE_MODES:
         raise ValueError(f"scale_mode must be one of {SCALE_MODES}, got {scale_mode!r}")
 
@@ -54,17 +52,7 @@ def check_quantize_args(x: torch.Tensor, block_size: int, scale_mode: str) -> No
 def check_dequantize_args(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, block_size: int) -> None:
     """Raise TypeError/ValueError naming the bad argument. Shared with the kernel launchers."""
     _check_block_size(block_size)
-    if dtype not in OUTPUT_DTYPES:
-        raise TypeError(f"dtype must be one of {OUTPUT_DTYPES}, got {dtype}")
-    for name, t in (("codes", codes), ("scales", scales)):
-        if t.dtype != torch.uint8:
-            raise TypeError(f"{name}: dtype must be torch.uint8, got {t.dtype}")
-    same_rows = codes.dim() > 0 and codes.shape[:-1] == scales.shape[:-1]
-    if not same_rows or codes.shape[-1] * 2 != scales.shape[-1] * block_size:
-        raise ValueError(
-            f"codes {tuple(codes.shape)} and scales {tuple(scales.shape)} do not describe one MXFP4 tensor: "
-            f"need codes [..., K//2] and scales [..., K//{block_size}]"
-        )
+    check_packed_fp4(codes, scales, dtype, block_size, OUTPUT_DTYPES, "MXFP4")
 
 
 def quantize_mxfp4(

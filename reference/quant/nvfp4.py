@@ -45,6 +45,7 @@ from reference.formats.e2m1 import E2M1_MAX, SIGN_BIT, decode_e2m1, encode_e2m1
 from reference.formats.e4m3 import decode_e4m3, encode_e4m3
 from reference.formats.nibbles import pack_nibbles, unpack_nibbles
 from reference.quant.nvfp4_global_scale import GlobalScale, decode_value, encode_value
+from reference.quant.packed_fp4 import check_fp4_input, check_packed_fp4
 
 NVFP4_BLOCK_SIZE = 16
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -58,10 +59,7 @@ def _check_scale_device(value: torch.Tensor, device: torch.device, first: str) -
 
 def check_quantize_args(x: torch.Tensor, global_scale: GlobalScale) -> torch.Tensor:
     """Raise TypeError/ValueError naming the bad argument; returns s_enc. Shared with the kernel launchers."""
-    if not isinstance(x, torch.Tensor) or x.dtype not in INPUT_DTYPES:
-        raise TypeError(f"x: dtype must be one of {INPUT_DTYPES}, got {getattr(x, 'dtype', type(x).__name__)}")
-    if x.dim() == 0 or x.shape[-1] % NVFP4_BLOCK_SIZE:
-        raise ValueError(f"x: last dim must be a multiple of {NVFP4_BLOCK_SIZE}, got shape {tuple(x.shape)}")
+    check_fp4_input(x, NVFP4_BLOCK_SIZE, INPUT_DTYPES)
     s = encode_value(global_scale)
     _check_scale_device(s, x.device, "x")
     return s
@@ -70,17 +68,7 @@ def check_quantize_args(x: torch.Tensor, global_scale: GlobalScale) -> torch.Ten
 def check_dequantize_args(codes: torch.Tensor, scales: torch.Tensor, global_scale: GlobalScale,
                           dtype: torch.dtype) -> torch.Tensor:
     """Raise TypeError/ValueError naming the bad argument; returns s_dec. Shared with the kernel launchers."""
-    if dtype not in OUTPUT_DTYPES:
-        raise TypeError(f"dtype must be one of {OUTPUT_DTYPES}, got {dtype}")
-    for name, t in (("codes", codes), ("scales", scales)):
-        if t.dtype != torch.uint8:
-            raise TypeError(f"{name}: dtype must be torch.uint8, got {t.dtype}")
-    same_rows = codes.dim() > 0 and codes.shape[:-1] == scales.shape[:-1]
-    if not same_rows or codes.shape[-1] * 2 != scales.shape[-1] * NVFP4_BLOCK_SIZE:
-        raise ValueError(
-            f"codes {tuple(codes.shape)} and scales {tuple(scales.shape)} do not describe one NVFP4 tensor: "
-            f"need codes [..., K//2] and scales [..., K//{NVFP4_BLOCK_SIZE}]"
-        )
+    check_packed_fp4(codes, scales, dtype, NVFP4_BLOCK_SIZE, OUTPUT_DTYPES, "NVFP4")
     t = decode_value(global_scale)
     _check_scale_device(t, codes.device, "codes")
     return t

@@ -135,10 +135,10 @@ def all_bf16_patterns(shuffle_seed: int | None = None) -> torch.Tensor:
 _MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 
 
-def near_midpoints(exponents: tuple[int, ...] = (-120, -3, 0, 7, 100)) -> torch.Tensor:
-    """fp32 blocks probing 1-4 ulp around every E2M1 midpoint, at several scale exponents.
+def near_midpoints(exponents: tuple[int, ...] = (-120, -3, 0, 7, 100), block: int = 32) -> torch.Tensor:
+    """fp32 blocks of `block` probing 1-4 ulp around every E2M1 midpoint, at several scale exponents.
 
-    Block layout: element 0 is the amax 6 * 2**k (every mode but ceil then uses e = k), elements 1.. are
+    Block layout: element 0 is the amax 6 * 2**k (every MX mode but ceil then uses e = k), elements 1.. are
     (midpoint +- j ulp) * 2**k, so the scaled values sit exactly around the midpoints.
     """
     rows = []
@@ -152,9 +152,9 @@ def near_midpoints(exponents: tuple[int, ...] = (-120, -3, 0, 7, 100)) -> torch.
                     v = torch.nextafter(v, torch.tensor(direction, dtype=torch.float32))
                     probes.append(float(v))
             probes.append(mid)
-        for start in range(0, len(probes), 31):
-            chunk = probes[start:start + 31]
-            row = [6.0] + chunk + [0.0] * (31 - len(chunk))
+        for start in range(0, len(probes), block - 1):
+            chunk = probes[start:start + block - 1]
+            row = [6.0] + chunk + [0.0] * (block - 1 - len(chunk))
             rows.append(torch.tensor(row, dtype=torch.float64) * 2.0**k)
     return torch.stack(rows).to(torch.float32)
 

@@ -13,7 +13,8 @@ import math
 
 import torch
 
-from suites.quant.mxfp4_cases import FP32_MAX, SPECIALS, inject, random_blocks  # noqa: F401 (re-exported)
+from suites.quant.mxfp4_cases import FP32_MAX, SPECIALS, bits_of, inject, random_blocks  # noqa: F401 (re-exported)
+from suites.quant.mxfp4_cases import near_midpoints as mx_near_midpoints
 
 BLOCK = 16
 
@@ -85,7 +86,6 @@ class DequantCase:
     note: str
 
 
-_BITS_DTYPE = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
 DEQUANT_CASES = (
     DequantCase("largest", 0x7, 0x7E, 1.0, {torch.bfloat16: 0x4528, torch.float16: 0x6940, torch.float32: 0x45280000},
                 "6 * 448 = 2688 = 1.3125 * 2**11"),
@@ -107,37 +107,15 @@ DEQUANT_CASES = (
 )
 
 
-def bits_of(t: torch.Tensor) -> torch.Tensor:
-    return t.view(_BITS_DTYPE[t.dtype])
-
-
 def random_nvfp4_blocks(shape: tuple[int, ...], dtype: torch.dtype, seed: int, spread: float) -> torch.Tensor:
     """Normal data whose 16-element blocks get magnitudes 2**U(-spread, spread)."""
     return random_blocks(shape, dtype, seed, spread, block=BLOCK)
 
 
-_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
-
-
 def near_midpoints(exponents: tuple[int, ...] = (-8, -3, 0, 5, 8)) -> torch.Tensor:
     """fp32 blocks probing 1-4 ulp around every E2M1 midpoint; with s = 1, element 0 = 6 * 2**k makes the
     block scale exactly 2**k (E4M3 holds 2**-9..2**8), so r = 2**-k and the products are exact."""
-    rows = []
-    for k in exponents:
-        probes = []
-        for mid in _MIDPOINTS:
-            m = torch.tensor(mid, dtype=torch.float32)
-            for direction in (math.inf, -math.inf):
-                v = m
-                for _ in range(4):
-                    v = torch.nextafter(v, torch.tensor(direction, dtype=torch.float32))
-                    probes.append(float(v))
-            probes.append(mid)
-        for start in range(0, len(probes), BLOCK - 1):
-            chunk = probes[start:start + BLOCK - 1]
-            row = [6.0] + chunk + [0.0] * (BLOCK - 1 - len(chunk))
-            rows.append(torch.tensor(row, dtype=torch.float64) * 2.0**k)
-    return torch.stack(rows).to(torch.float32)
+    return mx_near_midpoints(exponents, block=BLOCK)
 
 
 def double_rounding_blocks() -> torch.Tensor:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from reference.quant import mxfp4 as ref
 from reference.quant.mx_scale import SCALE_MODES
+from suites.quant import fp4_checks
 from suites.quant import mxfp4_cases as cases
 from suites.tolerances import assert_exact
 
@@ -101,12 +102,8 @@ def test_amax_mantissa_thresholds(device):
 
 
 def check_named_cases(device: str, quantize=kernel.quantize_mxfp4) -> None:
-    for case in cases.QUANT_CASES:
-        for dtype in case.dtypes:
-            codes, scales = quantize(case.block(dtype).to(device), scale_mode=case.mode)
-            what = f"{case.name} [{dtype}] ({case.note})"
-            assert_exact(scales, torch.tensor([case.scale], dtype=torch.uint8), f"scale of {what}")
-            assert_exact(codes, case.expected_codes(), f"codes of {what}")
+    fp4_checks.check_named_quantize_cases(
+        cases.QUANT_CASES, lambda case, dtype: quantize(case.block(dtype).to(device), scale_mode=case.mode))
 
 
 def test_named_quantize_cases(device):
@@ -119,46 +116,27 @@ def test_named_cases_hold_for_the_reference():
 
 @pytest.mark.parametrize("case", cases.DEQUANT_CASES, ids=lambda c: c.name)
 def test_named_dequantize_cases(case, device):
-    codes = torch.zeros(1, 16, dtype=torch.uint8)
-    codes[0, 0] = case.code
-    scales = torch.tensor([[case.scale]], dtype=torch.uint8)
+    codes, scales = fp4_checks.one_code_block(case, 32)
     for dtype, bits in case.expected.items():
         for impl, dev in ((ref.dequantize_mxfp4, "cpu"), (kernel.dequantize_mxfp4, device)):
-            out = impl(codes.to(dev), scales.to(dev), dtype=dtype).cpu()
-            first = out[0, :1]
-            if bits is None:
-                assert out.isnan().all(), f"{case.name} [{dtype}]: want NaN everywhere ({case.note})"
-            else:
-                assert_exact(cases.bits_of(first), torch.tensor([bits], dtype=cases.bits_of(first).dtype),
-                             f"{case.name} [{dtype}] ({case.note})")
+            out = impl(codes.to(dev), scales.to(dev), dtype=dtype)
+            fp4_checks.assert_first_element(out, bits, f"{case.name} [{dtype}] ({case.note})")
 
 
 @pytest.mark.parametrize("special", ["nan", "inf", "-inf"])
 def test_one_nonfinite_poisons_only_its_block(special, device):
-    x = cases.random_blocks((3, 128), torch.float32, seed=7, spread=4.0)
-    poisoned = x.clone()
-    poisoned[1, 70] = cases.SPECIALS[special]  # block 2 of row 1
-    codes, scales = kernel.quantize_mxfp4(poisoned.to(device))
-    clean_codes, clean_scales = kernel.quantize_mxfp4(x.to(device))
-    assert scales[1, 2].item() == 0xFF and int(codes[1, 32:48].cpu().count_nonzero()) == 0
-    keep = torch.ones(3, 4, dtype=torch.bool)
-    keep[1, 2] = False
-    assert_exact(scales.cpu()[keep], clean_scales.cpu()[keep], "scales of neighbouring blocks")
-    keep_codes = keep.repeat_interleave(16, dim=1)
-    assert_exact(codes.cpu()[keep_codes], clean_codes.cpu()[keep_codes], "codes of neighbouring blocks")
-    out = kernel.dequantize_mxfp4(codes, scales, dtype=torch.float32).cpu()
-    assert out[1, 64:96].isnan().all() and not out[keep.repeat_interleave(32, dim=1)].isnan().any()
+    x = cases.random_blocks((3, 128), torch.float32, seed=7, spread=4.0).to(device)
+    fp4_checks.check_nonfinite_poisons_only_its_block(
+        x, 70, cases.SPECIALS[special], kernel.quantize_mxfp4,  # column 70: block 2 of row 1
+        lambda codes, scales: kernel.dequantize_mxfp4(codes, scales, dtype=torch.float32), block=32, nan_scale=0xFF)
 
 
 # Metamorphic properties (no oracle needed), on the kernel.
 @given(p=quant_problems(), cut=st.integers(0, 5), width=st.integers(1, 6))
 def test_tensor_parallel_shard_equals_shard_of_quantized(p, cut, width, device):
     x = make_input({**p, "shape": (3, 32 * 12)}).to(device)
-    codes, scales = kernel.quantize_mxfp4(x, scale_mode=p["mode"])
-    lo, hi = 32 * cut, 32 * (cut + width)
-    shard_codes, shard_scales = kernel.quantize_mxfp4(x[:, lo:hi], scale_mode=p["mode"])  # a strided view
-    assert_exact(shard_codes, codes[:, lo // 2:hi // 2], "codes of the shard")
-    assert_exact(shard_scales, scales[:, lo // 32:hi // 32], "scales of the shard")
+    fp4_checks.check_shard_of_quantized(
+        x, cut, width, lambda x: kernel.quantize_mxfp4(x, scale_mode=p["mode"]), block=32)
 
 
 @given(seed=st.integers(0, 2**31 - 1), shift=st.integers(-60, 60), mode=st.sampled_from(SCALE_MODES))
@@ -172,13 +150,8 @@ def test_power_of_two_scaling_shifts_scale_bytes(seed, shift, mode, device):
 
 @given(p=quant_problems())
 def test_sign_symmetry(p, device):
-    x = make_input(p).to(device)
-    codes, scales = kernel.quantize_mxfp4(x, scale_mode=p["mode"])
-    neg_codes, neg_scales = kernel.quantize_mxfp4(-x, scale_mode=p["mode"])
-    assert_exact(neg_scales, scales, "scales of -x")
-    finite = (scales != 0xFF).repeat_interleave(16, dim=-1)
-    # Signs of zeros are kept, so negation flips exactly the sign bit of both nibbles.
-    assert_exact(neg_codes[finite], codes[finite] ^ 0x88, "codes of -x")
+    fp4_checks.check_sign_symmetry(
+        make_input(p).to(device), lambda x: kernel.quantize_mxfp4(x, scale_mode=p["mode"]), block=32, nan_scale=0xFF)
 
 
 def test_canonicalize_neg_zero():
@@ -217,9 +190,5 @@ def test_multi_tile_launch_with_a_ragged_last_program(dtype, device, monkeypatch
        out_dtype=st.sampled_from(OUTPUT_DTYPES))
 def test_dequantize_of_a_shard_equals_shard_of_dequantized(seed, cut, width, out_dtype, device):
     """Column slices of codes/scales (strided rows, no copy) go through the kernel's non-contiguous path."""
-    gen = torch.Generator().manual_seed(seed)
-    codes = torch.randint(0, 256, (3, 16 * 12), generator=gen, dtype=torch.uint8).to(device)
-    scales = torch.randint(0, 256, (3, 12), generator=gen, dtype=torch.uint8).to(device)
-    whole = kernel.dequantize_mxfp4(codes, scales, dtype=out_dtype)
-    shard = kernel.dequantize_mxfp4(codes[:, 16 * cut:16 * (cut + width)], scales[:, cut:cut + width], dtype=out_dtype)
-    assert_exact(shard, whole[:, 32 * cut:32 * (cut + width)], "dequantized shard")
+    fp4_checks.check_shard_of_dequantized(
+        seed, cut, width, lambda codes, scales: kernel.dequantize_mxfp4(codes, scales, dtype=out_dtype), 32, device)

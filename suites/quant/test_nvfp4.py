@@ -18,7 +18,7 @@ from reference.formats.e4m3 import decode_e4m3
 from reference.quant import nvfp4 as ref
 from reference.quant.nvfp4_global_scale import DecodeScale, EncodeScale, tensor_amax
 from suites import oracles
-from suites.quant import mxfp4_cases
+from suites.quant import fp4_checks, mxfp4_cases
 from suites.quant import nvfp4_cases as cases
 from suites.tolerances import assert_exact
 
@@ -120,12 +120,9 @@ def test_double_rounding_probes(device):
 
 
 def check_named_cases(device: str, quantize=kernel.quantize_nvfp4) -> None:
-    for case in cases.QUANT_CASES:
-        for dtype in case.dtypes:
-            codes, scales = quantize(case.block(dtype).to(device), EncodeScale(case.encode_scale).to(device))
-            what = f"{case.name} [{dtype}] ({case.note})"
-            assert_exact(scales, torch.tensor([case.scale], dtype=torch.uint8), f"scale of {what}")
-            assert_exact(codes, case.expected_codes(), f"codes of {what}")
+    fp4_checks.check_named_quantize_cases(
+        cases.QUANT_CASES,
+        lambda case, dtype: quantize(case.block(dtype).to(device), EncodeScale(case.encode_scale).to(device)))
 
 
 def test_named_quantize_cases(device):
@@ -138,18 +135,12 @@ def test_named_cases_hold_for_the_reference():
 
 @pytest.mark.parametrize("case", cases.DEQUANT_CASES, ids=lambda c: c.name)
 def test_named_dequantize_cases(case, device):
-    codes = torch.zeros(1, 8, dtype=torch.uint8)
-    codes[0, 0] = case.code
-    scales = torch.tensor([[case.scale]], dtype=torch.uint8)
+    codes, scales = fp4_checks.one_code_block(case, cases.BLOCK)
     scale = DecodeScale(case.decode_scale)
     for dtype, bits in case.expected.items():
         for impl, dev in ((ref.dequantize_nvfp4, "cpu"), (kernel.dequantize_nvfp4, device)):
-            out = impl(codes.to(dev), scales.to(dev), scale.to(dev), dtype=dtype).cpu()
-            if bits is None:
-                assert out.isnan().all(), f"{case.name} [{dtype}]: want NaN everywhere ({case.note})"
-            else:
-                first = cases.bits_of(out[0, :1])
-                assert_exact(first, torch.tensor([bits], dtype=first.dtype), f"{case.name} [{dtype}] ({case.note})")
+            out = impl(codes.to(dev), scales.to(dev), scale.to(dev), dtype=dtype)
+            fp4_checks.assert_first_element(out, bits, f"{case.name} [{dtype}] ({case.note})")
 
 
 @pytest.mark.parametrize("inputs", ["bf16_all_patterns", "near_midpoints", "double_rounding", "fp32_wide_spread"])
@@ -170,18 +161,10 @@ def test_reference_matches_ml_dtypes_oracle(inputs):
 def test_one_nonfinite_poisons_only_its_block(special, device):
     x = cases.random_nvfp4_blocks((3, 64), torch.float32, seed=7, spread=4.0)
     scale = EncodeScale.from_amax(tensor_amax(x)).to(device)
-    poisoned = x.clone()
-    poisoned[1, 37] = cases.SPECIALS[special]  # block 2 of row 1
-    codes, scales = kernel.quantize_nvfp4(poisoned.to(device), scale)
-    clean_codes, clean_scales = kernel.quantize_nvfp4(x.to(device), scale)
-    assert scales[1, 2].item() == 0x7F and int(codes[1, 16:24].cpu().count_nonzero()) == 0
-    keep = torch.ones(3, 4, dtype=torch.bool)
-    keep[1, 2] = False
-    assert_exact(scales.cpu()[keep], clean_scales.cpu()[keep], "scales of neighbouring blocks")
-    keep_codes = keep.repeat_interleave(8, dim=1)
-    assert_exact(codes.cpu()[keep_codes], clean_codes.cpu()[keep_codes], "codes of neighbouring blocks")
-    out = kernel.dequantize_nvfp4(codes, scales, scale, dtype=torch.float32).cpu()
-    assert out[1, 32:48].isnan().all() and not out[keep.repeat_interleave(16, dim=1)].isnan().any()
+    fp4_checks.check_nonfinite_poisons_only_its_block(
+        x.to(device), 37, cases.SPECIALS[special], lambda x: kernel.quantize_nvfp4(x, scale),  # block 2 of row 1
+        lambda codes, scales: kernel.dequantize_nvfp4(codes, scales, scale, dtype=torch.float32),
+        block=cases.BLOCK, nan_scale=0x7F)
 
 
 # Metamorphic properties (no oracle needed), on the kernel.
@@ -189,22 +172,14 @@ def test_one_nonfinite_poisons_only_its_block(special, device):
 def test_tensor_parallel_shard_equals_shard_of_quantized(p, cut, width, device):
     x = make_input({**p, "shape": (3, 16 * 12)}).to(device)
     scale = global_scale(x.cpu(), p["source"]).to(device)
-    codes, scales = kernel.quantize_nvfp4(x, scale)
-    lo, hi = 16 * cut, 16 * (cut + width)
-    shard_codes, shard_scales = kernel.quantize_nvfp4(x[:, lo:hi], scale)  # a strided view
-    assert_exact(shard_codes, codes[:, lo // 2:hi // 2], "codes of the shard")
-    assert_exact(shard_scales, scales[:, lo // 16:hi // 16], "scales of the shard")
+    fp4_checks.check_shard_of_quantized(x, cut, width, lambda x: kernel.quantize_nvfp4(x, scale), block=cases.BLOCK)
 
 
 @given(p=quant_problems())
 def test_sign_symmetry(p, device):
     x = make_input(p).to(device)
     scale = global_scale(x.cpu(), p["source"]).to(device)
-    codes, scales = kernel.quantize_nvfp4(x, scale)
-    neg_codes, neg_scales = kernel.quantize_nvfp4(-x, scale)
-    assert_exact(neg_scales, scales, "scales of -x")
-    finite = (scales != 0x7F).repeat_interleave(8, dim=-1)
-    assert_exact(neg_codes[finite], codes[finite] ^ 0x88, "codes of -x")
+    fp4_checks.check_sign_symmetry(x, lambda x: kernel.quantize_nvfp4(x, scale), block=cases.BLOCK, nan_scale=0x7F)
 
 
 @given(seed=st.integers(0, 2**31 - 1), shift=st.integers(-30, 30))
@@ -288,14 +263,10 @@ def test_other_multiplier_path(dtype, device, monkeypatch):
        out_dtype=st.sampled_from(OUTPUT_DTYPES))
 def test_dequantize_of_a_shard_equals_shard_of_dequantized(seed, cut, width, out_dtype, device):
     """Column slices of codes/scales (strided rows, no copy) go through the kernel's non-contiguous path."""
-    gen = torch.Generator().manual_seed(seed)
-    codes = torch.randint(0, 256, (3, 8 * 12), generator=gen, dtype=torch.uint8).to(device)
-    scales = torch.randint(0, 256, (3, 12), generator=gen, dtype=torch.uint8).to(device)
     scale = DecodeScale(0.37).to(device)
-    whole = kernel.dequantize_nvfp4(codes, scales, scale, dtype=out_dtype)
-    shard = kernel.dequantize_nvfp4(codes[:, 8 * cut:8 * (cut + width)], scales[:, cut:cut + width], scale,
-                                    dtype=out_dtype)
-    assert_exact(shard, whole[:, 16 * cut:16 * (cut + width)], "dequantized shard")
+    fp4_checks.check_shard_of_dequantized(
+        seed, cut, width, lambda codes, scales: kernel.dequantize_nvfp4(codes, scales, scale, dtype=out_dtype),
+        cases.BLOCK, device)
 
 
 # Boundary: bad input raises an error that names the argument, in the reference and the kernel alike.
