@@ -42,3 +42,13 @@ def packed_rows(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor
     contiguous = scale_rows.shape[0] == 1 or (
         code_rows.stride(0) == codes.shape[-1] and scale_rows.stride(0) == scales.shape[-1])
     return code_rows, scale_rows, contiguous
+
+
+def packed_fp4_outputs(x: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """x as rows, and the empty packed-FP4 outputs of quantizing it: codes [..., K/2], scale bytes
+    [..., K/block_size] (uint8), with the number of blocks."""
+    rows = as_rows(x, "x")
+    k = x.shape[-1]
+    codes = torch.empty(*x.shape[:-1], k // 2, dtype=torch.uint8, device=x.device)
+    scales = torch.empty(*x.shape[:-1], k // block_size, dtype=torch.uint8, device=x.device)
+    return rows, codes, scales, rows.shape[0] * (k // block_size)

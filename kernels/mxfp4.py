@@ -24,9 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._boundary import as_rows, check_device, runs_interpreted
+from kernels._boundary import check_device, runs_interpreted
 from kernels._e2m1 import e2m1_code, round_index
-from kernels._tiles import block_offsets, load_block_words, packed_rows, word_rows
+from kernels._tiles import block_offsets, load_block_words, packed_fp4_outputs, packed_rows, word_rows
 from reference.quant.mx_scale import SCALE_MODES
 from reference.quant.mxfp4 import MX_BLOCK_SIZE, check_dequantize_args, check_quantize_args
 
@@ -202,11 +202,8 @@ def launch_quantize(x: torch.Tensor, block_size: int, scale_mode: str, fault: st
     """Validate, allocate and launch; `fault` plants a named bug (negative controls only)."""
     check_quantize_args(x, block_size, scale_mode)
     check_device(x=x)
-    rows = as_rows(x, "x")
+    rows, codes, scales, n_blocks = packed_fp4_outputs(x, MX_BLOCK_SIZE)
     k = x.shape[-1]
-    codes = torch.empty(*x.shape[:-1], k // 2, dtype=torch.uint8, device=x.device)
-    scales = torch.empty(*x.shape[:-1], k // MX_BLOCK_SIZE, dtype=torch.uint8, device=x.device)
-    n_blocks = rows.shape[0] * (k // MX_BLOCK_SIZE)
     if n_blocks:
         words = word_rows(rows)
         blocks, tiles, warps = _INTERPRETER if runs_interpreted(x.device) else _QUANTIZE_GPU[x.dtype]

@@ -42,9 +42,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._boundary import as_rows, check_device, runs_interpreted
+from kernels._boundary import check_device, runs_interpreted
 from kernels._e2m1 import e2m1_code_of_clamped
-from kernels._tiles import block_offsets, load_block_words, packed_rows, word_rows
+from kernels._tiles import block_offsets, load_block_words, packed_fp4_outputs, packed_rows, word_rows
 from reference.formats.e4m3 import decode_e4m3
 from reference.quant.nvfp4 import NVFP4_BLOCK_SIZE, check_dequantize_args, check_quantize_args
 from reference.quant.nvfp4_global_scale import DecodeScale, EncodeScale, GlobalScale
@@ -253,11 +253,8 @@ def launch_quantize(x: torch.Tensor, encode_scale: torch.Tensor, fault: str = "n
     """Validate, allocate and launch; `fault` plants a named bug (negative controls only)."""
     check_quantize_args(x, EncodeScale(encode_scale))
     check_device(x=x, encode_scale=encode_scale)
-    rows = as_rows(x, "x")
+    rows, codes, scales, n_blocks = packed_fp4_outputs(x, NVFP4_BLOCK_SIZE)
     k = x.shape[-1]
-    codes = torch.empty(*x.shape[:-1], k // 2, dtype=torch.uint8, device=x.device)
-    scales = torch.empty(*x.shape[:-1], k // NVFP4_BLOCK_SIZE, dtype=torch.uint8, device=x.device)
-    n_blocks = rows.shape[0] * (k // NVFP4_BLOCK_SIZE)
     if n_blocks:
         words = word_rows(rows)
         blocks, tiles, warps = _INTERPRETER if runs_interpreted(x.device) else _QUANTIZE_GPU[x.dtype]

@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import torch
 
-from bench.quant.sweeps import compiled, eager_skip, kernel, sweeps, triton_skip
-from bench.registry import Case, Impl, OpBench, register
+from bench.quant.sweeps import quant_op, sweeps
+from bench.registry import Case, OpBench, register
 from reference.quant.fp8 import quantize_fp8
 
 K = 7168
@@ -43,17 +43,8 @@ def _with(get_fn: Callable[[], Callable], ue8m0: bool) -> Callable[[torch.Tensor
 
 
 def _op(name: str, ue8m0: bool) -> OpBench:
-    impls = (
-        Impl("reference-eager", _with(lambda: quantize_fp8, ue8m0), eager_skip(EAGER_TEMPORARIES, EAGER_GPU_MAX_MIB)),
-        Impl("reference-compiled", _with(lambda: compiled(quantize_fp8), ue8m0), gated=False),
-        Impl("triton", _with(lambda: kernel("kernels.fp8_quant", "quantize_fp8"), ue8m0), triton_skip),
-    )
-    return OpBench(
-        name=name, area="quant", dtype="bfloat16->e4m3fn", x_name="bf16_MiB", sweeps=sweeps(K),
-        make_inputs=inputs, impls=impls, bytes_model=fp8_group_bytes, flops_model=lambda case: 0, roof="memcpy",
-        baselines=("reference-eager", "reference-compiled"), compare_to="reference-compiled",
-        headline=(("triton", "reference-compiled"), ("triton", "memcpy")),
-    )
+    return quant_op(name, "bfloat16->e4m3fn", sweeps(K), inputs, fp8_group_bytes, lambda get_fn: _with(get_fn, ue8m0),
+                    quantize_fp8, "kernels.fp8_quant", "quantize_fp8", EAGER_TEMPORARIES, EAGER_GPU_MAX_MIB)
 
 
 GROUP_QUANT = register(_op("fp8_group128_quantize", ue8m0=False))

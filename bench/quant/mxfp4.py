@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 import torch
 
-from bench.quant.sweeps import compiled, eager_skip, kernel, sweeps, triton_skip
-from bench.registry import Case, Impl, OpBench, register
+from bench.quant.sweeps import quant_op, sweeps
+from bench.registry import Case, OpBench, register
 from reference.quant.mxfp4 import MX_BLOCK_SIZE, dequantize_mxfp4, quantize_mxfp4
 
 K = 4096
@@ -76,21 +76,9 @@ def _dequantize_with(get_fn: Callable[[], Callable]) -> Callable[[tuple], Callab
     return factory
 
 
-def _op(name: str, kind: str, dtype: str, make_inputs: Callable, wrap: Callable, reference: Callable
-        ) -> OpBench:
-    impls = (
-        Impl("reference-eager", wrap(lambda: reference), eager_skip(EAGER_TEMPORARIES[kind], EAGER_GPU_MAX_MIB)),
-        # A peer, not gated: on the H200 (torch 2.11) inductor's build of dequantize disagrees with the eager
-        # reference on ~1/16 of outputs (it drops the sign of -0.0), so it is measured and its mismatch reported.
-        Impl("reference-compiled", wrap(lambda: compiled(reference)), gated=False),
-        Impl("triton", wrap(lambda: kernel("kernels.mxfp4", f"{kind}_mxfp4")), triton_skip),
-    )
-    return OpBench(
-        name=name, area="quant", dtype=dtype, x_name="bf16_MiB", sweeps=SWEEPS, make_inputs=make_inputs,
-        impls=impls, bytes_model=mxfp4_bytes, flops_model=lambda case: 0, roof="memcpy",
-        baselines=("reference-eager", "reference-compiled"), compare_to="reference-compiled",
-        headline=(("triton", "reference-compiled"), ("triton", "memcpy")),
-    )
+def _op(name: str, kind: str, dtype: str, make_inputs: Callable, wrap: Callable, reference: Callable) -> OpBench:
+    return quant_op(name, dtype, SWEEPS, make_inputs, mxfp4_bytes, wrap, reference, "kernels.mxfp4", f"{kind}_mxfp4",
+                    EAGER_TEMPORARIES[kind], EAGER_GPU_MAX_MIB)
 
 
 QUANTIZE = register(_op("mxfp4_quantize", "quantize", "bfloat16->mxfp4", quantize_inputs, _quantize_with,

@@ -21,8 +21,8 @@ from collections.abc import Callable
 
 import torch
 
-from bench.quant.sweeps import compiled, eager_skip, kernel, sweeps, triton_skip
-from bench.registry import AccuracyReport, Case, Impl, OpBench, register, register_accuracy
+from bench.quant.sweeps import quant_op, sweeps
+from bench.registry import AccuracyReport, Case, OpBench, register, register_accuracy
 from reference.quant.nvfp4 import NVFP4_BLOCK_SIZE, dequantize_nvfp4, quantize_nvfp4
 from reference.quant.nvfp4_fused_w13 import W13_POLICIES, NVFP4Tensor, fuse_w13
 from reference.quant.nvfp4_global_scale import DecodeScale, EncodeScale, tensor_amax
@@ -80,17 +80,8 @@ def _dequantize_with(get_fn: Callable[[], Callable]) -> Callable[[tuple], Callab
 
 
 def _op(name: str, kind: str, dtype: str, make_inputs: Callable, wrap: Callable, reference: Callable) -> OpBench:
-    impls = (
-        Impl("reference-eager", wrap(lambda: reference), eager_skip(EAGER_TEMPORARIES[kind], EAGER_GPU_MAX_MIB)),
-        Impl("reference-compiled", wrap(lambda: compiled(reference)), gated=False),
-        Impl("triton", wrap(lambda: kernel("kernels.nvfp4", f"{kind}_nvfp4")), triton_skip),
-    )
-    return OpBench(
-        name=name, area="quant", dtype=dtype, x_name="bf16_MiB", sweeps=sweeps(K), make_inputs=make_inputs,
-        impls=impls, bytes_model=nvfp4_bytes, flops_model=lambda case: 0, roof="memcpy",
-        baselines=("reference-eager", "reference-compiled"), compare_to="reference-compiled",
-        headline=(("triton", "reference-compiled"), ("triton", "memcpy")),
-    )
+    return quant_op(name, dtype, sweeps(K), make_inputs, nvfp4_bytes, wrap, reference, "kernels.nvfp4",
+                    f"{kind}_nvfp4", EAGER_TEMPORARIES[kind], EAGER_GPU_MAX_MIB)
 
 
 QUANTIZE = register(_op("nvfp4_quantize", "quantize", "bfloat16->nvfp4", quantize_inputs, _quantize_with,

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from bench.registry import Case, Unavailable
+from bench.registry import Case, Impl, OpBench, Unavailable
 
 MIB = 1 << 20
 FULL_MIB = (1, 16, 64, 256, 1024)
@@ -77,3 +77,25 @@ def triton_skip(case: Case, backend: str) -> str | None:
     if backend == "cpu":
         return "Triton kernels need a GPU (the CPU interpreter is not a performance target)"
     return None
+
+
+def quant_op(
+    name: str, dtype: str, sweep: dict[str, list[Case]], make_inputs: Callable, bytes_model: Callable[[Case], int],
+    wrap: Callable, reference: Callable, kernel_module: str, kernel_name: str, eager_temporaries: float,
+    eager_gpu_max_mib: int,
+) -> OpBench:
+    """A bandwidth-bound quantization op: the eager reference (the baseline every row is checked against),
+    torch.compile of it (a peer, not gated: on the H200, torch 2.11, inductor's build of the MXFP4 dequantize
+    reference drops the sign of -0.0 on ~1/16 of outputs, so its mismatches are reported, not failed), and
+    the Triton kernel; measured against memcpy. `wrap(get_fn)` turns a function getter into an impl factory."""
+    impls = (
+        Impl("reference-eager", wrap(lambda: reference), eager_skip(eager_temporaries, eager_gpu_max_mib)),
+        Impl("reference-compiled", wrap(lambda: compiled(reference)), gated=False),
+        Impl("triton", wrap(lambda: kernel(kernel_module, kernel_name)), triton_skip),
+    )
+    return OpBench(
+        name=name, area="quant", dtype=dtype, x_name="bf16_MiB", sweeps=sweep, make_inputs=make_inputs,
+        impls=impls, bytes_model=bytes_model, flops_model=lambda case: 0, roof="memcpy",
+        baselines=("reference-eager", "reference-compiled"), compare_to="reference-compiled",
+        headline=(("triton", "reference-compiled"), ("triton", "memcpy")),
+    )
