@@ -32,7 +32,8 @@ SWEEPS = ("small", "full")
 # The order is the run order: the many DeepSeek-V3 block-FP8 shapes go last, so that a bench cut short by a
 # time budget has measured the other families.
 FAMILY_MODULES = (
-    "bench.quant.mxfp4", "bench.quant.fp8", "bench.quant.nvfp4", "bench.gemm.w4a16_mxfp4", "bench.gemm.block_fp8",
+    "bench.quant.mxfp4", "bench.quant.fp8", "bench.quant.nvfp4", "bench.gemm.w4a16_mxfp4", "bench.kv.zeroer",
+    "bench.gemm.block_fp8",
 )
 
 

@@ -206,6 +206,19 @@ def test_one_launch_for_every_group(device, monkeypatch):
     assert len(launches) == 1 and launches[0][1] == 2 + 4  # 2 packed rows + 2 layers x (K, V)
 
 
+def test_many_chunks_per_segment_and_rows_of_different_lengths(device):
+    """Small programs (64 bytes each): a segment spans many chunks, and the shorter rows' extra chunks of the
+    shared grid must store nothing."""
+    def small_chunks(buffers, table, block_ids):
+        kernel.launch_zero_kv_blocks(buffers, table, block_ids, chunk_bytes=64)
+
+    groups = build(dict(num_blocks=3, mamba=False, groups=[
+        (FP8DsMLASpec(block_size=1), 1, False),  # 656 B segments: 11 chunks
+        (MLASpec(block_size=1, kv_lora_rank=8, rope_dim=8), 2, True)]), device)  # 32 B segments: 1 chunk
+    fill_canaries(groups, seed=17)
+    check_zeroing(groups, [2, 0], device, zero=small_chunks)
+
+
 def test_no_block_ids_is_a_no_op(device):
     groups = dsv4_packed(num_blocks=2, device=device)
     fill_canaries(groups, seed=5)

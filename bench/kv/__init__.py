@@ -1,0 +1,1 @@
+"""KV-cache benchmarks (reference/kv, kernels/): one module per op family."""
