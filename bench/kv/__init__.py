@@ -1,0 +1,1 @@
+"""KV-cache benchmarks and launch sweeps."""
