@@ -157,9 +157,10 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
     blocks, positions = slots // block_size, slots % block_size
     for x, cache, scale in ((key, k_cache, k_scale), (value, v_cache, v_scale)):
         rows = x[valid]
-        if cache.dtype == torch.float8_e4m3fn:
-            rows, scales = quantize_fp8(rows, granularity="token")
+        if cache.dtype == torch.float8_e4m3fn:  # written as bytes: indexed writes of float8 need no device support
+            codes, scales = quantize_fp8(rows, granularity="token")
             _write(scale.unsqueeze(-1), layout, blocks, positions, scales)
+            cache, rows = cache.view(torch.uint8), codes.view(torch.uint8)
         _write(cache, layout, blocks, positions, rows)
 
 
