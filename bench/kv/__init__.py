@@ -1,1 +1,1 @@
-"""KV-cache benchmarks (reference/kv, kernels/): one module per op family."""
+"""KV-cache benchmarks and launch sweeps (reference/kv, kernels/): one module per op family."""
