@@ -54,7 +54,7 @@ def lossy_check(family: str):
 
     def check(out: Any, baseline: Any) -> str:
         try:
-            from suites.tolerances import lossy_bound, lossy_metrics
+            from suites.tolerances import lossy_bound, lossy_metrics, nonfinite_agreement
         except ImportError as err:  # an installed wheel without the repository's suites
             return f"unchecked (suites.tolerances not importable: {err})"
         outs, refs = as_tensors(out), as_tensors(baseline)
@@ -65,7 +65,10 @@ def lossy_check(family: str):
             if o.shape != r.shape or o.dtype != r.dtype:
                 return f"mismatch: output {i} is {o.dtype} {list(o.shape)}, baseline {r.dtype} {list(r.shape)}"
             bound = lossy_bound(family, o.dtype)
-            r = r.to(o.device)
+            problem, finite = nonfinite_agreement(o, r)
+            if problem is not None:
+                return f"mismatch: {problem}"
+            o, r = o.detach().cpu()[finite], r.detach().cpu()[finite]
             metrics = lossy_metrics(o, r, r)
             if not (metrics.max_rel <= bound.max_rel and metrics.rms_rel <= bound.rms_rel):
                 return f"mismatch: max_rel {metrics.max_rel:.3g} (bound {bound.max_rel:g}), " \

@@ -176,6 +176,7 @@ def launch_store_kv(key, value, k_cache, v_cache, slot_mapping, layout, k_scale,
     if fp8:
         tensors.update(k_scale=k_scale, v_scale=v_scale)
     device = check_device(**tensors)
+    slot_mapping = slot_mapping.contiguous()  # the kernel reads slot i at slot_ptr + i (a slice may stride)
     num_tokens, heads = key.shape[0], key.shape[1]
     if num_tokens == 0:
         return
@@ -199,6 +200,7 @@ def launch_store_kv(key, value, k_cache, v_cache, slot_mapping, layout, k_scale,
 
 def _launch_packed(latent, data, scales, slot_mapping, num_blocks, block_size, fmt, fault):
     check_device(latent=latent, data=data, scales=scales, slot_mapping=slot_mapping)
+    slot_mapping = slot_mapping.contiguous()  # the kernel reads slot i at slot_ptr + i (a slice may stride)
     if latent.shape[0] == 0:
         return
     if fmt == "fp8_ds_mla":  # [codes | 4 fp32 scales | RoPE] in one entry

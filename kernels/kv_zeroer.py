@@ -100,6 +100,7 @@ def launch_zero_kv_blocks(buffers, table, block_ids, fault="none", chunk_bytes=N
     override the launch shape (the launch sweep)."""
     check_zero_kv_blocks_args(buffers, table, block_ids)
     device = check_device(block_ids=block_ids, **{f"buffers[{i}]": b for i, b in enumerate(buffers)})
+    block_ids = block_ids.contiguous()  # the kernel reads id i at block_ids_ptr + i (a slice may stride)
     base, words, word, vec = plan(buffers, table)
     if block_ids.numel() == 0 or not words:
         return

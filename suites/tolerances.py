@@ -134,14 +134,25 @@ def lossy_bound(family: str, dtype: torch.dtype) -> LossyBound:
         raise KeyError(f"no tolerance row for ({family!r}, {dtype}); add one to suites/tolerances.py") from None
 
 
+def nonfinite_agreement(got: torch.Tensor, mirror: torch.Tensor) -> tuple[str | None, torch.Tensor]:
+    """Lossy outputs must put NaN and each signed infinity where the mirror does (those are exact facts, not
+    rounding); returns (what differs or None, the mask of entries finite in the mirror to measure)."""
+    got, mirror = got.detach().cpu(), mirror.detach().cpu()
+    for name, test in (("NaN", torch.isnan), ("+Inf", torch.isposinf), ("-Inf", torch.isneginf)):
+        differ = test(got) != test(mirror)
+        if differ.any():
+            return f"{name} positions differ at {int(differ.sum())} of {differ.numel()}", differ
+    return None, torch.isfinite(mirror)
+
+
 def assert_lossy(family: str, got: torch.Tensor, mirror: torch.Tensor, ideal: torch.Tensor,
                  what: str = "output") -> LossyMetrics:
     """Check `got` against both references with the family's row; returns the metrics for reporting."""
     assert got.shape == mirror.shape == ideal.shape, (
         f"{what}: shapes got {tuple(got.shape)}, mirror {tuple(mirror.shape)}, ideal {tuple(ideal.shape)}")
-    assert torch.equal(got.detach().cpu().isnan(), mirror.detach().cpu().isnan()), f"{what}: NaN positions differ"
+    problem, finite = nonfinite_agreement(got, mirror)
+    assert problem is None, f"{what}: {problem}"
     bound = lossy_bound(family, got.dtype)
-    finite = ~mirror.detach().cpu().isnan()
     metrics = lossy_metrics(got.detach().cpu()[finite], mirror.detach().cpu()[finite], ideal.detach().cpu()[finite])
     problems = []
     if not metrics.max_rel <= bound.max_rel:

@@ -58,8 +58,17 @@ class MambaSpec:
 
 
 def _extra_groups_for_head_shards(n_groups: int, tp: int) -> int:
-    # Groups are replicated so that every tensor-parallel head shard carries its group (note §3.1).
+    # Groups are replicated so that every tensor-parallel head shard carries its group (note §3.1); vLLM's
+    # mixer allows only n_groups % tp == 0 or a single group (replicated tp times).
+    if n_groups % tp and n_groups != 1:
+        raise ValueError(f"n_groups: must divide by tp={tp} or be 1, got {n_groups}")
     return 0 if n_groups % tp == 0 else tp - n_groups
+
+
+def _check_shards(tp: int, **heads: int) -> None:
+    for name, value in heads.items():
+        if value % tp:
+            raise ValueError(f"{name}: must divide by tp={tp}, got {value}")
 
 
 def mamba2_state_shapes(*, intermediate_size: int, n_groups: int, num_heads: int, head_dim: int, state_size: int,
@@ -69,6 +78,7 @@ def mamba2_state_shapes(*, intermediate_size: int, n_groups: int, num_heads: int
     for name, value in (("intermediate_size", intermediate_size), ("n_groups", n_groups), ("num_heads", num_heads),
                         ("head_dim", head_dim), ("state_size", state_size), ("conv_kernel", conv_kernel), ("tp", tp)):
         check_count(name, value)
+    _check_shards(tp, num_heads=num_heads, intermediate_size=intermediate_size)
     n_groups += _extra_groups_for_head_shards(n_groups, tp)
     conv_dim = intermediate_size + 2 * n_groups * state_size
     return (conv_kernel - 1, conv_dim // tp), (num_heads // tp, head_dim, state_size)
@@ -81,6 +91,7 @@ def gated_delta_net_state_shapes(*, num_k_heads: int, num_v_heads: int, head_k_d
     for name, value in (("num_k_heads", num_k_heads), ("num_v_heads", num_v_heads), ("head_k_dim", head_k_dim),
                         ("head_v_dim", head_v_dim), ("conv_kernel", conv_kernel), ("tp", tp)):
         check_count(name, value)
+    _check_shards(tp, num_k_heads=num_k_heads, num_v_heads=num_v_heads)
     conv_dim = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
     return (conv_kernel - 1, conv_dim // tp), (num_v_heads // tp, head_v_dim, head_k_dim)
 

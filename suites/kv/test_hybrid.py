@@ -113,6 +113,13 @@ def test_padded_attention_pages_still_pass_the_geometry_check():
     (lambda: gated_delta_net_state_shapes(num_k_heads=16, num_v_heads=32, head_k_dim=128, head_v_dim=128,
                                           conv_kernel=0), "conv_kernel"),
     (lambda: unify_page_sizes({}), "specs"),
+    # shardings vLLM's mixers refuse (the shapes would silently floor or carry a negative group count)
+    (lambda: mamba2_state_shapes(intermediate_size=8192, n_groups=3, num_heads=128, head_dim=64, state_size=128,
+                                 conv_kernel=4, tp=2), "n_groups"),
+    (lambda: mamba2_state_shapes(intermediate_size=384, n_groups=1, num_heads=6, head_dim=64, state_size=128,
+                                 conv_kernel=4, tp=4), "num_heads"),
+    (lambda: gated_delta_net_state_shapes(num_k_heads=4, num_v_heads=6, head_k_dim=128, head_v_dim=128,
+                                          conv_kernel=4, tp=4), "num_v_heads"),
 ])
 def test_bad_arguments_name_the_argument(call, name):
     with pytest.raises(ValueError, match=name):

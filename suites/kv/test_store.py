@@ -90,6 +90,8 @@ def attention_inputs(p: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
         x = cases.random_blocks((n, heads, size + extra), torch.float32, p["seed"] + i, p["spread"], block=size + extra)
         x = cases.inject(x, p["specials"]) if x.numel() else x
         tensors.append(x.to(p["input_dtype"])[..., :size])  # strided: a slice, as of a fused QKV output
+    if p["strided"]:  # a slice of a wider metadata tensor: the kernel must not assume stride 1
+        mapping = torch.stack([mapping, torch.full_like(mapping, 10**6)], dim=1)[:, 0]
     return tensors[0], tensors[1], mapping
 
 
