@@ -44,6 +44,9 @@ X_DTYPES = (torch.bfloat16,)
 
 def check_w4a16_args(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
     """Raise TypeError/ValueError naming the bad argument. Shared with the kernel launcher."""
+    for name, t in (("x", x), ("codes", codes), ("scales", scales)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
     if x.dtype not in X_DTYPES:
         raise TypeError(f"x: dtype must be one of {X_DTYPES}, got {x.dtype}")
     for name, t in (("codes", codes), ("scales", scales)):

@@ -75,6 +75,8 @@ def _check_cache(name: str, cache: object, dtype: torch.dtype | None = None) -> 
     cache = _check_tensor(name, cache)
     if dtype is not None and cache.dtype != dtype:
         raise TypeError(f"{name}: dtype must be {dtype}, got {cache.dtype}")
+    if cache.dim() == 0:
+        raise ValueError(f"{name}: must have dimensions, got a 0-d tensor")
     if cache.shape[-1] > 1 and cache.stride(-1) != 1:
         raise ValueError(f"{name}: last dim must have stride 1, got strides {cache.stride()}")
     return cache
