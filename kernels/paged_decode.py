@@ -1,0 +1,188 @@
+"""Paged decode in Triton: one new token a sequence attends to its whole paged context (GQA), split-K.
+
+`touchstone::paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits) -> out` has the
+layouts and semantics of `reference.attention.paged` (q [B, Hq, D]; NHD bf16/fp16 caches of any strides;
+block_table int32 [B, max_blocks]; seq_lens int32 [B]) and the precision of its `paged_decode_mirror`.
+
+Two launches:
+1. `_split_kernel`, grid (B, Hkv, num_splits). A program takes one sequence, one KV head and the group's
+   Hq / Hkv query heads together (GQA-packed: the K/V bytes of a head are read once for the whole group;
+   the group is padded to 16 rows, tl.dot's smallest M). Its range of whole cache blocks is
+   `split_blocks` of the reference, computed from seq_lens on the device (no host sync, no max_seq_len
+   argument). It walks the range a tile of TILE_N tokens (TILE_N / block_size blocks, each gathered through
+   the block table) at a time with an online softmax in the exp2 domain: scores q k^T in fp32 (tensor cores,
+   fp32 accumulate), p = exp2(s * scale * log2 e - m), acc += p (rounded to the cache dtype) @ v in fp32,
+   and writes the unnormalised acc [group, D] and (m, l) in fp32. Keys and values of positions past the
+   sequence (the rest of its last block) are never loaded (masked to 0, scores to -inf), nor are the table
+   entries past its last block: NaN or garbage there cannot leak.
+2. `_combine_kernel`, grid (B, Hq): M = max m_s; out = sum 2^(m_s - M) acc_s / sum 2^(m_s - M) l_s (IEEE
+   division), rounded once to q's dtype. Empty splits hold m = -inf, l = 0, acc = 0 and weigh nothing.
+
+A sequence of length 0 (invalid for the reference) gives a 0 output here (no split holds anything).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._boundary import check_device, runs_interpreted
+from reference.attention.paged import check_num_splits, check_paged_args
+
+# Planted bugs for the suite's negative control; FAULT is a constexpr, so fault 0 compiles it away.
+FAULTS = {
+    "none": 0,
+    "block_table_off_by_one": 1,  # logical block j read through block_table[b, j + 1]
+}
+# GPU launch shapes, UNTUNED (no GPU was available when this was written; the lead runs
+# `python -m bench.attention.paged_decode_launch_sweep` on the H200 and puts the winners here with the
+# measurement): tokens per tile of the split kernel (a power of two; raised to the block size when smaller),
+# warps and pipeline stages of the split kernel, warps of the combine kernel.
+_GPU = {"tile_n": 64, "warps": 4, "stages": 2, "combine_warps": 4}
+# The interpreter costs per program and per loop step, not per element: one wide tile a step.
+_INTERPRETER = {"tile_n": 64, "warps": 4, "stages": 1, "combine_warps": 4}
+LOG2E = math.log2(math.e)
+MIN_DOT = 16  # tl.dot's smallest M, N and K
+
+
+@triton.jit
+def _split_kernel(
+    q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, acc_ptr, ml_ptr, qk_scale, num_splits,
+    q_seq_stride, q_head_stride, k_block_stride, k_pos_stride, k_head_stride,
+    v_block_stride, v_pos_stride, v_head_stride, table_stride,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD: tl.constexpr, HEAD_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, FAULT: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    length = tl.load(seq_lens_ptr + seq)
+    num_blocks = tl.cdiv(length, BLOCK_SIZE)
+    per_split = tl.cdiv(num_blocks, num_splits)
+    first = tl.minimum(split * per_split, num_blocks)
+    last = tl.minimum(first + per_split, num_blocks)
+
+    g = tl.arange(0, GROUP_PAD)
+    d = tl.arange(0, HEAD_PAD)
+    heads = kv_head * GROUP + g
+    d_ok = d < HEAD
+    q = tl.load(q_ptr + seq * q_seq_stride + heads[:, None] * q_head_stride + d[None, :],
+                mask=(g < GROUP)[:, None] & d_ok[None, :], other=0.0)
+
+    n = tl.arange(0, TILE_N)
+    in_block = n % BLOCK_SIZE
+    table_row = table_ptr + seq * table_stride
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_PAD], tl.float32)
+    for start in range(first, last, TILE_N // BLOCK_SIZE):
+        logical = start + n // BLOCK_SIZE
+        in_split = logical < last
+        valid = in_split & (logical * BLOCK_SIZE + in_block < length)
+        if FAULT == 1:
+            physical = tl.load(table_row + logical + 1, mask=in_split, other=0)
+        else:
+            physical = tl.load(table_row + logical, mask=in_split, other=0)
+        physical = physical.to(tl.int64)
+        kv_mask = valid[:, None] & d_ok[None, :]
+        k_rows = k_ptr + physical * k_block_stride + in_block * k_pos_stride + kv_head * k_head_stride
+        k = tl.load(k_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k)) * qk_scale  # [GROUP_PAD, TILE_N], log2 domain
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v_rows = v_ptr + physical * v_block_stride + in_block * v_pos_stride + kv_head * v_head_stride
+        v = tl.load(v_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    row = (seq * tl.num_programs(1) * GROUP + heads) * num_splits + split  # [B, Hq, num_splits] index
+    g_ok = g < GROUP
+    tl.store(acc_ptr + row[:, None] * HEAD + d[None, :], acc, mask=g_ok[:, None] & d_ok[None, :])
+    tl.store(ml_ptr + row * 2, m_i, mask=g_ok)
+    tl.store(ml_ptr + row * 2 + 1, l_i, mask=g_ok)
+
+
+@triton.jit
+def _combine_kernel(acc_ptr, ml_ptr, out_ptr, num_splits, out_seq_stride, out_head_stride,
+                    HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr):
+    seq = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    row = (seq * tl.num_programs(1) + head) * num_splits
+    s = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, HEAD_PAD)
+    s_ok = s < num_splits
+    m = tl.load(ml_ptr + (row + s) * 2, mask=s_ok, other=float("-inf"))
+    l_s = tl.load(ml_ptr + (row + s) * 2 + 1, mask=s_ok, other=0.0)
+    big_m = tl.max(m, axis=0)
+    big_m = tl.where(big_m == float("-inf"), 0.0, big_m)  # every split empty: weights 2^-inf = 0
+    w = tl.exp2(m - big_m)
+    acc = tl.load(acc_ptr + (row + s)[:, None] * HEAD + d[None, :], mask=s_ok[:, None] & (d < HEAD)[None, :],
+                  other=0.0)
+    num = tl.sum(w[:, None] * acc, axis=0)
+    den = tl.sum(w * l_s, axis=0)
+    out = tl.where(den == 0.0, 0.0, tl.div_rn(num, tl.full(num.shape, 1.0, tl.float32) * den))
+    tl.store(out_ptr + seq * out_seq_stride + head * out_head_stride + d, out.to(out_ptr.dtype.element_ty),
+             mask=d < HEAD)
+
+
+def _config(device: torch.device) -> dict:
+    return _INTERPRETER if runs_interpreted(device) else _GPU
+
+
+def launch_paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, fault="none"):
+    """Validate and launch both kernels; `fault` plants a named bug (negative controls only)."""
+    check_paged_args(q, k_cache, v_cache, block_table, seq_lens, None, scale)
+    check_num_splits(num_splits)
+    if q.stride(-1) != 1 and q.shape[-1] > 1:
+        raise ValueError(f"q: last dim must have stride 1, got strides {q.stride()}")
+    device = check_device(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens)
+    batch, hq, head = q.shape
+    block_size, hkv = k_cache.shape[1], k_cache.shape[2]
+    if block_size & (block_size - 1):
+        raise ValueError(f"k_cache: block size must be a power of two, got {block_size}")
+    out = torch.empty(q.shape, dtype=q.dtype, device=device)
+    if out.numel() == 0:
+        return out
+    cfg = _config(device)
+    group = hq // hkv
+    head_pad = max(MIN_DOT, triton.next_power_of_2(head))
+    tile_n = max(cfg["tile_n"], block_size, MIN_DOT)
+    acc = torch.empty((batch, hq, num_splits, head), dtype=torch.float32, device=device)
+    ml = torch.empty((batch, hq, num_splits, 2), dtype=torch.float32, device=device)
+    _split_kernel[(batch, hkv, num_splits)](
+        q, k_cache, v_cache, block_table, seq_lens, acc, ml, float(scale) * LOG2E, num_splits,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0),
+        GROUP=group, GROUP_PAD=max(MIN_DOT, triton.next_power_of_2(group)), HEAD=head, HEAD_PAD=head_pad,
+        BLOCK_SIZE=block_size, TILE_N=tile_n, FAULT=FAULTS[fault], num_warps=cfg["warps"], num_stages=cfg["stages"],
+    )
+    _combine_kernel[(batch, hq)](
+        acc, ml, out, num_splits, out.stride(0), out.stride(1),
+        HEAD=head, HEAD_PAD=head_pad, SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=cfg["combine_warps"],
+    )
+    return out
+
+
+@torch.library.custom_op("touchstone::paged_decode", mutates_args=())
+def _paged_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                     seq_lens: torch.Tensor, scale: float, num_splits: int) -> torch.Tensor:
+    return launch_paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
+
+
+@_paged_decode_op.register_fake
+def _(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits):
+    check_paged_args(q, k_cache, v_cache, block_table, seq_lens, None, scale)
+    check_num_splits(num_splits)
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                 seq_lens: torch.Tensor, *, scale: float, num_splits: int = 1) -> torch.Tensor:
+    """Kernel twin of `reference.attention.paged.paged_decode_mirror` (same arguments), [B, Hq, D]."""
+    return torch.ops.touchstone.paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)

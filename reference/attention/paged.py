@@ -1,0 +1,181 @@
+"""Paged attention: softmax(q k^T * scale) v over each sequence's tokens, read through its block table.
+
+Layouts (vLLM v1, note §1.1; the caches are the "k"/"v" views of reference.kv.attention, NHD):
+- q [T, Hq, D], bf16 or fp16: T query tokens of B sequences, sequence b's tokens at rows
+  cu_seqlens[b] : cu_seqlens[b + 1] (cu_seqlens int32 [B + 1], starting at 0, non-decreasing). Decode is
+  one new token a sequence: T = B, cu_seqlens = arange(B + 1).
+- k_cache, v_cache [num_blocks, block_size, Hkv, D], the dtype of q; any strides, last dim contiguous.
+- block_table int32 [B, max_blocks]: token p of sequence b lies at block block_table[b, p // block_size],
+  position p % block_size. Entries past cdiv(seq_lens[b], block_size) are unused and may hold any value
+  (-1, a block of another sequence, garbage): nothing reads them. Two sequences may point at the same
+  blocks (a shared prefix).
+- seq_lens int32 [B]: tokens in the cache for each sequence, the new ones included (they were stored before
+  attention runs), 1 <= seq_lens[b] <= max_blocks * block_size, and at least the sequence's query count.
+- GQA: Hq = group * Hkv; query head h reads KV head h // group.
+
+Causality: query i of a sequence of length L with n new tokens sits at position L - n + i and attends to
+positions 0 .. L - n + i (a cached prefix of L - n tokens, then the new tokens causally). Decode: n = 1, the
+query attends to all L tokens.
+
+`paged_attention_ideal` is the definition: fp64 on the stored operands (one exp, one sum, one division per
+row), output float64. `paged_decode_mirror` follows the precision of the split-K decode kernel
+(kernels.paged_decode): scores q . k in fp32 (exact products, fp32 sums), scaled in fp32; the context of a
+sequence split into `num_splits` ranges of whole cache blocks (`split_blocks`); per split the max m_s,
+p = exp(s - m_s) in fp32, l_s = sum p in fp32, acc_s = (p rounded to the cache dtype) @ v summed in fp32
+(the kernel feeds p to the tensor cores in the cache dtype); combine in fp32: M = max m_s,
+out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s; one rounding to q's dtype. Empty splits (more
+splits than blocks) contribute nothing.
+
+Edge-case policy: only the first seq_lens[b] tokens are read; whatever the cache holds elsewhere (NaN in
+unused blocks or past the end of a sequence's last block) never reaches the output. A NaN in q or in a
+key/value row a query attends to makes that query head's output NaN; +-Inf in a score makes it NaN too
+(Inf - Inf in the softmax), as torch.softmax does. The output is rounded to nearest even once (mirror);
+subnormal outputs are kept.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _tensor(name: str, t: object) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def check_paged_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                     seq_lens: torch.Tensor, cu_seqlens: torch.Tensor | None, scale: float) -> None:
+    """Shapes, dtypes and strides (no tensor values: the kernels never read them on the host); TypeError or
+    ValueError naming the argument. Shared with the kernel launcher and its fake."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_table", block_table),
+                    ("seq_lens", seq_lens)):
+        _tensor(name, t)
+    if q.dtype not in DTYPES:
+        raise TypeError(f"q: dtype must be one of {DTYPES}, got {q.dtype}")
+    if q.dim() != 3:
+        raise ValueError(f"q: must be [tokens, Hq, D], got shape {tuple(q.shape)}")
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if c.dtype != q.dtype:
+            raise TypeError(f"{name}: dtype must be q's {q.dtype}, got {c.dtype}")
+        if c.dim() != 4:
+            raise ValueError(f"{name}: must be NHD [num_blocks, block_size, Hkv, D], got shape {tuple(c.shape)}")
+        if c.shape[-1] > 1 and c.stride(-1) != 1:
+            raise ValueError(f"{name}: last dim must have stride 1, got strides {c.stride()}")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache: shape {tuple(v_cache.shape)} must equal k_cache's {tuple(k_cache.shape)}")
+    if k_cache.shape[3] != q.shape[2]:
+        raise ValueError(f"k_cache: head size {k_cache.shape[3]} must equal q's {q.shape[2]}")
+    hkv = k_cache.shape[2]
+    if hkv == 0 or q.shape[1] % hkv:
+        raise ValueError(f"q: {q.shape[1]} query heads must be a multiple of the cache's {hkv} KV heads")
+    if block_table.dtype != torch.int32 or block_table.dim() != 2:
+        raise TypeError(f"block_table: must be int32 [B, max_blocks], got {block_table.dtype} "
+                        f"shape {tuple(block_table.shape)}")
+    if block_table.shape[1] and block_table.stride(1) != 1:
+        raise ValueError(f"block_table: rows must be contiguous, got strides {block_table.stride()}")
+    if seq_lens.dtype != torch.int32 or seq_lens.dim() != 1 or seq_lens.shape[0] != block_table.shape[0]:
+        raise TypeError(f"seq_lens: must be int32 [B] with B = {block_table.shape[0]} (block_table's rows), got "
+                        f"{seq_lens.dtype} shape {tuple(seq_lens.shape)}")
+    if cu_seqlens is None:
+        if q.shape[0] != seq_lens.shape[0]:
+            raise ValueError(f"q: decode takes one token a sequence: {seq_lens.shape[0]} rows, got {q.shape[0]}")
+    else:
+        _tensor("cu_seqlens", cu_seqlens)
+        if cu_seqlens.dtype != torch.int32 or cu_seqlens.shape != (seq_lens.shape[0] + 1,):
+            raise TypeError(f"cu_seqlens: must be int32 [B + 1] = [{seq_lens.shape[0] + 1}], got "
+                            f"{cu_seqlens.dtype} shape {tuple(cu_seqlens.shape)}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+        raise ValueError(f"scale: must be a positive number, got {scale!r}")
+
+
+def _check_values(q, block_table, seq_lens, cu_seqlens, block_size, num_blocks) -> list[tuple[int, int, int]]:
+    """(first query row, query count, length) per sequence, after the host-side value checks."""
+    lens = seq_lens.tolist()
+    cu = cu_seqlens.tolist() if cu_seqlens is not None else list(range(len(lens) + 1))
+    if cu[0] != 0 or cu[-1] != q.shape[0]:
+        raise ValueError(f"cu_seqlens: must run from 0 to the {q.shape[0]} query rows, got {cu[0]} .. {cu[-1]}")
+    out = []
+    for b, length in enumerate(lens):
+        n = cu[b + 1] - cu[b]
+        if n < 0 or not n <= length <= block_table.shape[1] * block_size or length < 1:
+            raise ValueError(f"seq_lens: sequence {b} has {length} tokens and {n} queries; need "
+                             f"max(1, queries) <= length <= {block_table.shape[1] * block_size}")
+        used = block_table[b, : -(-length // block_size)]
+        if used.numel() and (int(used.min()) < 0 or int(used.max()) >= num_blocks):
+            raise ValueError(f"block_table: sequence {b} points outside the cache's {num_blocks} blocks")
+        out.append((cu[b], n, length))
+    return out
+
+
+def gather_kv(cache: torch.Tensor, table_row: torch.Tensor, length: int) -> torch.Tensor:
+    """The first `length` tokens of one sequence, [length, Hkv, D], read through its block table row."""
+    block_size = cache.shape[1]
+    pos = torch.arange(length, device=cache.device)
+    blocks = table_row.to(cache.device, torch.int64)[pos // block_size]
+    return cache[blocks, pos % block_size]
+
+
+def paged_attention_ideal(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                          seq_lens: torch.Tensor, scale: float, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+    """fp64 causal paged attention, [T, Hq, D] float64 (cu_seqlens None: decode, one query a sequence)."""
+    check_paged_args(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens, scale)
+    seqs = _check_values(q, block_table, seq_lens, cu_seqlens, k_cache.shape[1], k_cache.shape[0])
+    group = q.shape[1] // k_cache.shape[2]
+    out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
+    for b, (first, n, length) in enumerate(seqs):
+        if n == 0:
+            continue
+        k = gather_kv(k_cache, block_table[b], length).double().repeat_interleave(group, dim=1)  # [L, Hq, D]
+        v = gather_kv(v_cache, block_table[b], length).double().repeat_interleave(group, dim=1)
+        qs = q[first:first + n].double()  # [n, Hq, D]
+        scores = torch.einsum("ihd,jhd->hij", qs, k) * scale  # [Hq, n, L]
+        pos_q = torch.arange(length - n, length, device=q.device)[:, None]
+        scores = scores.masked_fill(torch.arange(length, device=q.device)[None, :] > pos_q, -torch.inf)
+        weights = torch.softmax(scores, dim=-1)
+        out[first:first + n] = torch.einsum("hij,jhd->ihd", weights, v)
+    return out
+
+
+def split_blocks(length: int, block_size: int, num_splits: int) -> list[tuple[int, int]]:
+    """The kernel's split of one sequence: split s covers cache blocks [s * per, min((s + 1) * per, n)) of its
+    n = cdiv(length, block_size) blocks, per = cdiv(n, num_splits); trailing splits may be empty."""
+    n = -(-length // block_size)
+    per = -(-n // num_splits)
+    return [(min(s * per, n), min((s + 1) * per, n)) for s in range(num_splits)]
+
+
+def check_num_splits(num_splits: int) -> None:
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1:
+        raise ValueError(f"num_splits: must be a positive int, got {num_splits!r}")
+
+
+def paged_decode_mirror(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                        seq_lens: torch.Tensor, scale: float, num_splits: int) -> torch.Tensor:
+    """Split-K decode with the kernel's precision (module docstring), [B, Hq, D] in q's dtype."""
+    check_paged_args(q, k_cache, v_cache, block_table, seq_lens, None, scale)
+    check_num_splits(num_splits)
+    block_size, group = k_cache.shape[1], q.shape[1] // k_cache.shape[2]
+    seqs = _check_values(q, block_table, seq_lens, None, block_size, k_cache.shape[0])
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    for b, (_, _, length) in enumerate(seqs):
+        k = gather_kv(k_cache, block_table[b], length).repeat_interleave(group, dim=1)  # [L, Hq, D]
+        v = gather_kv(v_cache, block_table[b], length).repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,jhd->hj", q[b].float(), k.float()) * torch.tensor(scale, dtype=torch.float32)
+        parts = []  # (m_s, l_s, acc_s) per non-empty split, fp32
+        for start, end in split_blocks(length, block_size, num_splits):
+            lo, hi = start * block_size, min(end * block_size, length)
+            if lo >= hi:
+                continue
+            s = scores[:, lo:hi]
+            m = s.max(dim=1).values
+            p = torch.exp(s - m[:, None])
+            acc = torch.einsum("hj,jhd->hd", p.to(v.dtype).float(), v[lo:hi].float())
+            parts.append((m, p.sum(dim=1), acc))
+        big_m = torch.stack([m for m, _, _ in parts]).max(dim=0).values
+        num = sum(torch.exp(m - big_m)[:, None] * acc for m, _, acc in parts)
+        den = sum(torch.exp(m - big_m) * total for m, total, _ in parts)
+        out[b] = num / den[:, None]
+    return out.to(q.dtype)

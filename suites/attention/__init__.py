@@ -1,0 +1,1 @@
+"""Attention suites: paged decode."""

@@ -1,0 +1,234 @@
+"""Paged decode: the Triton split-K kernel against `reference.attention.paged` (the fp32 split-K mirror and
+the fp64 ideal, through the ("paged_decode", dtype) rows of suites.tolerances), over drawn block sizes, GQA
+groups, head sizes, ragged lengths, split counts, block tables with holes (every byte of the cache the
+sequences do not own is NaN, so a wrong gather shows) and shared prefixes; named cases with exact outputs;
+the reference against a dense fp64 attention; argument checks; one opcheck; a negative control."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reference.attention import paged as ref
+from reference.kv.allocate import allocate_kv_cache
+from reference.kv.attention import FullAttentionSpec
+from suites.tolerances import assert_lossy
+
+kernel = pytest.importorskip("kernels.paged_decode")
+NAN_BYTE = 0xFF  # a fresh cache's every byte: 0xFFFF is NaN in bf16 and in fp16
+DTYPES = (torch.bfloat16, torch.float16)
+
+
+def make_cache(block_size: int, kv_heads: int, head: int, dtype: torch.dtype, num_blocks: int):
+    """NHD K and V views of one allocated layer (K and V interleaved per block, as the allocator lays them),
+    every element NaN until written."""
+    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=kv_heads, head_size=head, dtype=dtype)
+    views = allocate_kv_cache(spec, num_blocks, fill=NAN_BYTE).views[0]
+    return views["k"], views["v"]
+
+
+@st.composite
+def decode_problems(draw):
+    return dict(
+        dtype=draw(st.sampled_from(DTYPES)), block_size=draw(st.sampled_from([16, 32])),
+        kv_heads=draw(st.integers(1, 2)), group=draw(st.sampled_from([1, 2, 4, 8])),
+        head=draw(st.sampled_from([64, 128])), seq_lens=draw(st.lists(st.integers(1, 300), min_size=1, max_size=3)),
+        num_splits=draw(st.sampled_from([1, 2, 3, 8])), share_prefix=draw(st.booleans()),
+        extra_width=draw(st.integers(0, 2)), spare_blocks=draw(st.integers(1, 4)),
+        unused=draw(st.sampled_from(["minus_one", "garbage"])), sharpness=draw(st.sampled_from([1.0, 4.0])),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+def build(p: dict):
+    """(q, k_cache, v_cache, block_table, seq_lens, scale) on the CPU. Physical blocks are a random permutation
+    with `spare_blocks` never-owned (NaN) blocks among them; sequence 1 may share sequence 0's full leading
+    blocks; table entries past a sequence's blocks are -1 or ids of any block (spares and others' included);
+    positions past a sequence's length in its last block stay NaN."""
+    gen = torch.Generator().manual_seed(p["seed"])
+    bs, lens = p["block_size"], p["seq_lens"]
+    counts = [-(-n // bs) for n in lens]
+    shared = min(lens[0], lens[1]) // bs if p["share_prefix"] and len(lens) > 1 else 0
+    num_blocks = sum(counts) - shared + p["spare_blocks"]
+    ids = torch.randperm(num_blocks, generator=gen).tolist()
+    width = max(counts) + p["extra_width"]
+    if p["unused"] == "minus_one":
+        table = torch.full((len(lens), width), -1, dtype=torch.int32)
+    else:
+        table = torch.randint(0, num_blocks, (len(lens), width), generator=gen, dtype=torch.int32)
+    k_cache, v_cache = make_cache(bs, p["kv_heads"], p["head"], p["dtype"], num_blocks)
+    for b, (n, count) in enumerate(zip(lens, counts, strict=True)):
+        reuse = table[0, :shared].tolist() if b == 1 else []
+        own = reuse + [ids.pop() for _ in range(count - len(reuse))]
+        table[b, :count] = torch.tensor(own, dtype=torch.int32)
+        for j, block in enumerate(own[len(reuse):], start=len(reuse)):
+            fill = min(bs, n - j * bs)
+            for cache in (k_cache, v_cache):
+                cache[block, :fill] = torch.randn(cache[block, :fill].shape, generator=gen).to(p["dtype"])
+    q = (torch.randn(len(lens), p["kv_heads"] * p["group"], p["head"], generator=gen) * p["sharpness"]).to(p["dtype"])
+    return q, k_cache, v_cache, table, torch.tensor(lens, dtype=torch.int32), p["head"] ** -0.5
+
+
+def on(device: str, *tensors: torch.Tensor):
+    return [t.to(device) for t in tensors]
+
+
+def check(p: dict, device: str, fault: str = "none") -> None:
+    q, k_cache, v_cache, table, lens, scale = build(p)
+    mirror = ref.paged_decode_mirror(q, k_cache, v_cache, table, lens, scale, p["num_splits"])
+    ideal = ref.paged_attention_ideal(q, k_cache, v_cache, table, lens, scale)
+    got = kernel.launch_paged_decode(*on(device, q, k_cache, v_cache, table, lens), scale, p["num_splits"], fault)
+    assert_lossy("paged_decode", got.cpu(), mirror, ideal, f"paged decode {p}")
+
+
+@given(p=decode_problems())
+def test_paged_decode_matches_references(p, device):
+    check(p, device)
+
+
+# ---- named cases: outputs known exactly ----
+def named(dtype=torch.bfloat16, head=64, kv_heads=2, group=2, block_size=16, num_blocks=6):
+    k_cache, v_cache = make_cache(block_size, kv_heads, head, dtype, num_blocks)
+    table = torch.tensor([[4, 1, 5, 0]], dtype=torch.int32)  # out of order, block 2 and 3 never owned
+    return k_cache, v_cache, table, head ** -0.5
+
+
+def run_both(q, k_cache, v_cache, table, lens, scale, num_splits, device):
+    mirror = ref.paged_decode_mirror(q, k_cache, v_cache, table, lens, scale, num_splits)
+    got = kernel.paged_decode(*on(device, q, k_cache, v_cache, table, lens), scale=scale, num_splits=num_splits)
+    return got.cpu(), mirror
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_seq_len_one_returns_its_value_row(dtype, device):
+    """One token: its weight is exactly 1, so every query head of a group returns that token's V row, bit
+    for bit, whatever the scores; the rest of its block (NaN) is never read."""
+    k_cache, v_cache, table, scale = named(dtype)
+    gen = torch.Generator().manual_seed(7)
+    k_cache[4, 0] = torch.randn(2, 64, generator=gen).to(dtype)
+    v_cache[4, 0] = torch.randn(2, 64, generator=gen).to(dtype)
+    q = torch.randn(1, 4, 64, generator=gen).to(dtype) * 30
+    for out in run_both(q, k_cache, v_cache, table, torch.tensor([1], dtype=torch.int32), scale, 3, device):
+        want = v_cache[4, 0].repeat_interleave(2, dim=0)[None]
+        assert torch.equal(out, want), f"max diff {(out.float() - want.float()).abs().max()}"
+
+
+def test_equal_keys_give_uniform_weights(device):
+    """48 equal keys (3 blocks) and V[t, d] = t + d: every weight is exactly 1 (scores equal, p = 2^0), the
+    sums are exact integers in fp32, so the output is the mean 23.5 + d exactly, over 2 splits."""
+    k_cache, v_cache, table, scale = named()
+    gen = torch.Generator().manual_seed(8)
+    key = torch.randn(2, 64, generator=gen).bfloat16()
+    value = (torch.arange(16)[:, None, None] + torch.arange(64)[None, None, :]).expand(16, 2, 64)
+    for j, block in enumerate([4, 1, 5]):
+        k_cache[block] = key
+        v_cache[block] = (value + 16 * j).bfloat16()
+    q = torch.randn(1, 4, 64, generator=gen).bfloat16()
+    want = (23.5 + torch.arange(64, dtype=torch.float32)).bfloat16().expand(1, 4, 64)
+    for out in run_both(q, k_cache, v_cache, table, torch.tensor([48], dtype=torch.int32), scale, 2, device):
+        assert torch.equal(out, want), f"max diff {(out.float() - want.float()).abs().max()}"
+
+
+def test_one_dominant_key_takes_all_weight(device):
+    """Token 37 (block 2 of 4, the middle split of 3) scores 200 above the rest: the others weigh e^-200 = 0
+    in fp32, so the output is token 37's V row exactly; the other splits' partials must be weighed 0."""
+    k_cache, v_cache, table, scale = named(kv_heads=1, group=4)
+    gen = torch.Generator().manual_seed(9)
+    for block in (4, 1, 5, 0):
+        k_cache[block] = 0.0
+        v_cache[block] = torch.randn(16, 1, 64, generator=gen).bfloat16()
+    k_cache[5, 5] = 25.0  # q . k * scale = 64 * 25 / 8 = 200
+    q = torch.ones(1, 4, 64, dtype=torch.bfloat16)
+    for out in run_both(q, k_cache, v_cache, table, torch.tensor([50], dtype=torch.int32), scale, 3, device):
+        want = v_cache[5, 5].expand(1, 4, 64)
+        assert torch.equal(out, want), f"max diff {(out.float() - want.float()).abs().max()}"
+
+
+# ---- the references themselves ----
+def test_ideal_prefill_matches_dense_causal_attention():
+    """paged_attention_ideal with a cached prefix (3 and 0 new tokens after 37 and 5 cached) equals fp64 SDPA
+    on the gathered contiguous K/V with the query rows at the sequence's last positions."""
+    p = dict(dtype=torch.float16, block_size=16, kv_heads=2, group=2, head=64, seq_lens=[40, 5, 9], num_splits=1,
+             share_prefix=True, extra_width=1, spare_blocks=2, unused="garbage", sharpness=1.0, seed=5)
+    _, k_cache, v_cache, table, lens, scale = build(p)
+    news = [3, 5, 9]
+    q = torch.randn(sum(news), 4, 64, generator=torch.Generator().manual_seed(1)).half()
+    cu = torch.tensor([0, 3, 8, 17], dtype=torch.int32)
+    got = ref.paged_attention_ideal(q, k_cache, v_cache, table, lens, scale, cu_seqlens=cu)
+    for b, (n, length) in enumerate(zip(news, lens.tolist(), strict=True)):
+        k, v = (ref.gather_kv(c, table[b], length).double().transpose(0, 1) for c in (k_cache, v_cache))
+        qs = q[cu[b]:cu[b + 1]].double().transpose(0, 1)
+        mask = torch.arange(length)[None, :] <= torch.arange(length - n, length)[:, None]
+        want = torch.nn.functional.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale,
+                                                                enable_gqa=True)
+        torch.testing.assert_close(got[cu[b]:cu[b + 1]], want.transpose(0, 1), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_mirror_is_close_to_the_ideal(num_splits):
+    """The mirror alone (got = mirror) holds the table's SQNR floor against the ideal, at one and four splits."""
+    p = dict(dtype=torch.bfloat16, block_size=16, kv_heads=1, group=4, head=64, seq_lens=[200, 17],
+             num_splits=num_splits, share_prefix=False, extra_width=0, spare_blocks=1, unused="minus_one",
+             sharpness=4.0, seed=11)
+    q, k_cache, v_cache, table, lens, scale = build(p)
+    mirror = ref.paged_decode_mirror(q, k_cache, v_cache, table, lens, scale, num_splits)
+    assert_lossy("paged_decode", mirror, mirror, ref.paged_attention_ideal(q, k_cache, v_cache, table, lens, scale))
+
+
+# ---- arguments ----
+def _args(**change):
+    k_cache, v_cache = torch.zeros(4, 16, 2, 64, dtype=torch.bfloat16), torch.zeros(4, 16, 2, 64, dtype=torch.bfloat16)
+    args = dict(q=torch.zeros(2, 4, 64, dtype=torch.bfloat16), k_cache=k_cache, v_cache=v_cache,
+                block_table=torch.zeros(2, 4, dtype=torch.int32), seq_lens=torch.ones(2, dtype=torch.int32),
+                scale=0.125, num_splits=2)
+    return args | change
+
+
+@pytest.mark.parametrize(("change", "error", "name"), [
+    (dict(q=torch.zeros(2, 4, 64)), TypeError, "q: dtype"),
+    (dict(q=torch.zeros(2, 3, 64, dtype=torch.bfloat16)), ValueError, "q: 3 query heads"),
+    (dict(q=torch.zeros(3, 4, 64, dtype=torch.bfloat16)), ValueError, "q: decode"),
+    (dict(v_cache=torch.zeros(4, 16, 2, 64, dtype=torch.float16)), TypeError, "v_cache: dtype"),
+    (dict(k_cache=torch.zeros(4, 16, 2, 128, dtype=torch.bfloat16)[..., ::2]), ValueError, "k_cache: last dim"),
+    (dict(block_table=torch.zeros(2, 4, dtype=torch.int64)), TypeError, "block_table"),
+    (dict(seq_lens=torch.ones(3, dtype=torch.int32)), TypeError, "seq_lens"),
+    (dict(scale=0.0), ValueError, "scale"),
+    (dict(num_splits=0), ValueError, "num_splits"),
+], ids=["q-dtype", "q-heads", "q-rows", "v-dtype", "k-stride", "table-dtype", "lens-shape", "scale", "splits"])
+def test_bad_arguments_name_the_argument(change, error, name):
+    a = _args(**change)
+    with pytest.raises(error, match=name):
+        ref.paged_decode_mirror(**a)
+    with pytest.raises(error, match=name):
+        kernel.launch_paged_decode(**a)
+
+
+def test_reference_checks_lengths_and_table_values():
+    a = _args(seq_lens=torch.tensor([1, 65], dtype=torch.int32))
+    with pytest.raises(ValueError, match="seq_lens: sequence 1"):
+        ref.paged_decode_mirror(**a)
+    a = _args(block_table=torch.tensor([[0, -1, -1, -1], [4, 0, 0, 0]], dtype=torch.int32))
+    with pytest.raises(ValueError, match="block_table: sequence 1"):
+        ref.paged_decode_mirror(**a)
+
+
+def test_opcheck(device):
+    p = dict(dtype=torch.bfloat16, block_size=16, kv_heads=2, group=2, head=64, seq_lens=[20, 3], num_splits=2,
+             share_prefix=False, extra_width=1, spare_blocks=1, unused="minus_one", sharpness=1.0, seed=3)
+    q, k_cache, v_cache, table, lens, scale = build(p)
+    k_cache, v_cache = k_cache.nan_to_num(0.0), v_cache.nan_to_num(0.0)  # opcheck compares inputs with ==
+    torch.library.opcheck(torch.ops.touchstone.paged_decode.default,
+                          (*on(device, q, k_cache, v_cache, table, lens), scale, 2))
+
+
+# ---- negative control: the planted block-table off-by-one must be caught ----
+def test_negative_control_block_table_off_by_one(device):
+    """Logical block j read through entry j + 1: the next block's data, and past a sequence's last block an
+    unused entry (here a never-owned NaN block)."""
+    p = dict(dtype=torch.bfloat16, block_size=16, kv_heads=1, group=2, head=64, seq_lens=[40, 7], num_splits=2,
+             share_prefix=False, extra_width=1, spare_blocks=2, unused="garbage", sharpness=1.0, seed=4)
+    with pytest.raises(AssertionError, match="paged decode"):
+        check(p, device, fault="block_table_off_by_one")
+    check(p, device)
