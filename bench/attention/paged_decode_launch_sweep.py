@@ -2,14 +2,14 @@
 
     python -m bench.attention.paged_decode_launch_sweep [--quick]
 
-How the `_GPU` table in kernels/paged_decode.py is to be chosen (it is untuned until this runs on the H200).
-Shapes are issue 4's bars: 32 query heads, 8 KV heads, head 128, bf16, block size 16, block tables a random
-permutation of the cache (as after many requests); batch 128 x context 4096 and batch 8 x context 32768
-(the split-K case), each at several split counts. Per config: the kernel's median time, the KV bytes it must
-read (K and V of every token) per second, the ratio to the same-run SDPA (`enable_gqa=True`) on the same KV
-laid out contiguously (the no-paging ceiling; bar >= 0.92x at batch 128 x 4096) and to memcpy GB/s (bar
->= 0.85x at batch 8 x 32k), and whether the output is within the ("paged_decode", bf16) tolerance row of
-the mirror reference.
+How the `_GPU` table in kernels/paged_decode.py is to be chosen (it is untuned until this runs on the H200). Shapes
+are issue 4's bars, built by bench/attention/paged_decode_inputs.py (32 query heads, 8 KV heads, head 128, bf16,
+block size 16, K/V-outermost NHD cache, block tables a random permutation of it): batch 128 x context 4096 and batch
+8 x context 32768 (the split-K case), each at several split counts. Per config: the kernel's median time, the KV
+bytes it must read (K and V of every token) per second, the ratio to the same-run SDPA (`enable_gqa=True`) on the
+same KV laid out contiguously (the no-paging ceiling; bar >= 0.92x at batch 128 x 4096) and to memcpy GB/s (bar >=
+0.85x at batch 8 x 32k), and whether the output is within the ("paged_decode", bf16) tolerance row of the mirror
+reference.
 """
 
 from __future__ import annotations
@@ -21,43 +21,28 @@ import sys
 
 import torch
 
+from bench.attention import paged_decode_inputs as pdi
 from bench.quant.launch_sweep import memcpy_gbps, time_ms
 from kernels import paged_decode as kernel
 from reference.attention import paged as ref
-from reference.kv.allocate import allocate_kv_cache
-from reference.kv.attention import FullAttentionSpec
 from suites.tolerances import lossy_bound, lossy_metrics
 
-HQ, HKV, HEAD, BLOCK = 32, 8, 128, 16
 SHAPES = {(128, 4096): (1, 2, 4), (8, 32768): (8, 16, 32, 64)}  # (batch, context): split counts
 TILES, WARPS, STAGES = (16, 32, 64, 128), (2, 4, 8), (1, 2, 3, 4)
 
 
-def problem(batch: int, context: int):
-    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HKV, head_size=HEAD, dtype=torch.bfloat16)
-    per_seq = context // BLOCK
-    cache = allocate_kv_cache(spec, batch * per_seq, device="cuda")
-    k_cache, v_cache = cache.views[0]["k"], cache.views[0]["v"]
-    k_cache.copy_(torch.randn(k_cache.shape, device="cuda"))
-    v_cache.copy_(torch.randn(v_cache.shape, device="cuda"))
-    table = torch.randperm(batch * per_seq, device="cuda").view(batch, per_seq).to(torch.int32)
-    lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
-    q = torch.randn(batch, HQ, HEAD, device="cuda", dtype=torch.bfloat16)
-    return q, k_cache, v_cache, table, lens
-
-
-def sdpa_ms(q, k_cache, v_cache, table, context: int) -> float:
+def sdpa_ms(problem: pdi.Problem) -> float:
     """SDPA decode on the same KV, gathered once into contiguous [B, Hkv, L, D] (the gather is not timed)."""
-    k, v = (c[table.long()].flatten(1, 2).transpose(1, 2).contiguous() for c in (k_cache, v_cache))
-    q4 = q[:, :, None, :]
+    k, v = pdi.contiguous_kv(problem)
+    q4 = problem.q[:, :, None, :]
     return time_ms(lambda: torch.nn.functional.scaled_dot_product_attention(q4, k, v, enable_gqa=True))
 
 
 def sweep(batch: int, context: int, splits: tuple[int, ...], configs, memcpy: float) -> None:
-    q, k_cache, v_cache, table, lens = problem(batch, context)
-    scale = HEAD**-0.5
-    kv_bytes = 2 * batch * context * HKV * HEAD * 2
-    sdpa = sdpa_ms(q, k_cache, v_cache, table, context)
+    problem = pdi.make_problem(batch, context, "cuda")
+    q, k_cache, v_cache, table, lens, scale, _ = problem.args
+    kv_bytes = pdi.kv_bytes(batch, context)
+    sdpa = sdpa_ms(problem)
     print(f"batch {batch} context {context}: SDPA {sdpa * 1e3:.1f} us, {kv_bytes / sdpa / 1e6:.0f} GB/s", flush=True)
     bound = lossy_bound("paged_decode", torch.bfloat16)
     ideal = ref.paged_attention_ideal(q, k_cache, v_cache, table, lens, scale)
@@ -89,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     configs = list(itertools.product((64,) if args.quick else TILES, (4, 8) if args.quick else WARPS,
                                      (2, 3) if args.quick else STAGES))
-    memcpy = memcpy_gbps(2 * 8 * 32768 * HKV * HEAD * 2, " (the KV bytes of batch 8 x 32k)")
+    memcpy = memcpy_gbps(pdi.kv_bytes(8, 32768), " (the KV bytes of batch 8 x 32k)")
     saved = dict(kernel._GPU)
     try:
         for (batch, context), splits in SHAPES.items():

@@ -1,0 +1,81 @@
+"""Paged decode problems, shared by the benchmark (bench/attention/paged_decode.py) and the launch sweep.
+
+Issue 4's shapes: 32 query heads, 8 KV heads, head 128, bf16, block size 16. A problem is `batch` sequences of
+`context` tokens each in a cache of exactly batch * context / 16 blocks, allocated by reference.kv: NHD,
+K/V-outermost (FlashAttention's and vLLM's Hopper order, `kv_outer=True`), so all blocks' K form one
+[num_blocks * 16, 8, 128] plane that FlexAttention's paged cache [1, 8, tokens, 128] can view without a copy;
+the block tables a random permutation of the cache (as after many requests: no two neighbouring logical
+blocks are neighbours in memory), q, K and V standard normal from a seeded generator.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from reference.kv.allocate import allocate_kv_cache
+from reference.kv.attention import FullAttentionSpec
+
+HQ, HKV, HEAD, BLOCK = 32, 8, 128, 16
+# Split-K choice, UNTUNED (no GPU when written): split until the split kernel's grid (batch x Hkv x splits)
+# holds at least TARGET_PROGRAMS programs, two per SM of the H200's 132, in powers of two, while every split
+# keeps at least MIN_SPLIT_BLOCKS cache blocks (256 tokens) and there are at most MAX_SPLITS.
+# `python -m bench.attention.paged_decode_launch_sweep` measures splits at batch 128 x 4k and 8 x 32k.
+TARGET_PROGRAMS = 264
+MIN_SPLIT_BLOCKS = 16
+MAX_SPLITS = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    q: torch.Tensor  # [B, HQ, HEAD]
+    k_cache: torch.Tensor  # [num_blocks, BLOCK, HKV, HEAD], NHD
+    v_cache: torch.Tensor
+    block_table: torch.Tensor  # int32 [B, context / BLOCK]
+    seq_lens: torch.Tensor  # int32 [B], all `context`
+    scale: float
+    num_splits: int
+
+    @property
+    def args(self) -> tuple:
+        """The positional arguments of `paged_decode_mirror` and of the kernel's launcher."""
+        return (self.q, self.k_cache, self.v_cache, self.block_table, self.seq_lens, self.scale, self.num_splits)
+
+
+def num_splits_for(batch: int, context: int) -> int:
+    """Splits of each sequence's context (see TARGET_PROGRAMS): 1 at batch 128 x 4k, 8 at batch 8 x 32k."""
+    blocks = -(-context // BLOCK)
+    splits = 1
+    while (batch * HKV * splits < TARGET_PROGRAMS and splits < MAX_SPLITS
+           and blocks // (2 * splits) >= MIN_SPLIT_BLOCKS):
+        splits *= 2
+    return splits
+
+
+def kv_bytes(batch: int, context: int) -> int:
+    """Bytes of K and V the decode must read: every token's K and V row of every KV head."""
+    return 2 * batch * context * HKV * HEAD * 2
+
+
+def make_problem(batch: int, context: int, device: str, num_splits: int | None = None, seed: int = 0) -> Problem:
+    if context % BLOCK:
+        raise ValueError(f"context: must be a multiple of the block size {BLOCK}, got {context}")
+    generator = torch.Generator(device=device).manual_seed(seed)
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HKV, head_size=HEAD, dtype=torch.bfloat16, kv_outer=True)
+    per_seq = context // BLOCK
+    cache = allocate_kv_cache(spec, batch * per_seq, device=device)
+    k_cache, v_cache = cache.views[0]["k"], cache.views[0]["v"]
+    for view in (k_cache, v_cache):
+        view.copy_(torch.randn(view.shape, dtype=torch.bfloat16, device=device, generator=generator))
+    table = torch.randperm(batch * per_seq, device=device, generator=generator).view(batch, per_seq)
+    q = torch.randn(batch, HQ, HEAD, dtype=torch.bfloat16, device=device, generator=generator)
+    lens = torch.full((batch,), context, dtype=torch.int32, device=device)
+    splits = num_splits_for(batch, context) if num_splits is None else num_splits
+    return Problem(q, k_cache, v_cache, table.to(torch.int32), lens, HEAD**-0.5, splits)
+
+
+def contiguous_kv(problem: Problem) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V gathered through the block tables into contiguous [B, HKV, context, HEAD] (SDPA's layout)."""
+    table = problem.block_table.long()
+    return tuple(c[table].flatten(1, 2).transpose(1, 2).contiguous() for c in (problem.k_cache, problem.v_cache))
