@@ -81,6 +81,18 @@ _PAGED_DECODE_WHY = (
     "SQNR vs the fp64 ideal min 51.8 dB (bf16) and 70.5 dB (fp16), the mirror's own the same to 0.1 dB. "
     "Bounds ~2.5x max_rel, 2x rms_rel, SQNR ~7 dB under. Fault block_table_off_by_one: NaN outputs in 98 "
     "of 100 draws, SQNR <= -75 dB in the rest.")
+_PAGED_PREFILL_WHY = (
+    "Paged prefill (kernels.paged_prefill) vs reference.attention.paged.paged_prefill_mirror at the kernel's KV "
+    "tile (fp32 scores, the same online softmax per tile in exp2, p rounded to the cache dtype before p @ v, "
+    "one rounding). Only the fp32 dot sums' order differs, so p can flip an ulp at a rounding boundary. "
+    "Interpreter, 400 draws of the suite's distribution (block 16/32/64, Hkv 1-2, group 1-4, head 64/128, "
+    "1-3 sequences of 1-40 new tokens after 0-100 cached, q scaled x1/x4): worst bf16 max_rel 2.2e-3 / rms_rel "
+    "2.2e-4, fp16 3.6e-4 / 8.0e-5; SQNR vs the fp64 ideal min 52.5 dB (bf16) and 70.9 dB (fp16), the mirror's "
+    "own the same. The bounds are the paged_decode row's (~7x max_rel, ~25x rms_rel, SQNR ~7.5 dB under) to "
+    "leave room for the GPU's ex2.approx and wgmma sum order, not yet measured on the H200. Fault "
+    "block_table_off_by_one (unused entries garbage; two runs of 100 draws): NaN in 79-81, SQNR <= 11 dB in "
+    "6-8; 13 within bounds, all tiny one-block sequences in a 2-block cache whose entry j + 1 happens to name "
+    "the right block (the suite's negative control uses a case where it cannot).")
 LOSSY: dict[tuple[str, torch.dtype], LossyBound] = {
     # max_rel: one bf16 ulp of the peak (2**-7) plus 2.2e-3 for the accumulator; rms_rel: 3x the model.
     ("block_fp8_gemm", torch.bfloat16): LossyBound(1e-2, 2e-3, 22.0, _BLOCK_FP8_WHY),
@@ -90,6 +102,8 @@ LOSSY: dict[tuple[str, torch.dtype], LossyBound] = {
     ("block_fp8_gemm", torch.float32): LossyBound(2e-3, 1e-3, 22.0, _BLOCK_FP8_WHY),
     ("paged_decode", torch.bfloat16): LossyBound(1.5e-2, 6e-3, 45.0, _PAGED_DECODE_WHY),
     ("paged_decode", torch.float16): LossyBound(2.5e-3, 1e-3, 62.0, _PAGED_DECODE_WHY),
+    ("paged_prefill", torch.bfloat16): LossyBound(1.5e-2, 6e-3, 45.0, _PAGED_PREFILL_WHY),
+    ("paged_prefill", torch.float16): LossyBound(2.5e-3, 1e-3, 62.0, _PAGED_PREFILL_WHY),
     ("w4a16_mxfp4_gemm", torch.bfloat16): LossyBound(
         max_rel=2.0**-7, rms_rel=2.0**-8, sqnr_db=6.0,
         why="Kernel and mirror sum the same exact fp32 products in different orders and round once to bf16, "

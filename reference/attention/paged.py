@@ -24,7 +24,13 @@ sequence split into `num_splits` ranges of whole cache blocks (`split_blocks`); 
 p = exp(s - m_s) in fp32, l_s = sum p in fp32, acc_s = (p rounded to the cache dtype) @ v summed in fp32
 (the kernel feeds p to the tensor cores in the cache dtype); combine in fp32: M = max m_s,
 out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s; one rounding to q's dtype. Empty splits (more
-splits than blocks) contribute nothing.
+splits than blocks) contribute nothing. `paged_prefill_mirror` follows the prefill kernel
+(kernels.paged_prefill): per sequence, scores in fp32 times scale * log2(e) (fp32), the causal mask, then an
+online softmax over KV tiles of `tile_n` positions aligned at position 0 (the kernel's tiles): per tile
+m' = max(m, tile max), p = 2^(s - m') in fp32, l = l 2^(m - m') + sum p, acc = acc 2^(m - m') + (p rounded
+to the cache dtype) @ v in fp32; out = acc / l, one rounding. A tile wholly past a row's last position leaves
+that row unchanged (2^0 = 1, p = 0), so padding tiles do not matter; position 0 is in every row's first tile,
+so m is finite from then on.
 
 Edge-case policy: only the first seq_lens[b] tokens are read; whatever the cache holds elsewhere (NaN in
 unused blocks or past the end of a sequence's last block) never reaches the output. A NaN in q or in a
@@ -34,6 +40,8 @@ subnormal outputs are kept.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -178,4 +186,44 @@ def paged_decode_mirror(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         num = sum(torch.exp(m - big_m)[:, None] * acc for m, _, acc in parts)
         den = sum(torch.exp(m - big_m) * total for m, total, _ in parts)
         out[b] = num / den[:, None]
+    return out.to(q.dtype)
+
+
+def check_tile_n(tile_n: int) -> None:
+    if isinstance(tile_n, bool) or not isinstance(tile_n, int) or tile_n < 1:
+        raise ValueError(f"tile_n: must be a positive int, got {tile_n!r}")
+
+
+def paged_prefill_mirror(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                         seq_lens: torch.Tensor, cu_seqlens: torch.Tensor, scale: float, tile_n: int) -> torch.Tensor:
+    """Causal prefill with the kernel's precision and KV tiling (module docstring), [T, Hq, D] in q's dtype."""
+    if cu_seqlens is None:
+        raise TypeError("cu_seqlens: prefill needs the int32 [B + 1] query offsets, got None")
+    check_paged_args(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens, scale)
+    check_tile_n(tile_n)
+    group = q.shape[1] // k_cache.shape[2]
+    seqs = _check_values(q, block_table, seq_lens, cu_seqlens, k_cache.shape[1], k_cache.shape[0])
+    qk_scale = torch.tensor(scale * math.log2(math.e), dtype=torch.float32)
+    out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    for b, (first, n, length) in enumerate(seqs):
+        if n == 0:
+            continue
+        k = gather_kv(k_cache, block_table[b], length).repeat_interleave(group, dim=1)  # [L, Hq, D]
+        v = gather_kv(v_cache, block_table[b], length).repeat_interleave(group, dim=1)
+        s = torch.einsum("ihd,jhd->hij", q[first:first + n].float(), k.float()) * qk_scale  # [Hq, n, L]
+        pos_q = torch.arange(length - n, length, device=q.device)[:, None]
+        s = s.masked_fill(torch.arange(length, device=q.device)[None, :] > pos_q, -torch.inf)
+        m = torch.full(s.shape[:2], -torch.inf, device=q.device)
+        total = torch.zeros(s.shape[:2], device=q.device)
+        acc = torch.zeros((*s.shape[:2], q.shape[2]), device=q.device)
+        for lo in range(0, length, tile_n):
+            tile = s[..., lo:lo + tile_n]
+            m_new = torch.maximum(m, tile.max(dim=-1).values)
+            alpha = torch.exp2(m - m_new)
+            p = torch.exp2(tile - m_new[..., None])
+            total = total * alpha + p.sum(dim=-1)
+            pv = torch.einsum("hij,jhd->hid", p.to(v.dtype).float(), v[lo:lo + tile_n].float())
+            acc = acc * alpha[..., None] + pv
+            m = m_new
+        out[first:first + n] = (acc / total[..., None]).transpose(0, 1)
     return out.to(q.dtype)
