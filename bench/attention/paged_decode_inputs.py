@@ -1,4 +1,5 @@
-"""Paged decode problems, shared by the benchmark (bench/attention/paged_decode.py) and the launch sweep.
+"""Paged decode and prefill problems, shared by the benchmarks (bench/attention/paged_decode.py,
+bench/attention/paged_prefill.py) and the decode launch sweep.
 
 Issue 4's shapes: 32 query heads, 8 KV heads, head 128, bf16, block size 16. A problem is `batch` sequences of
 `context` tokens each in a cache of exactly batch * context / 16 blocks, allocated by reference.kv: NHD,
@@ -79,3 +80,29 @@ def contiguous_kv(problem: Problem) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V gathered through the block tables into contiguous [B, HKV, context, HEAD] (SDPA's layout)."""
     table = problem.block_table.long()
     return tuple(c[table].flatten(1, 2).transpose(1, 2).contiguous() for c in (problem.k_cache, problem.v_cache))
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillProblem:
+    q: torch.Tensor  # [B * new, HQ, HEAD], sequence b's tokens at rows cu_seqlens[b] : cu_seqlens[b + 1]
+    k_cache: torch.Tensor  # [num_blocks, BLOCK, HKV, HEAD], NHD, the new tokens' K/V already stored
+    v_cache: torch.Tensor
+    block_table: torch.Tensor  # int32 [B, new / BLOCK]
+    seq_lens: torch.Tensor  # int32 [B], all `new` (no cached prefix)
+    cu_seqlens: torch.Tensor  # int32 [B + 1]
+    scale: float
+
+    @property
+    def args(self) -> tuple:
+        """The positional arguments of `paged_prefill_mirror` (then tile_n) and of the kernel's launcher."""
+        return (self.q, self.k_cache, self.v_cache, self.block_table, self.seq_lens, self.cu_seqlens, self.scale)
+
+
+def make_prefill_problem(batch: int, new: int, device: str, seed: int = 0) -> PrefillProblem:
+    """`batch` sequences of `new` tokens each, no cached prefix: the decode problem's cache and block tables
+    (make_problem at context = new) holding the new tokens' K/V, and q for every new token."""
+    cache = make_problem(batch, new, device, num_splits=1, seed=seed)
+    generator = torch.Generator(device=device).manual_seed(seed + 1)
+    q = torch.randn(batch * new, HQ, HEAD, dtype=torch.bfloat16, device=device, generator=generator)
+    cu = torch.arange(0, (batch + 1) * new, new, dtype=torch.int32, device=device)
+    return PrefillProblem(q, cache.k_cache, cache.v_cache, cache.block_table, cache.seq_lens, cu, cache.scale)
