@@ -23,20 +23,14 @@ A sequence of length 0 (invalid for the reference) gives a 0 output here (no spl
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
-from kernels._boundary import check_device, runs_interpreted
+from kernels._boundary import runs_interpreted
+from kernels._paged import FAULTS, LOG2E, MIN_DOT, check_launch
 from reference.attention.paged import check_num_splits, check_paged_args
 
-# Planted bugs for the suite's negative control; FAULT is a constexpr, so fault 0 compiles it away.
-FAULTS = {
-    "none": 0,
-    "block_table_off_by_one": 1,  # logical block j read through block_table[b, j + 1]
-}
 # GPU launch shapes, UNTUNED (no GPU was available when this was written; the lead runs
 # `python -m bench.attention.paged_decode_launch_sweep` on the H200 and puts the winners here with the
 # measurement): tokens per tile of the split kernel (a power of two; raised to the block size when smaller),
@@ -44,8 +38,6 @@ FAULTS = {
 _GPU = {"tile_n": 64, "warps": 4, "stages": 2, "combine_warps": 4}
 # The interpreter costs per program and per loop step, not per element: one wide tile a step.
 _INTERPRETER = {"tile_n": 64, "warps": 4, "stages": 1, "combine_warps": 4}
-LOG2E = math.log2(math.e)
-MIN_DOT = 16  # tl.dot's smallest M, N and K
 
 
 @triton.jit
@@ -139,9 +131,7 @@ def launch_paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, num_s
     """Validate and launch both kernels; `fault` plants a named bug (negative controls only)."""
     check_paged_args(q, k_cache, v_cache, block_table, seq_lens, None, scale)
     check_num_splits(num_splits)
-    if q.stride(-1) != 1 and q.shape[-1] > 1:
-        raise ValueError(f"q: last dim must have stride 1, got strides {q.stride()}")
-    device = check_device(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens)
+    device = check_launch(q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens)
     batch, hq, head = q.shape
     block_size, hkv = k_cache.shape[1], k_cache.shape[2]
     if block_size & (block_size - 1):

@@ -26,28 +26,20 @@ entry past it: NaN or garbage in unused blocks cannot leak.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
-from kernels._boundary import check_device, runs_interpreted
+from kernels._boundary import runs_interpreted
+from kernels._paged import FAULTS, LOG2E, MIN_DOT, check_launch
 from reference.attention.paged import check_paged_args
 
-# Planted bugs for the suite's negative control; FAULT is a constexpr, so fault 0 compiles it away.
-FAULTS = {
-    "none": 0,
-    "block_table_off_by_one": 1,  # logical block j read through block_table[b, j + 1]
-}
 # GPU launch shapes, UNTUNED (no GPU was available when this was written; the lead runs
 # `python -m bench.attention.paged_prefill_launch_sweep` on the H200 and puts the winners here with the
 # measurement): query rows and KV positions per tile (powers of two >= 16), warps, pipeline stages.
 _GPU = {"tile_m": 128, "tile_n": 64, "warps": 8, "stages": 3}
 # The interpreter costs per program and per loop step, not per element: few programs, few steps.
 _INTERPRETER = {"tile_m": 32, "tile_n": 32, "warps": 4, "stages": 1}
-LOG2E = math.log2(math.e)
-MIN_DOT = 16  # tl.dot's smallest M, N and K
 
 
 @triton.jit
@@ -73,6 +65,18 @@ def _kv_tile(k_ptr, v_ptr, table_row, start, end, kv_head, d, d_ok,
     k = tl.load(k_rows[:, None] + d[None, :], mask=mask, other=0.0)
     v = tl.load(v_rows[:, None] + d[None, :], mask=mask, other=0.0)
     return k, v
+
+
+@triton.jit
+def _softmax_step(s, v, m_i, l_i, acc):
+    """One online-softmax step over a KV tile (both loops'): scores s [TILE_M, TILE_N] in the log2 domain, -inf
+    where unseen; p rounded to the cache dtype before p @ v. Returns the new (m, l, acc)."""
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -120,12 +124,7 @@ def _prefill_kernel(
                             k_head_stride, v_block_stride, v_pos_stride, v_head_stride,
                             BLOCK_SIZE, TILE_N, False, FAULT)
             s = tl.dot(q, tl.trans(k)) * qk_scale
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
+            m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc)
         for start in range(full_end, end, TILE_N):
             k, v = _kv_tile(k_ptr, v_ptr, table_row, start, end, kv_head, d, d_ok, k_block_stride, k_pos_stride,
                             k_head_stride, v_block_stride, v_pos_stride, v_head_stride,
@@ -133,12 +132,7 @@ def _prefill_kernel(
             pos_k = start + tl.arange(0, TILE_N)
             seen = (pos_k[None, :] <= pos_q[:, None]) & (pos_k < end)[None, :]
             s = tl.where(seen, tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
+            m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc)
         out = tl.div_rn(acc, tl.full(acc.shape, 1.0, tl.float32) * l_i[:, None])
         tl.store(out_ptr + rows[:, None] * out_tok_stride + head * out_head_stride + d[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
@@ -158,12 +152,10 @@ def launch_paged_prefill(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens,
     if cu_seqlens is None:
         raise TypeError("cu_seqlens: prefill needs the int32 [B + 1] query offsets, got None")
     check_paged_args(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens, scale)
-    if q.stride(-1) != 1 and q.shape[-1] > 1:
-        raise ValueError(f"q: last dim must have stride 1, got strides {q.stride()}")
     for name, t in (("seq_lens", seq_lens), ("cu_seqlens", cu_seqlens)):
         if t.shape[0] > 1 and t.stride(0) != 1:
             raise ValueError(f"{name}: must be contiguous, got stride {t.stride()}")
-    device = check_device(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens,
+    device = check_launch(q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens,
                           cu_seqlens=cu_seqlens)
     tokens, hq, head = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=device)

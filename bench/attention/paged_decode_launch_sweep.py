@@ -14,7 +14,6 @@ reference.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import itertools
 import sys
@@ -22,7 +21,7 @@ import sys
 import torch
 
 from bench.attention import paged_decode_inputs as pdi
-from bench.quant.launch_sweep import memcpy_gbps, time_ms
+from bench.launch_sweep import gpu_args, line, memcpy_gbps, parser, time_ms, timed_or_none, tolerance_verdict
 from kernels import paged_decode as kernel
 from reference.attention import paged as ref
 from suites.tolerances import lossy_bound, lossy_metrics
@@ -50,27 +49,20 @@ def sweep(batch: int, context: int, splits: tuple[int, ...], configs, memcpy: fl
         mirror = ref.paged_decode_mirror(q, k_cache, v_cache, table, lens, scale, num_splits)
         for tile_n, warps, stages in configs:
             kernel._GPU.update(tile_n=tile_n, warps=warps, stages=stages)
+            name = f"  splits={num_splits:2d} tile={tile_n:3d} warps={warps} stages={stages}"
             call = functools.partial(kernel.launch_paged_decode, q, k_cache, v_cache, table, lens, scale, num_splits)
-            try:
-                ms = time_ms(call)
-            except Exception as err:  # out of shared memory etc.: report, go on
-                print(f"  splits={num_splits:2d} tile={tile_n:3d} warps={warps} stages={stages}  FAILED: "
-                      f"{type(err).__name__}: {str(err)[:80]}", flush=True)
+            ms = timed_or_none(call, name)
+            if ms is None:
                 continue
-            m = lossy_metrics(call(), mirror, ideal)
-            ok = m.max_rel <= bound.max_rel and m.rms_rel <= bound.rms_rel and m.sqnr_db >= bound.sqnr_db
             gbps = kv_bytes / ms / 1e6
-            print(f"  splits={num_splits:2d} tile={tile_n:3d} warps={warps} stages={stages}  {ms * 1e3:8.1f} us  "
-                  f"{gbps:5.0f} GB/s  {sdpa / ms:.3f}x SDPA  {gbps / memcpy:.3f}x memcpy  "
-                  f"{'ok' if ok else 'OUT OF TOLERANCE'} [{m}]", flush=True)
+            line(name, ms, f"{gbps:5.0f} GB/s", {"SDPA": sdpa / ms, "memcpy": gbps / memcpy},
+                 tolerance_verdict(lossy_metrics(call(), mirror, ideal), bound))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tile 64 only, warps 4 and 8, stages 2 and 3")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        sys.exit("paged_decode_launch_sweep needs a GPU")
+    cli = parser(__doc__)
+    cli.add_argument("--quick", action="store_true", help="tile 64 only, warps 4 and 8, stages 2 and 3")
+    args = gpu_args(cli, argv, "paged_decode_launch_sweep")
     torch.manual_seed(0)
     configs = list(itertools.product((64,) if args.quick else TILES, (4, 8) if args.quick else WARPS,
                                      (2, 3) if args.quick else STAGES))

@@ -13,14 +13,13 @@ whether the output is within the ("paged_prefill", bf16) tolerance row of the mi
 
 from __future__ import annotations
 
-import argparse
 import functools
 import itertools
 import sys
 
 import torch
 
-from bench.quant.launch_sweep import time_ms
+from bench.launch_sweep import gpu_args, line, parser, time_ms, timed_or_none, tolerance_verdict
 from kernels import paged_prefill as kernel
 from reference.attention import paged as ref
 from reference.kv.allocate import allocate_kv_cache
@@ -79,27 +78,21 @@ def sweep(batch: int, new: int, prefix: int, configs) -> None:
     mirrors = {}
     for tile_m, tile_n, warps, stages in configs:
         kernel._GPU.update(tile_m=tile_m, tile_n=tile_n, warps=warps, stages=stages)
-        name = f"tile_m={tile_m:3d} tile_n={tile_n:3d} warps={warps} stages={stages}"
+        name = f"  tile_m={tile_m:3d} tile_n={tile_n:3d} warps={warps} stages={stages}"
         call = functools.partial(kernel.launch_paged_prefill, q, k_cache, v_cache, table, lens, cu, scale)
-        try:
-            ms = time_ms(call)
-        except Exception as err:  # out of shared memory etc.: report, go on
-            print(f"  {name}  FAILED: {type(err).__name__}: {str(err)[:80]}", flush=True)
+        ms = timed_or_none(call, name)
+        if ms is None:
             continue
         if tile_n not in mirrors:
             mirrors[tile_n] = ref.paged_prefill_mirror(q, k_cache, v_cache, table, lens, cu, scale, tile_n)
-        m = lossy_metrics(call(), mirrors[tile_n], ideal)
-        ok = m.max_rel <= bound.max_rel and m.rms_rel <= bound.rms_rel and m.sqnr_db >= bound.sqnr_db
-        print(f"  {name}  {ms * 1e3:8.1f} us  {flops / ms / 1e9:5.0f} TFLOP/s  {sdpa / ms:.3f}x SDPA flash  "
-              f"{'ok' if ok else 'OUT OF TOLERANCE'} [{m}]", flush=True)
+        line(name, ms, f"{flops / ms / 1e9:5.0f} TFLOP/s", {"SDPA flash": sdpa / ms},
+             tolerance_verdict(lossy_metrics(call(), mirrors[tile_n], ideal), bound))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tile_m 128, tile_n 64 and 128, warps 8, stages 2, 3")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        sys.exit("paged_prefill_launch_sweep needs a GPU")
+    cli = parser(__doc__)
+    cli.add_argument("--quick", action="store_true", help="tile_m 128, tile_n 64 and 128, warps 8, stages 2, 3")
+    args = gpu_args(cli, argv, "paged_prefill_launch_sweep")
     torch.manual_seed(0)
     if args.quick:
         configs = list(itertools.product((128,), (64, 128), (8,), (2, 3)))

@@ -12,13 +12,12 @@ marked "table"; the winners go into that table. GPU only: the interpreter says n
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
-from triton.testing import do_bench
 
 from bench.gemm import block_fp8_peers as peers
+from bench.launch_sweep import gpu_args, parser, time_ms
 from kernels import block_fp8_gemm as kernel
 from reference.gemm.block_fp8 import block_fp8_gemm_mirror
 from suites.tolerances import lossy_bound, lossy_metrics
@@ -61,25 +60,20 @@ DSV3 = [(m, n, k) for n, k in ((2112, 7168), (24576, 1536), (7168, 16384), (7168
 DEFAULT_SHAPES = [(8192, 8192, 8192), *DSV3]
 
 
-def _time(fn) -> float:
-    fn()
-    return do_bench(fn, warmup=50, rep=300, return_mode="median")
-
-
 def sweep_shape(m: int, n: int, k: int, quick: bool) -> None:
     ops = peers.make_operands(m, n, k, "cuda")
     flops = peers.gemm_flops(m, n, k)
     mirror = block_fp8_gemm_mirror(*ops.args, out_dtype=torch.bfloat16)
     bound = lossy_bound("block_fp8_gemm", torch.bfloat16)
     try:
-        cublas_ms = _time(peers.cublas_blockwise(ops))
+        cublas_ms = time_ms(peers.cublas_blockwise(ops))
     except RuntimeError as err:
         cublas_ms = float("nan")
         print(f"{m}x{n}x{k} cublas-blockwise FAILED: {str(err).splitlines()[0][:200]}", flush=True)
     for name, make in (("cublas-blockwise", None), ("cublas-rowwise-fp8", peers.cublas_rowwise),
                        ("cublas-bf16", peers.bf16_matmul)):
         try:
-            ms = cublas_ms if make is None else _time(make(ops))
+            ms = cublas_ms if make is None else time_ms(make(ops))
             print(f"{m}x{n}x{k} {name:<40} {ms * 1e3:9.1f} us  {flops / ms / 1e9:7.1f} TFLOP/s  "
                   f"{cublas_ms / ms:5.3f}x blockwise", flush=True)
         except RuntimeError as err:
@@ -98,7 +92,7 @@ def sweep_shape(m: int, n: int, k: int, quick: bool) -> None:
 
             metrics = lossy_metrics(fn(), mirror, mirror)
             verdict = "ok" if metrics.max_rel <= bound.max_rel and metrics.rms_rel <= bound.rms_rel else "MISMATCH"
-            ms = _time(fn)
+            ms = time_ms(fn)
         except Exception as err:  # a config that does not compile or launch is a result, not a stop
             print(f"{m}x{n}x{k} triton {text} {label} FAILED: {type(err).__name__}: {str(err)[:160]}", flush=True)
             continue
@@ -110,12 +104,10 @@ def sweep_shape(m: int, n: int, k: int, quick: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", help="comma-separated MxNxK; default 8192^3 and the DeepSeek-V3 shapes")
-    parser.add_argument("--quick", action="store_true", help="only the first three candidates per shape")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        sys.exit("block_fp8_launch_sweep needs a GPU")
+    cli = parser(__doc__)
+    cli.add_argument("--shapes", help="comma-separated MxNxK; default 8192^3 and the DeepSeek-V3 shapes")
+    cli.add_argument("--quick", action="store_true", help="only the first three candidates per shape")
+    args = gpu_args(cli, argv, "block_fp8_launch_sweep")
     shapes = DEFAULT_SHAPES
     if args.shapes:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]

@@ -14,7 +14,6 @@ x memcpy, check.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import sys
 
@@ -22,6 +21,7 @@ import torch
 from triton.testing import do_bench
 
 from bench.gemm.w4a16_mxfp4 import SCALE_RANGE
+from bench.launch_sweep import gpu_args, parser
 from kernels import w4a16_mxfp4_gemm as kernel
 from reference.gemm.w4a16_mxfp4 import w4a16_mxfp4_gemm_mirror
 from reference.quant.mxfp4 import dequantize_mxfp4
@@ -102,13 +102,11 @@ def sweep_m(x, codes, scales, w, memcpy: float, only: str | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--m", type=int, nargs="+", default=[1, 4, 16, 128, 1024])
-    parser.add_argument("--nk", type=int, default=8192, help="N = K")
-    parser.add_argument("--only", choices=("gemv", "dot"), help="restrict to one kernel")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        sys.exit("w4a16_mxfp4_launch_sweep needs a GPU")
+    cli = parser(__doc__)
+    cli.add_argument("--m", type=int, nargs="+", default=[1, 4, 16, 128, 1024])
+    cli.add_argument("--nk", type=int, default=8192, help="N = K")
+    cli.add_argument("--only", choices=("gemv", "dot"), help="restrict to one kernel")
+    args = gpu_args(cli, argv, "w4a16_mxfp4_launch_sweep")
     n = k = args.nk
     gen = torch.Generator(device="cuda").manual_seed(0)
     codes = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=gen)

@@ -12,13 +12,12 @@ cache bytes (and scales) written; the roof is a device-to-device copy of the inp
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 
 import torch
 
-from bench.quant.launch_sweep import memcpy_gbps, report, time_ms
+from bench.launch_sweep import gpu_args, memcpy_gbps, parser, report, time_ms
 from kernels import kv_store as kernel
 from reference.kv import store as ref
 from reference.kv.allocate import allocate_kv_cache
@@ -83,11 +82,9 @@ def sweep_packed_mla(tokens: int, fmt: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=65536, help="tokens stored per call")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        sys.exit("store_launch_sweep needs a GPU")
+    cli = parser(__doc__)
+    cli.add_argument("--tokens", type=int, default=65536, help="tokens stored per call")
+    args = gpu_args(cli, argv, "store_launch_sweep")
     torch.manual_seed(0)
     saved = dict(kernel._GPU)
     try:

@@ -11,7 +11,6 @@ against the reference's bytes before it is timed. GPU only: the interpreter says
 
 from __future__ import annotations
 
-import argparse
 import functools
 import itertools
 import sys
@@ -19,7 +18,7 @@ import sys
 import torch
 
 from bench.kv.zeroer import CANARY, DSV4_PACKED, FA_BF16, make_inputs
-from bench.quant.launch_sweep import memcpy_gbps, time_ms
+from bench.launch_sweep import gpu_args, memcpy_gbps, parser, report, time_ms
 from kernels import kv_zeroer as kernel
 from reference.kv import zeroer as ref
 
@@ -28,11 +27,9 @@ WARPS = (1, 2, 4, 8)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mib", type=int, default=1024, help="bytes cleared per call, in MiB")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        sys.exit("zeroer_launch_sweep needs a GPU")
+    cli = parser(__doc__)
+    cli.add_argument("--mib", type=int, default=1024, help="bytes cleared per call, in MiB")
+    args = gpu_args(cli, argv, "zeroer_launch_sweep")
     memcpy = memcpy_gbps(1 << 30)
     for name, geometry in (("dsv4_packed", DSV4_PACKED), ("fa_bf16", FA_BF16)):
         case = geometry.cases((args.mib,))[0]
@@ -49,10 +46,7 @@ def main(argv: list[str] | None = None) -> int:
                                      chunk_bytes=chunk_bytes, num_warps=warps)
             ms = time_ms(call)
             exact = torch.equal(got.buffers[0], want.buffers[0])
-            gbps = cleared / ms / 1e6
-            print(f"{name:11s} chunk={chunk_bytes:5d} B warps={warps}  {ms * 1e3:8.1f} us  {gbps:5.0f} GB/s  "
-                  f"{gbps / memset:.3f}x memset  {gbps / memcpy:.3f}x memcpy  {'exact' if exact else 'MISMATCH'}",
-                  flush=True)
+            report(f"{name:11s} chunk={chunk_bytes:5d} B warps={warps}", ms, cleared, memcpy, exact, memset=memset)
         del got, want, scratch
         torch.cuda.empty_cache()
     return 0

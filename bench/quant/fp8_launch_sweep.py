@@ -9,14 +9,13 @@ Each shape is checked bit-exact against the reference on the last 256 rows befor
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 
 import torch
 import triton
 
-from bench.quant.launch_sweep import memcpy_gbps, report, time_ms
+from bench.launch_sweep import gpu_args, memcpy_gbps, parser, report, time_ms
 from kernels import fp8_quant as kernel
 from reference.quant import fp8 as ref
 
@@ -26,11 +25,9 @@ SHAPES = [(g, w) for g in (8, 16, 32, 64, 128) for w in (1, 2, 4, 8) if g * GROU
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mib", type=int, default=1024, help="size of the bf16 input in MiB")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        sys.exit("fp8_launch_sweep needs a GPU")
+    cli = parser(__doc__)
+    cli.add_argument("--mib", type=int, default=1024, help="size of the bf16 input in MiB")
+    args = gpu_args(cli, argv, "fp8_launch_sweep")
     m = args.mib * (1 << 20) // (2 * K)
     x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
     n_groups = m * K // GROUP

@@ -9,7 +9,6 @@ before it is timed. GPU only: the interpreter says nothing about launch shapes.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import itertools
 import sys
@@ -17,7 +16,7 @@ import sys
 import torch
 import triton
 
-from bench.quant.launch_sweep import memcpy_gbps, report, time_ms
+from bench.launch_sweep import gpu_args, memcpy_gbps, parser, report, time_ms
 from kernels import mxfp4 as kernel
 from reference.quant import mxfp4 as ref
 
@@ -27,11 +26,9 @@ DEQUANTIZE_SHAPES = [(32, 1), (64, 1), (64, 2), (128, 2), (128, 4)]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mib", type=int, default=1024, help="size of the bf16 input in MiB")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        sys.exit("mxfp4_launch_sweep needs a GPU")
+    cli = parser(__doc__)
+    cli.add_argument("--mib", type=int, default=1024, help="size of the bf16 input in MiB")
+    args = gpu_args(cli, argv, "mxfp4_launch_sweep")
     m = args.mib * (1 << 20) // (2 * K)
     x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
     moved = x.numel() * 2 + m * K // 2 + m * K // 32

@@ -12,7 +12,6 @@ launch shapes.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import itertools
 import sys
@@ -20,7 +19,7 @@ import sys
 import torch
 import triton
 
-from bench.quant.launch_sweep import memcpy_gbps, report, time_ms
+from bench.launch_sweep import gpu_args, memcpy_gbps, parser, report, time_ms
 from kernels import nvfp4 as kernel
 from reference.quant import nvfp4 as ref
 from reference.quant.nvfp4_global_scale import EncodeScale, tensor_amax
@@ -34,12 +33,10 @@ DEQUANTIZE_SHAPES = [(64, 2), (128, 2), (128, 4), (256, 4), (256, 8), (512, 8)]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mib", type=int, default=1024, help="size of the bf16 input in MiB")
-    parser.add_argument("--k", type=int, default=7168, help="row length (a multiple of 16)")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        sys.exit("nvfp4_launch_sweep needs a GPU")
+    cli = parser(__doc__)
+    cli.add_argument("--mib", type=int, default=1024, help="size of the bf16 input in MiB")
+    cli.add_argument("--k", type=int, default=7168, help="row length (a multiple of 16)")
+    args = gpu_args(cli, argv, "nvfp4_launch_sweep")
     k = args.k
     m = args.mib * (1 << 20) // (2 * k)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)

@@ -2,7 +2,8 @@
 the fp64 ideal, through the ("paged_decode", dtype) rows of suites.tolerances), over drawn block sizes, GQA
 groups, head sizes, ragged lengths, split counts, block tables with holes (every byte of the cache the
 sequences do not own is NaN, so a wrong gather shows) and shared prefixes; named cases with exact outputs;
-the reference against a dense fp64 attention; argument checks; one opcheck; a negative control."""
+the reference against a dense fp64 attention; argument checks; one opcheck; a negative control. The cache and
+block-table builder is suites/attention/paged_cases.py, shared with the prefill suite."""
 
 from __future__ import annotations
 
@@ -12,21 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reference.attention import paged as ref
-from reference.kv.allocate import allocate_kv_cache
-from reference.kv.attention import FullAttentionSpec
+from suites.attention.paged_cases import DTYPES, build, dominant_key, equal_keys, named, on
 from suites.tolerances import assert_lossy
 
 kernel = pytest.importorskip("kernels.paged_decode")
-NAN_BYTE = 0xFF  # a fresh cache's every byte: 0xFFFF is NaN in bf16 and in fp16
-DTYPES = (torch.bfloat16, torch.float16)
-
-
-def make_cache(block_size: int, kv_heads: int, head: int, dtype: torch.dtype, num_blocks: int):
-    """NHD K and V views of one allocated layer (K and V interleaved per block, as the allocator lays them),
-    every element NaN until written."""
-    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=kv_heads, head_size=head, dtype=dtype)
-    views = allocate_kv_cache(spec, num_blocks, fill=NAN_BYTE).views[0]
-    return views["k"], views["v"]
 
 
 @st.composite
@@ -40,39 +30,6 @@ def decode_problems(draw):
         unused=draw(st.sampled_from(["minus_one", "garbage"])), sharpness=draw(st.sampled_from([1.0, 4.0])),
         seed=draw(st.integers(0, 2**31 - 1)),
     )
-
-
-def build(p: dict):
-    """(q, k_cache, v_cache, block_table, seq_lens, scale) on the CPU. Physical blocks are a random permutation
-    with `spare_blocks` never-owned (NaN) blocks among them; sequence 1 may share sequence 0's full leading
-    blocks; table entries past a sequence's blocks are -1 or ids of any block (spares and others' included);
-    positions past a sequence's length in its last block stay NaN."""
-    gen = torch.Generator().manual_seed(p["seed"])
-    bs, lens = p["block_size"], p["seq_lens"]
-    counts = [-(-n // bs) for n in lens]
-    shared = min(lens[0], lens[1]) // bs if p["share_prefix"] and len(lens) > 1 else 0
-    num_blocks = sum(counts) - shared + p["spare_blocks"]
-    ids = torch.randperm(num_blocks, generator=gen).tolist()
-    width = max(counts) + p["extra_width"]
-    if p["unused"] == "minus_one":
-        table = torch.full((len(lens), width), -1, dtype=torch.int32)
-    else:
-        table = torch.randint(0, num_blocks, (len(lens), width), generator=gen, dtype=torch.int32)
-    k_cache, v_cache = make_cache(bs, p["kv_heads"], p["head"], p["dtype"], num_blocks)
-    for b, (n, count) in enumerate(zip(lens, counts, strict=True)):
-        reuse = table[0, :shared].tolist() if b == 1 else []
-        own = reuse + [ids.pop() for _ in range(count - len(reuse))]
-        table[b, :count] = torch.tensor(own, dtype=torch.int32)
-        for j, block in enumerate(own[len(reuse):], start=len(reuse)):
-            fill = min(bs, n - j * bs)
-            for cache in (k_cache, v_cache):
-                cache[block, :fill] = torch.randn(cache[block, :fill].shape, generator=gen).to(p["dtype"])
-    q = (torch.randn(len(lens), p["kv_heads"] * p["group"], p["head"], generator=gen) * p["sharpness"]).to(p["dtype"])
-    return q, k_cache, v_cache, table, torch.tensor(lens, dtype=torch.int32), p["head"] ** -0.5
-
-
-def on(device: str, *tensors: torch.Tensor):
-    return [t.to(device) for t in tensors]
 
 
 def check(p: dict, device: str, fault: str = "none") -> None:
@@ -89,12 +46,6 @@ def test_paged_decode_matches_references(p, device):
 
 
 # ---- named cases: outputs known exactly ----
-def named(dtype=torch.bfloat16, head=64, kv_heads=2, group=2, block_size=16, num_blocks=6):
-    k_cache, v_cache = make_cache(block_size, kv_heads, head, dtype, num_blocks)
-    table = torch.tensor([[4, 1, 5, 0]], dtype=torch.int32)  # out of order, block 2 and 3 never owned
-    return k_cache, v_cache, table, head ** -0.5
-
-
 def run_both(q, k_cache, v_cache, table, lens, scale, num_splits, device):
     mirror = ref.paged_decode_mirror(q, k_cache, v_cache, table, lens, scale, num_splits)
     got = kernel.paged_decode(*on(device, q, k_cache, v_cache, table, lens), scale=scale, num_splits=num_splits)
@@ -118,13 +69,8 @@ def test_seq_len_one_returns_its_value_row(dtype, device):
 def test_equal_keys_give_uniform_weights(device):
     """48 equal keys (3 blocks) and V[t, d] = t + d: every weight is exactly 1 (scores equal, p = 2^0), the
     sums are exact integers in fp32, so the output is the mean 23.5 + d exactly, over 2 splits."""
-    k_cache, v_cache, table, scale = named()
     gen = torch.Generator().manual_seed(8)
-    key = torch.randn(2, 64, generator=gen).bfloat16()
-    value = (torch.arange(16)[:, None, None] + torch.arange(64)[None, None, :]).expand(16, 2, 64)
-    for j, block in enumerate([4, 1, 5]):
-        k_cache[block] = key
-        v_cache[block] = (value + 16 * j).bfloat16()
+    k_cache, v_cache, table, scale = equal_keys(gen)
     q = torch.randn(1, 4, 64, generator=gen).bfloat16()
     want = (23.5 + torch.arange(64, dtype=torch.float32)).bfloat16().expand(1, 4, 64)
     for out in run_both(q, k_cache, v_cache, table, torch.tensor([48], dtype=torch.int32), scale, 2, device):
@@ -134,12 +80,7 @@ def test_equal_keys_give_uniform_weights(device):
 def test_one_dominant_key_takes_all_weight(device):
     """Token 37 (block 2 of 4, the middle split of 3) scores 200 above the rest: the others weigh e^-200 = 0
     in fp32, so the output is token 37's V row exactly; the other splits' partials must be weighed 0."""
-    k_cache, v_cache, table, scale = named(kv_heads=1, group=4)
-    gen = torch.Generator().manual_seed(9)
-    for block in (4, 1, 5, 0):
-        k_cache[block] = 0.0
-        v_cache[block] = torch.randn(16, 1, 64, generator=gen).bfloat16()
-    k_cache[5, 5] = 25.0  # q . k * scale = 64 * 25 / 8 = 200
+    k_cache, v_cache, table, scale = dominant_key(torch.Generator().manual_seed(9))
     q = torch.ones(1, 4, 64, dtype=torch.bfloat16)
     for out in run_both(q, k_cache, v_cache, table, torch.tensor([50], dtype=torch.int32), scale, 3, device):
         want = v_cache[5, 5].expand(1, 4, 64)

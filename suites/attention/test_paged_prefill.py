@@ -2,8 +2,8 @@
 and the fp64 ideal, through the ("paged_prefill", dtype) rows of suites.tolerances), over drawn block sizes,
 GQA groups, head sizes, ragged (query count, cached prefix) per sequence (prefix 0 and one query included),
 block tables with holes (every byte the sequences do not own is NaN) and shared prefixes; named cases with
-exact outputs; argument checks; one opcheck; a negative control. The cache and block-table builder is the
-decode suite's."""
+exact outputs; argument checks; one opcheck; a negative control. The cache and block-table builder is
+suites/attention/paged_cases.py, shared with the decode suite."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reference.attention import paged as ref
-from suites.attention.test_paged_decode import DTYPES, build, make_cache, on
+from suites.attention.paged_cases import DTYPES, build, dominant_key, equal_keys, named, on
 from suites.tolerances import assert_lossy
 
 kernel = pytest.importorskip("kernels.paged_prefill")
@@ -59,12 +59,6 @@ def test_paged_prefill_matches_references(p, device):
 
 
 # ---- named cases: outputs known exactly ----
-def named(dtype=torch.bfloat16, head=64, kv_heads=2, group=2, block_size=16, num_blocks=6):
-    k_cache, v_cache = make_cache(block_size, kv_heads, head, dtype, num_blocks)
-    table = torch.tensor([[4, 1, 5, 0]], dtype=torch.int32)  # out of order, block 2 and 3 never owned
-    return k_cache, v_cache, table, head ** -0.5
-
-
 def run_both(q, k_cache, v_cache, table, lens, cu, scale, device):
     mirror = ref.paged_prefill_mirror(q, k_cache, v_cache, table, lens, cu, scale, kernel.kv_tile(device))
     got = kernel.paged_prefill(*on(device, q, k_cache, v_cache, table, lens, cu), scale=scale)
@@ -96,13 +90,8 @@ def test_first_position_returns_its_value_row(dtype, device):
 def test_equal_keys_give_running_means(device):
     """48 equal keys (20 cached, 28 new) and V[t, d] = t + d: every weight is exactly 1, the sums are exact
     integers in fp32, so the query at position t outputs the mean t / 2 + d exactly (in bf16 up to 86.5)."""
-    k_cache, v_cache, table, scale = named()
     gen = torch.Generator().manual_seed(8)
-    key = torch.randn(2, 64, generator=gen).bfloat16()
-    value = (torch.arange(16)[:, None, None] + torch.arange(64)[None, None, :]).expand(16, 2, 64)
-    for j, block in enumerate([4, 1, 5]):
-        k_cache[block] = key
-        v_cache[block] = (value + 16 * j).bfloat16()
+    k_cache, v_cache, table, scale = equal_keys(gen)
     q = torch.randn(28, 4, 64, generator=gen).bfloat16()
     lens, cu = torch.tensor([48], dtype=torch.int32), torch.tensor([0, 28], dtype=torch.int32)
     pos = torch.arange(20, 48, dtype=torch.float32)[:, None, None]
@@ -114,12 +103,7 @@ def test_equal_keys_give_running_means(device):
 def test_dominant_key_is_seen_only_from_its_position(device):
     """Key 37 (a new token; 30 cached, 20 new) scores 200 above the rest: the queries at positions 37..49 output
     V row 37 exactly (the others weigh e^-200 = 0 in fp32); the queries at 30..36 must not see it at all."""
-    k_cache, v_cache, table, scale = named(kv_heads=1, group=4)
-    gen = torch.Generator().manual_seed(9)
-    for block in (4, 1, 5, 0):
-        k_cache[block] = 0.0
-        v_cache[block] = torch.randn(16, 1, 64, generator=gen).bfloat16()
-    k_cache[5, 5] = 25.0  # position 37; q . k * scale = 64 * 25 / 8 = 200
+    k_cache, v_cache, table, scale = dominant_key(torch.Generator().manual_seed(9))
     q = torch.ones(20, 4, 64, dtype=torch.bfloat16)
     lens, cu = torch.tensor([50], dtype=torch.int32), torch.tensor([0, 20], dtype=torch.int32)
     want = v_cache[5, 5].expand(4, 64)

@@ -1,0 +1,26 @@
+"""What the paged attention launchers (kernels/paged_decode.py, kernels/paged_prefill.py) share on the host:
+the planted-fault names, the exp2-domain constant, tl.dot's smallest tile, and the launch-boundary checks
+beyond `reference.attention.paged.check_paged_args`."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kernels._boundary import check_device
+
+# Planted bugs for the suites' negative controls; FAULT is a constexpr, so fault 0 compiles it away.
+FAULTS = {
+    "none": 0,
+    "block_table_off_by_one": 1,  # logical block j read through block_table[b, j + 1]
+}
+LOG2E = math.log2(math.e)
+MIN_DOT = 16  # tl.dot's smallest M, N and K
+
+
+def check_launch(q: torch.Tensor, **others: torch.Tensor) -> torch.device:
+    """q's last dim contiguous (the kernels step d by 1), then every tensor on one device, which is returned."""
+    if q.stride(-1) != 1 and q.shape[-1] > 1:
+        raise ValueError(f"q: last dim must have stride 1, got strides {q.stride()}")
+    return check_device(q=q, **others)
