@@ -20,7 +20,12 @@ MIN_DOT = 16  # tl.dot's smallest M, N and K
 
 
 def check_launch(q: torch.Tensor, **others: torch.Tensor) -> torch.device:
-    """q's last dim contiguous (the kernels step d by 1), then every tensor on one device, which is returned."""
+    """q's last dim contiguous (the kernels step d by 1), the 1-D length tensors contiguous (the kernels read
+    entry b at ptr + b), then every tensor on one device, which is returned."""
     if q.stride(-1) != 1 and q.shape[-1] > 1:
         raise ValueError(f"q: last dim must have stride 1, got strides {q.stride()}")
+    for name in ("seq_lens", "cu_seqlens"):
+        t = others.get(name)
+        if t is not None and t.shape[0] > 1 and t.stride(0) != 1:
+            raise ValueError(f"{name}: must be contiguous, got stride {t.stride()}")
     return check_device(q=q, **others)

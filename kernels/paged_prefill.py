@@ -152,9 +152,6 @@ def launch_paged_prefill(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens,
     if cu_seqlens is None:
         raise TypeError("cu_seqlens: prefill needs the int32 [B + 1] query offsets, got None")
     check_paged_args(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens, scale)
-    for name, t in (("seq_lens", seq_lens), ("cu_seqlens", cu_seqlens)):
-        if t.shape[0] > 1 and t.stride(0) != 1:
-            raise ValueError(f"{name}: must be contiguous, got stride {t.stride()}")
     device = check_launch(q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens,
                           cu_seqlens=cu_seqlens)
     tokens, hq, head = q.shape

@@ -146,6 +146,13 @@ def test_bad_arguments_name_the_argument(change, error, name):
         kernel.launch_paged_decode(**a)
 
 
+def test_kernel_refuses_strided_lengths():
+    """The kernel reads seq_lens[b] at ptr + b: a strided slice must be refused, not misread."""
+    strided = torch.ones(4, dtype=torch.int32)[::2]
+    with pytest.raises(ValueError, match="seq_lens: must be contiguous"):
+        kernel.launch_paged_decode(**_args(seq_lens=strided))
+
+
 def test_reference_checks_lengths_and_table_values():
     a = _args(seq_lens=torch.tensor([1, 65], dtype=torch.int32))
     with pytest.raises(ValueError, match="seq_lens: sequence 1"):
