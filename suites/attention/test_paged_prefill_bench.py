@@ -3,17 +3,11 @@ the harness (eager mirror and SDPA on contiguous q/K/V checked against it; Trito
 
 from __future__ import annotations
 
-import io
-
 import torch
 
 from bench.attention import paged_decode_inputs as pdi
-from bench.environment import collect
 from bench.registry import FAMILY_MODULES, discover
-from bench.roofs import Roof, Roofs
-from bench.runner import Progress, RunConfig, run_op
-from bench.timing import Timing
-from kernels.platform import Platform
+from suites.bench_runs import cpu_verdicts
 
 
 def test_definitions():
@@ -47,14 +41,7 @@ def test_problem_layout():
 
 
 def test_cpu_run_checks_sdpa_against_the_mirror():
-    op = discover()["paged_prefill_causal"]
-    timing = Timing(0.9, 1.0, 1.1, 10)
-    roofs = Roofs(Roof("memcpy", "copy", "uint8", (1,), 2, 0, timing),
-                  Roof("gemm", "mm", "bf16", (1, 1, 1), 6, 2, timing))
-    config = RunConfig(sweep="small", impls=None, cases=["B2_S64"], warmup_ms=1.0, rep_ms=2.0)
-    env = collect(Platform("cpu", "Test CPU", 1, None, "x86_64", "cpu"))
-    rows = run_op(op, env, roofs, config, Progress(3, io.StringIO()))
-    verdicts = {row["impl"]: row["correctness"] for row in rows}
+    verdicts = cpu_verdicts("paged_prefill_causal", "B2_S64")
     assert verdicts["reference-mirror"] == "baseline"
     assert verdicts["sdpa-flash"].startswith("close")
     assert verdicts["triton"].startswith("skipped: Triton")

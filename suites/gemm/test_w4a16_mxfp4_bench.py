@@ -3,14 +3,8 @@
 
 from __future__ import annotations
 
-import io
-
-from bench.environment import collect
 from bench.registry import discover
-from bench.roofs import Roof, Roofs
-from bench.runner import Progress, RunConfig, run_op
-from bench.timing import Timing
-from kernels.platform import Platform
+from suites.bench_runs import cpu_verdicts
 
 
 def test_definition():
@@ -27,15 +21,7 @@ def test_definition():
 
 
 def test_cpu_run_checks_the_peer_against_the_mirror():
-    op = discover()["w4a16_mxfp4_gemm"]
-    timing = Timing(0.9, 1.0, 1.1, 10)
-    roofs = Roofs(Roof("memcpy", "copy", "uint8", (1,), 2, 0, timing),
-                  Roof("gemm", "mm", "bf16", (1, 1, 1), 6, 2, timing))
-    config = RunConfig(sweep="small", impls=["reference-eager", "bf16-matmul", "triton"], cases=["M1"],
-                       warmup_ms=1.0, rep_ms=2.0)
-    env = collect(Platform("cpu", "Test CPU", 1, None, "x86_64", "cpu"))
-    rows = run_op(op, env, roofs, config, Progress(3, io.StringIO()))
-    verdicts = {row["impl"]: row["correctness"] for row in rows}
+    verdicts = cpu_verdicts("w4a16_mxfp4_gemm", "M1", impls=["reference-eager", "bf16-matmul", "triton"])
     assert verdicts["reference-eager"] == "baseline"
     assert verdicts["bf16-matmul"].startswith("close")
     assert verdicts["triton"].startswith("skipped: Triton")

@@ -4,16 +4,10 @@ under the interpreter (the path the GPU run takes)."""
 
 from __future__ import annotations
 
-import io
-
 import pytest
 
-from bench.environment import collect
 from bench.registry import discover
-from bench.roofs import Roof, Roofs
-from bench.runner import Progress, RunConfig, run_op
-from bench.timing import Timing
-from kernels.platform import Platform
+from suites.bench_runs import cpu_verdicts
 
 OPS = ("kv_zero_dsv4_packed", "kv_zero_fa_bf16")
 
@@ -33,13 +27,7 @@ def test_definitions():
 
 @pytest.mark.parametrize("name", OPS)
 def test_cpu_run(name):
-    timing = Timing(0.9, 1.0, 1.1, 10)
-    roofs = Roofs(Roof("memcpy", "copy", "uint8", (1,), 2, 0, timing),
-                  Roof("gemm", "mm", "bf16", (1, 1, 1), 6, 2, timing))
-    config = RunConfig(sweep="small", cases=["1MiB"], warmup_ms=1.0, rep_ms=2.0)
-    env = collect(Platform("cpu", "Test CPU", 1, None, "x86_64", "cpu"))
-    rows = run_op(discover()[name], env, roofs, config, Progress(3, io.StringIO()))
-    verdicts = {row["impl"]: row["correctness"] for row in rows}
+    verdicts = cpu_verdicts(name, "1MiB")
     assert verdicts == {"reference-eager": "baseline", "memset": "memset peer: scratch all zero",
                         "triton": verdicts["triton"]}
     assert verdicts["triton"].startswith("skipped: Triton")
