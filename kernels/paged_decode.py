@@ -1,7 +1,8 @@
 """Paged decode in Triton: one new token a sequence attends to its whole paged context (GQA), split-K.
 
-`touchstone::paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits) -> out` has the
-layouts and semantics of `reference.attention.paged` (q [B, Hq, D]; NHD bf16/fp16 caches of any strides;
+`touchstone::paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, k_scale, v_scale)
+-> out` has the layouts and semantics of `reference.attention.paged` (q [B, Hq, D]; NHD bf16/fp16 caches of
+any strides, or float8_e4m3fn caches with float32 k_scale/v_scale [num_blocks, block_size, Hkv];
 block_table int32 [B, max_blocks]; seq_lens int32 [B]) and the precision of its `paged_decode_mirror`.
 
 Two launches:
@@ -14,7 +15,11 @@ Two launches:
    fp32 accumulate), p = exp2(s * scale * log2 e - m), acc += p (rounded to the cache dtype) @ v in fp32,
    and writes the unnormalised acc [group, D] and (m, l) in fp32. Keys and values of positions past the
    sequence (the rest of its last block) are never loaded (masked to 0, scores to -inf), nor are the table
-   entries past its last block: NaN or garbage there cannot leak.
+   entries past its last block: NaN or garbage there cannot leak. FP8 caches (the constexpr FP8; the bf16/fp16
+   code is unchanged): the tile's codes and its per-(slot, KV head) scales are gathered through the same
+   block-table rows and masks; K's codes go to the tensor cores in q's dtype (exact) and the score column is
+   multiplied by its scale, s = fp32(q . code) * k_scale * scale * log2 e; V is dequantized fp32(code) * scale,
+   rounded to q's dtype, and used as the bf16/fp16 path uses its V tile (p rounded to q's dtype).
 2. `_combine_kernel`, grid (B, Hq): M = max m_s; out = sum 2^(m_s - M) acc_s / sum 2^(m_s - M) l_s (IEEE
    division), rounded once to q's dtype. Empty splits hold m = -inf, l = 0, acc = 0 and weigh nothing.
 
@@ -45,8 +50,9 @@ def _split_kernel(
     q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, acc_ptr, ml_ptr, qk_scale, num_splits,
     q_seq_stride, q_head_stride, k_block_stride, k_pos_stride, k_head_stride,
     v_block_stride, v_pos_stride, v_head_stride, table_stride,
+    ks_ptr, vs_ptr, ks_block_stride, ks_pos_stride, ks_head_stride, vs_block_stride, vs_pos_stride, vs_head_stride,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD: tl.constexpr, HEAD_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, FAULT: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, FP8: tl.constexpr, FAULT: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -82,7 +88,12 @@ def _split_kernel(
         kv_mask = valid[:, None] & d_ok[None, :]
         k_rows = k_ptr + physical * k_block_stride + in_block * k_pos_stride + kv_head * k_head_stride
         k = tl.load(k_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k)) * qk_scale  # [GROUP_PAD, TILE_N], log2 domain
+        if FP8:  # codes are exact in q's dtype; the scale multiplies the score, exact products as for bf16
+            k_sc = tl.load(ks_ptr + physical * ks_block_stride + in_block * ks_pos_stride + kv_head * ks_head_stride,
+                           mask=valid, other=0.0)
+            s = tl.dot(q, tl.trans(k.to(q.dtype))) * k_sc[None, :] * qk_scale
+        else:
+            s = tl.dot(q, tl.trans(k)) * qk_scale  # [GROUP_PAD, TILE_N], log2 domain
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
@@ -90,6 +101,10 @@ def _split_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v_rows = v_ptr + physical * v_block_stride + in_block * v_pos_stride + kv_head * v_head_stride
         v = tl.load(v_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        if FP8:
+            v_sc = tl.load(vs_ptr + physical * vs_block_stride + in_block * vs_pos_stride + kv_head * vs_head_stride,
+                           mask=valid, other=0.0)
+            v = (v.to(tl.float32) * v_sc[:, None]).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
@@ -127,11 +142,14 @@ def _config(device: torch.device) -> dict:
     return _INTERPRETER if runs_interpreted(device) else _GPU
 
 
-def launch_paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, fault="none"):
+def launch_paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, k_scale=None, v_scale=None,
+                        fault="none"):
     """Validate and launch both kernels; `fault` plants a named bug (negative controls only)."""
-    check_paged_args(q, k_cache, v_cache, block_table, seq_lens, None, scale)
+    check_paged_args(q, k_cache, v_cache, block_table, seq_lens, None, scale, (k_scale, v_scale))
     check_num_splits(num_splits)
-    device = check_launch(q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens)
+    fp8 = k_scale is not None
+    scales = dict(k_scale=k_scale, v_scale=v_scale) if fp8 else {}
+    device = check_launch(q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens, **scales)
     batch, hq, head = q.shape
     block_size, hkv = k_cache.shape[1], k_cache.shape[2]
     if block_size & (block_size - 1):
@@ -145,12 +163,17 @@ def launch_paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, num_s
     tile_n = max(cfg["tile_n"], block_size, MIN_DOT)
     acc = torch.empty((batch, hq, num_splits, head), dtype=torch.float32, device=device)
     ml = torch.empty((batch, hq, num_splits, 2), dtype=torch.float32, device=device)
+    if not fp8:
+        k_scale = v_scale = ml  # never read: FP8 is a constexpr
+    ks = k_scale.stride() if fp8 else (0, 0, 0)
+    vs = v_scale.stride() if fp8 else (0, 0, 0)
     _split_kernel[(batch, hkv, num_splits)](
         q, k_cache, v_cache, block_table, seq_lens, acc, ml, float(scale) * LOG2E, num_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0), k_scale, v_scale, *ks, *vs,
         GROUP=group, GROUP_PAD=max(MIN_DOT, triton.next_power_of_2(group)), HEAD=head, HEAD_PAD=head_pad,
-        BLOCK_SIZE=block_size, TILE_N=tile_n, FAULT=FAULTS[fault], num_warps=cfg["warps"], num_stages=cfg["stages"],
+        BLOCK_SIZE=block_size, TILE_N=tile_n, FP8=fp8, FAULT=FAULTS[fault], num_warps=cfg["warps"],
+        num_stages=cfg["stages"],
     )
     _combine_kernel[(batch, hq)](
         acc, ml, out, num_splits, out.stride(0), out.stride(1),
@@ -161,18 +184,21 @@ def launch_paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, num_s
 
 @torch.library.custom_op("touchstone::paged_decode", mutates_args=())
 def _paged_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                     seq_lens: torch.Tensor, scale: float, num_splits: int) -> torch.Tensor:
-    return launch_paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
+                     seq_lens: torch.Tensor, scale: float, num_splits: int, k_scale: torch.Tensor | None = None,
+                     v_scale: torch.Tensor | None = None) -> torch.Tensor:
+    return launch_paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, k_scale, v_scale)
 
 
 @_paged_decode_op.register_fake
-def _(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits):
-    check_paged_args(q, k_cache, v_cache, block_table, seq_lens, None, scale)
+def _(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, k_scale=None, v_scale=None):
+    check_paged_args(q, k_cache, v_cache, block_table, seq_lens, None, scale, (k_scale, v_scale))
     check_num_splits(num_splits)
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                 seq_lens: torch.Tensor, *, scale: float, num_splits: int = 1) -> torch.Tensor:
+                 seq_lens: torch.Tensor, *, scale: float, num_splits: int = 1, k_scale: torch.Tensor | None = None,
+                 v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """Kernel twin of `reference.attention.paged.paged_decode_mirror` (same arguments), [B, Hq, D]."""
-    return torch.ops.touchstone.paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits)
+    return torch.ops.touchstone.paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits,
+                                             k_scale, v_scale)

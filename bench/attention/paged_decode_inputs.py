@@ -17,6 +17,7 @@ import torch
 
 from reference.kv.allocate import allocate_kv_cache
 from reference.kv.attention import FullAttentionSpec
+from reference.kv.store import store_kv
 
 HQ, HKV, HEAD, BLOCK = 32, 8, 128, 16
 # Split-K choice, UNTUNED (no GPU when written): split until the split kernel's grid (batch x Hkv x splits)
@@ -74,6 +75,26 @@ def make_problem(batch: int, context: int, device: str, num_splits: int | None =
     lens = torch.full((batch,), context, dtype=torch.int32, device=device)
     splits = num_splits_for(batch, context) if num_splits is None else num_splits
     return Problem(q, k_cache, v_cache, table.to(torch.int32), lens, HEAD**-0.5, splits)
+
+
+def fp8_kv(problem: Problem) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The problem's K/V stored into an FP8 cache of the same geometry through the FP8 store reference
+    (reference.kv.store: e4m3fn codes, one fp32 scale per (slot, KV head)): (k_cache, v_cache, k_scale,
+    v_scale), the decode's FP8 arguments; slot s is block s // BLOCK, position s % BLOCK, as in the bf16 cache."""
+    num_blocks = problem.k_cache.shape[0]
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HKV, head_size=HEAD, dtype=torch.float8_e4m3fn,
+                             kv_outer=True)
+    views = allocate_kv_cache(spec, num_blocks, device=problem.q.device).views[0]
+    scales = [torch.empty(num_blocks, BLOCK, HKV, device=problem.q.device) for _ in range(2)]
+    rows = [c.reshape(num_blocks * BLOCK, HKV, HEAD) for c in (problem.k_cache, problem.v_cache)]
+    slots = torch.arange(num_blocks * BLOCK, device=problem.q.device)
+    store_kv(*rows, views["k"], views["v"], slots, k_scale=scales[0], v_scale=scales[1])
+    return views["k"], views["v"], *scales
+
+
+def fp8_kv_bytes(batch: int, context: int) -> int:
+    """Bytes an FP8 decode must read: every token's K and V codes and their fp32 scales, per KV head."""
+    return 2 * batch * context * HKV * (HEAD + 4)
 
 
 def contiguous_kv(problem: Problem) -> tuple[torch.Tensor, torch.Tensor]:

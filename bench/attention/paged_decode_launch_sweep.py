@@ -1,6 +1,6 @@
 """Sweep the paged decode kernel's launch shapes on a GPU: time, KV GB/s, and ratios to SDPA and memcpy.
 
-    python -m bench.attention.paged_decode_launch_sweep [--quick]
+    python -m bench.attention.paged_decode_launch_sweep [--quick] [--fp8]
 
 How the `_GPU` table in kernels/paged_decode.py is to be chosen (it is untuned until this runs on the H200). Shapes
 are issue 4's bars, built by bench/attention/paged_decode_inputs.py (32 query heads, 8 KV heads, head 128, bf16,
@@ -9,7 +9,8 @@ block size 16, K/V-outermost NHD cache, block tables a random permutation of it)
 bytes it must read (K and V of every token) per second, the ratio to the same-run SDPA (`enable_gqa=True`) on the
 same KV laid out contiguously (the no-paging ceiling; bar >= 0.92x at batch 128 x 4096) and to memcpy GB/s (bar >=
 0.85x at batch 8 x 32k), and whether the output is within the ("paged_decode", bf16) tolerance row of the mirror
-reference.
+reference. `--fp8`: the same K/V stored into an FP8 cache (bench/attention/paged_decode_inputs.fp8_kv), GB/s
+counted on the codes and scales read; SDPA stays the bf16 contiguous ceiling (an FP8 cache should beat it).
 """
 
 from __future__ import annotations
@@ -37,20 +38,25 @@ def sdpa_ms(problem: pdi.Problem) -> float:
     return time_ms(lambda: torch.nn.functional.scaled_dot_product_attention(q4, k, v, enable_gqa=True))
 
 
-def sweep(batch: int, context: int, splits: tuple[int, ...], configs, memcpy: float) -> None:
+def sweep(batch: int, context: int, splits: tuple[int, ...], configs, memcpy: float, fp8: bool) -> None:
     problem = pdi.make_problem(batch, context, "cuda")
     q, k_cache, v_cache, table, lens, scale, _ = problem.args
     kv_bytes = pdi.kv_bytes(batch, context)
     sdpa = sdpa_ms(problem)
     print(f"batch {batch} context {context}: SDPA {sdpa * 1e3:.1f} us, {kv_bytes / sdpa / 1e6:.0f} GB/s", flush=True)
+    scales = (None, None)
+    if fp8:
+        k_cache, v_cache, *scales = pdi.fp8_kv(problem)
+        kv_bytes = pdi.fp8_kv_bytes(batch, context)
     bound = lossy_bound("paged_decode", torch.bfloat16)
-    ideal = ref.paged_attention_ideal(q, k_cache, v_cache, table, lens, scale)
+    ideal = ref.paged_attention_ideal(q, k_cache, v_cache, table, lens, scale, k_scale=scales[0], v_scale=scales[1])
     for num_splits in splits:
-        mirror = ref.paged_decode_mirror(q, k_cache, v_cache, table, lens, scale, num_splits)
+        mirror = ref.paged_decode_mirror(q, k_cache, v_cache, table, lens, scale, num_splits, *scales)
         for tile_n, warps, stages in configs:
             kernel._GPU.update(tile_n=tile_n, warps=warps, stages=stages)
             name = f"  splits={num_splits:2d} tile={tile_n:3d} warps={warps} stages={stages}"
-            call = functools.partial(kernel.launch_paged_decode, q, k_cache, v_cache, table, lens, scale, num_splits)
+            call = functools.partial(kernel.launch_paged_decode, q, k_cache, v_cache, table, lens, scale, num_splits,
+                                     *scales)
             ms = timed_or_none(call, name)
             if ms is None:
                 continue
@@ -62,6 +68,7 @@ def sweep(batch: int, context: int, splits: tuple[int, ...], configs, memcpy: fl
 def main(argv: list[str] | None = None) -> int:
     cli = parser(__doc__)
     cli.add_argument("--quick", action="store_true", help="tile 64 only, warps 4 and 8, stages 2 and 3")
+    cli.add_argument("--fp8", action="store_true", help="FP8 caches (e4m3fn codes, per-(slot, KV head) scales)")
     args = gpu_args(cli, argv, "paged_decode_launch_sweep")
     torch.manual_seed(0)
     configs = list(itertools.product((64,) if args.quick else TILES, (4, 8) if args.quick else WARPS,
@@ -70,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     saved = dict(kernel._GPU)
     try:
         for (batch, context), splits in SHAPES.items():
-            sweep(batch, context, splits, configs, memcpy)
+            sweep(batch, context, splits, configs, memcpy, args.fp8)
     finally:
         kernel._GPU.update(saved)
     return 0

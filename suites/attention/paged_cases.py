@@ -7,8 +7,9 @@ import torch
 
 from reference.kv.allocate import allocate_kv_cache
 from reference.kv.attention import FullAttentionSpec
+from reference.kv.store import store_kv
 
-NAN_BYTE = 0xFF  # a fresh cache's every byte: 0xFFFF is NaN in bf16 and in fp16
+NAN_BYTE = 0xFF  # a fresh cache's every byte: 0xFFFF is NaN in bf16 and in fp16, 0xFF in e4m3fn
 DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -25,6 +26,18 @@ def build(p: dict):
     with `spare_blocks` never-owned (NaN) blocks among them; sequence 1 may share sequence 0's full leading
     blocks; table entries past a sequence's blocks are -1 or ids of any block (spares and others' included);
     positions past a sequence's length in its last block stay NaN."""
+    return _build(p, fp8=False)[:6]
+
+
+def build_fp8(p: dict):
+    """build(p) over FP8 caches: (q, k_cache, v_cache, block_table, seq_lens, scale, k_scale, v_scale). The same
+    tokens (in q's dtype, each (token, head) row times 2**u, u uniform in +-p["spread"]) go in through the real
+    FP8 store reference (reference.kv.store.store_kv), so codes and scales are what a model's cache would hold;
+    unwritten codes (0xFF) and scales are NaN."""
+    return _build(p, fp8=True)
+
+
+def _build(p: dict, fp8: bool):
     gen = torch.Generator().manual_seed(p["seed"])
     bs, lens = p["block_size"], p["seq_lens"]
     counts = [-(-n // bs) for n in lens]
@@ -36,17 +49,29 @@ def build(p: dict):
         table = torch.full((len(lens), width), -1, dtype=torch.int32)
     else:
         table = torch.randint(0, num_blocks, (len(lens), width), generator=gen, dtype=torch.int32)
-    k_cache, v_cache = make_cache(bs, p["kv_heads"], p["head"], p["dtype"], num_blocks)
+    k_cache, v_cache = make_cache(bs, p["kv_heads"], p["head"], torch.float8_e4m3fn if fp8 else p["dtype"], num_blocks)
+    rows = {"k": [], "v": [], "slots": []}  # FP8: what goes through the store
     for b, (n, count) in enumerate(zip(lens, counts, strict=True)):
         reuse = table[0, :shared].tolist() if b == 1 else []
         own = reuse + [ids.pop() for _ in range(count - len(reuse))]
         table[b, :count] = torch.tensor(own, dtype=torch.int32)
         for j, block in enumerate(own[len(reuse):], start=len(reuse)):
             fill = min(bs, n - j * bs)
-            for cache in (k_cache, v_cache):
-                cache[block, :fill] = torch.randn(cache[block, :fill].shape, generator=gen).to(p["dtype"])
+            for name, cache in (("k", k_cache), ("v", v_cache)):
+                x = torch.randn(cache[block, :fill].shape, generator=gen)
+                if not fp8:
+                    cache[block, :fill] = x.to(p["dtype"])
+                    continue
+                u = torch.rand((*x.shape[:2], 1), generator=gen) * 2 - 1
+                rows[name].append((x * 2.0 ** (u * p["spread"])).to(p["dtype"]))
+            rows["slots"].append(block * bs + torch.arange(fill))
     q = (torch.randn(len(lens), p["kv_heads"] * p["group"], p["head"], generator=gen) * p["sharpness"]).to(p["dtype"])
-    return q, k_cache, v_cache, table, torch.tensor(lens, dtype=torch.int32), p["head"] ** -0.5
+    scales = (None, None)
+    if fp8:
+        scales = tuple(torch.full(k_cache.shape[:3], torch.nan) for _ in range(2))
+        store_kv(torch.cat(rows["k"]), torch.cat(rows["v"]), k_cache, v_cache, torch.cat(rows["slots"]),
+                 k_scale=scales[0], v_scale=scales[1])
+    return q, k_cache, v_cache, table, torch.tensor(lens, dtype=torch.int32), p["head"] ** -0.5, *scales
 
 
 def on(device: str, *tensors: torch.Tensor):

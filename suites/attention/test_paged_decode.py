@@ -1,9 +1,12 @@
 """Paged decode: the Triton split-K kernel against `reference.attention.paged` (the fp32 split-K mirror and
 the fp64 ideal, through the ("paged_decode", dtype) rows of suites.tolerances), over drawn block sizes, GQA
 groups, head sizes, ragged lengths, split counts, block tables with holes (every byte of the cache the
-sequences do not own is NaN, so a wrong gather shows) and shared prefixes; named cases with exact outputs;
-the reference against a dense fp64 attention; argument checks; one opcheck; a negative control. The cache and
-block-table builder is suites/attention/paged_cases.py, shared with the prefill suite."""
+sequences do not own is NaN, so a wrong gather shows) and shared prefixes, on bf16/fp16 caches and on FP8
+caches filled through the FP8 store reference (per-(slot, KV head) scales; the same rows bound both: the FP8
+path's own loss is measured in their `why`); named cases with exact outputs; the reference against a dense
+fp64 attention; argument checks; one opcheck (bf16: opcheck cannot compare float8 tensors); a negative
+control on both paths. The cache and block-table builder is suites/attention/paged_cases.py, shared with the
+prefill suite."""
 
 from __future__ import annotations
 
@@ -13,7 +16,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reference.attention import paged as ref
-from suites.attention.paged_cases import DTYPES, build, dominant_key, equal_keys, named, on
+from reference.kv.store import store_kv
+from suites.attention.paged_cases import DTYPES, build, build_fp8, dominant_key, equal_keys, make_cache, named, on
 from suites.tolerances import assert_lossy
 
 kernel = pytest.importorskip("kernels.paged_decode")
@@ -33,16 +37,27 @@ def decode_problems(draw):
 
 
 def check(p: dict, device: str, fault: str = "none") -> None:
-    q, k_cache, v_cache, table, lens, scale = build(p)
-    mirror = ref.paged_decode_mirror(q, k_cache, v_cache, table, lens, scale, p["num_splits"])
-    ideal = ref.paged_attention_ideal(q, k_cache, v_cache, table, lens, scale)
-    got = kernel.launch_paged_decode(*on(device, q, k_cache, v_cache, table, lens), scale, p["num_splits"], fault)
+    """p with a "spread" key: over FP8 caches (build_fp8)."""
+    q, k_cache, v_cache, table, lens, scale, k_scale, v_scale = build_fp8(p) if "spread" in p else (*build(p), None,
+                                                                                                   None)
+    mirror = ref.paged_decode_mirror(q, k_cache, v_cache, table, lens, scale, p["num_splits"], k_scale, v_scale)
+    ideal = ref.paged_attention_ideal(q, k_cache, v_cache, table, lens, scale, k_scale=k_scale, v_scale=v_scale)
+    scales = on(device, k_scale, v_scale) if k_scale is not None else (None, None)
+    got = kernel.launch_paged_decode(*on(device, q, k_cache, v_cache, table, lens), scale, p["num_splits"], *scales,
+                                     fault=fault)
     assert_lossy("paged_decode", got.cpu(), mirror, ideal, f"paged decode {p}")
 
 
 @given(p=decode_problems())
 def test_paged_decode_matches_references(p, device):
     check(p, device)
+
+
+@given(p=decode_problems(), spread=st.sampled_from([0.0, 4.0]))
+def test_paged_decode_fp8_cache_matches_references(p, spread, device):
+    """FP8 caches: each (token, head) row scaled by 2**u, |u| <= spread, before the store quantizes it, so the
+    scales differ across slots and heads and a scale read from the wrong slot or head shows."""
+    check(p | dict(spread=spread), device)
 
 
 # ---- named cases: outputs known exactly ----
@@ -87,6 +102,30 @@ def test_one_dominant_key_takes_all_weight(device):
         assert torch.equal(out, want), f"max diff {(out.float() - want.float()).abs().max()}"
 
 
+def test_fp8_dominant_key_by_its_scale_alone(device):
+    """FP8: every key row is constant, so every code is 448 (e4m3's max) and only the scales tell the keys
+    apart: 0.25 / 448 everywhere but token 37's (block 5, row 5) 25 / 448. A query of ones scores it
+    64 * (25 - 0.25) / 8 = 198 above the rest (e^-198 = 0 in fp32), so the output is token 37's dequantized
+    V row, fp32(code) * v_scale rounded to bf16, exactly; a kernel ignoring k_scale would average 50 rows."""
+    k_cache, v_cache = make_cache(16, 1, 64, torch.float8_e4m3fn, 6)
+    k_scale, v_scale = torch.full((6, 16, 1), torch.nan), torch.full((6, 16, 1), torch.nan)
+    table = torch.tensor([[4, 1, 5, 0]], dtype=torch.int32)
+    keys = torch.full((50, 1, 64), 0.25, dtype=torch.bfloat16)
+    keys[37] = 25.0
+    values = torch.randn(50, 1, 64, generator=torch.Generator().manual_seed(10)).bfloat16()
+    slots = table[0].long().repeat_interleave(16)[:50] * 16 + torch.arange(50) % 16
+    store_kv(keys, values, k_cache, v_cache, slots, k_scale=k_scale, v_scale=v_scale)
+    assert k_cache[5, 5].view(torch.uint8).eq(0x7E).all() and k_cache[4, 0].view(torch.uint8).eq(0x7E).all()
+    q = torch.ones(1, 4, 64, dtype=torch.bfloat16)
+    lens = torch.tensor([50], dtype=torch.int32)
+    want = (v_cache[5, 5].float() * v_scale[5, 5, :, None]).bfloat16().expand(1, 4, 64)
+    mirror = ref.paged_decode_mirror(q, k_cache, v_cache, table, lens, 0.125, 3, k_scale, v_scale)
+    got = kernel.paged_decode(*on(device, q, k_cache, v_cache, table, lens), scale=0.125, num_splits=3,
+                              k_scale=k_scale.to(device), v_scale=v_scale.to(device)).cpu()
+    for out in (got, mirror):
+        assert torch.equal(out, want), f"max diff {(out.float() - want.float()).abs().max()}"
+
+
 # ---- the references themselves ----
 def test_ideal_prefill_matches_dense_causal_attention():
     """paged_attention_ideal with a cached prefix (3 and 0 new tokens after 37 and 5 cached) equals fp64 SDPA
@@ -107,18 +146,30 @@ def test_ideal_prefill_matches_dense_causal_attention():
         torch.testing.assert_close(got[cu[b]:cu[b + 1]], want.transpose(0, 1), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("num_splits", [1, 4])
-def test_mirror_is_close_to_the_ideal(num_splits):
-    """The mirror alone (got = mirror) holds the table's SQNR floor against the ideal, at one and four splits."""
+def test_mirror_is_close_to_the_ideal(num_splits, fp8):
+    """The mirror alone (got = mirror) holds the table's SQNR floor against the ideal, at one and four splits,
+    on a bf16 cache and on an FP8 one (whose ideal is on the exactly dequantized K/V)."""
     p = dict(dtype=torch.bfloat16, block_size=16, kv_heads=1, group=4, head=64, seq_lens=[200, 17],
              num_splits=num_splits, share_prefix=False, extra_width=0, spare_blocks=1, unused="minus_one",
              sharpness=4.0, seed=11)
-    q, k_cache, v_cache, table, lens, scale = build(p)
-    mirror = ref.paged_decode_mirror(q, k_cache, v_cache, table, lens, scale, num_splits)
-    assert_lossy("paged_decode", mirror, mirror, ref.paged_attention_ideal(q, k_cache, v_cache, table, lens, scale))
+    q, k_cache, v_cache, table, lens, scale, k_scale, v_scale = build_fp8(p | dict(spread=4.0)) if fp8 else (
+        *build(p), None, None)
+    mirror = ref.paged_decode_mirror(q, k_cache, v_cache, table, lens, scale, num_splits, k_scale, v_scale)
+    ideal = ref.paged_attention_ideal(q, k_cache, v_cache, table, lens, scale, k_scale=k_scale, v_scale=v_scale)
+    assert_lossy("paged_decode", mirror, mirror, ideal)
 
 
 # ---- arguments ----
+def _fp8():
+    return torch.zeros(4, 16, 2, 64, dtype=torch.float8_e4m3fn)
+
+
+def _scale():
+    return torch.ones(4, 16, 2)
+
+
 def _args(**change):
     k_cache, v_cache = torch.zeros(4, 16, 2, 64, dtype=torch.bfloat16), torch.zeros(4, 16, 2, 64, dtype=torch.bfloat16)
     args = dict(q=torch.zeros(2, 4, 64, dtype=torch.bfloat16), k_cache=k_cache, v_cache=v_cache,
@@ -137,7 +188,13 @@ def _args(**change):
     (dict(seq_lens=torch.ones(3, dtype=torch.int32)), TypeError, "seq_lens"),
     (dict(scale=0.0), ValueError, "scale"),
     (dict(num_splits=0), ValueError, "num_splits"),
-], ids=["q-dtype", "q-heads", "q-rows", "v-dtype", "k-stride", "table-dtype", "lens-shape", "scale", "splits"])
+    (dict(k_cache=_fp8(), v_cache=_fp8(), v_scale=_scale()), ValueError, "k_scale: a torch.float8_e4m3fn cache"),
+    (dict(k_scale=_scale(), v_scale=_scale()), ValueError, "k_scale: only a torch.float8_e4m3fn cache"),
+    (dict(k_cache=_fp8(), k_scale=_scale(), v_scale=_scale()), TypeError, "v_cache: dtype"),
+    (dict(k_cache=_fp8(), v_cache=_fp8(), k_scale=_scale(), v_scale=_scale().double()), TypeError, "v_scale: dtype"),
+    (dict(k_cache=_fp8(), v_cache=_fp8(), k_scale=_scale()[:3], v_scale=_scale()), ValueError, "k_scale: shape"),
+], ids=["q-dtype", "q-heads", "q-rows", "v-dtype", "k-stride", "table-dtype", "lens-shape", "scale", "splits",
+        "fp8-no-k-scale", "bf16-with-scales", "fp8-k-only", "v-scale-dtype", "k-scale-shape"])
 def test_bad_arguments_name_the_argument(change, error, name):
     a = _args(**change)
     with pytest.raises(error, match=name):
@@ -167,16 +224,19 @@ def test_opcheck(device):
              share_prefix=False, extra_width=1, spare_blocks=1, unused="minus_one", sharpness=1.0, seed=3)
     q, k_cache, v_cache, table, lens, scale = build(p)
     k_cache, v_cache = k_cache.nan_to_num(0.0), v_cache.nan_to_num(0.0)  # opcheck compares inputs with ==
+    # One opcheck, on the bf16 path (k_scale = v_scale = None): opcheck compares float8 tensors with ops torch lacks.
     torch.library.opcheck(torch.ops.touchstone.paged_decode.default,
                           (*on(device, q, k_cache, v_cache, table, lens), scale, 2))
 
 
 # ---- negative control: the planted block-table off-by-one must be caught ----
-def test_negative_control_block_table_off_by_one(device):
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_negative_control_block_table_off_by_one(fp8, device):
     """Logical block j read through entry j + 1: the next block's data, and past a sequence's last block an
-    unused entry (here a never-owned NaN block)."""
+    unused entry (here a never-owned NaN block); on the FP8 path the scales come through the same entry."""
     p = dict(dtype=torch.bfloat16, block_size=16, kv_heads=1, group=2, head=64, seq_lens=[40, 7], num_splits=2,
              share_prefix=False, extra_width=1, spare_blocks=2, unused="garbage", sharpness=1.0, seed=4)
+    p = p | dict(spread=4.0) if fp8 else p
     with pytest.raises(AssertionError, match="paged decode"):
         check(p, device, fault="block_table_off_by_one")
     check(p, device)
