@@ -3,7 +3,8 @@
 `touchstone::paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, k_scale, v_scale)
 -> out` has the layouts and semantics of `reference.attention.paged` (q [B, Hq, D]; NHD bf16/fp16 caches of
 any strides, or float8_e4m3fn caches with float32 k_scale/v_scale [num_blocks, block_size, Hkv];
-block_table int32 [B, max_blocks]; seq_lens int32 [B]) and the precision of its `paged_decode_mirror`.
+block_table int32 [B, max_blocks]; seq_lens int32 [B]) and the precision of its `paged_decode_mirror` (up
+to the online softmax over KV tiles inside a split: see the reference's docstring).
 
 Two launches:
 1. `_split_kernel`, grid (B, Hkv, num_splits). A program takes one sequence, one KV head and the group's
@@ -152,7 +153,7 @@ def launch_paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, num_s
     device = check_launch(q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens, **scales)
     batch, hq, head = q.shape
     block_size, hkv = k_cache.shape[1], k_cache.shape[2]
-    if block_size & (block_size - 1):
+    if block_size < 1 or block_size & (block_size - 1):
         raise ValueError(f"k_cache: block size must be a power of two, got {block_size}")
     out = torch.empty(q.shape, dtype=q.dtype, device=device)
     if out.numel() == 0:

@@ -46,7 +46,9 @@ def problem(batch: int, new: int, prefix: int):
 
 
 def sdpa_ms(q, k_cache, v_cache, table, batch: int, new: int, prefix: int) -> float:
-    """SDPA flash on the same K/V gathered once into contiguous [B, Hq, L, D] (the gather is not timed)."""
+    """SDPA flash on the same K/V gathered once into contiguous [B, Hq, L, D] (the gather is not timed). K/V are
+    repeated to Hq heads because the prefix case needs a causal_lower_right mask; this peer therefore reads 4x
+    the K/V bytes. The bar's peer is the registered bench's `sdpa-flash` (no prefix, enable_gqa=True)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.bias import causal_lower_right
 

@@ -128,8 +128,8 @@ def test_fp8_dominant_key_by_its_scale_alone(device):
 
 # ---- the references themselves ----
 def test_ideal_prefill_matches_dense_causal_attention():
-    """paged_attention_ideal with a cached prefix (3 and 0 new tokens after 37 and 5 cached) equals fp64 SDPA
-    on the gathered contiguous K/V with the query rows at the sequence's last positions."""
+    """paged_attention_ideal with a cached prefix (3 new tokens after 37 cached; 5 and 9 new with no prefix)
+    equals fp64 SDPA on the gathered contiguous K/V with the query rows at the sequence's last positions."""
     p = dict(dtype=torch.float16, block_size=16, kv_heads=2, group=2, head=64, seq_lens=[40, 5, 9], num_splits=1,
              share_prefix=True, extra_width=1, spare_blocks=2, unused="garbage", sharpness=1.0, seed=5)
     _, k_cache, v_cache, table, lens, scale = build(p)
