@@ -30,6 +30,21 @@ def load_block_words(x_ptr, block, n_blocks, blocks_per_row, row_stride, WORDS: 
     return tl.load(x_ptr + word, mask=(block < n_blocks)[:, None], other=0)
 
 
+@triton.jit
+def store_block_words(out_ptr, block, in_range, low, high, nan_block, WORDS: tl.constexpr, OUTPUT: tl.constexpr):
+    """A dequantizer's output: [blocks, WORDS] words, word j holding element pair (2j, 2j+1) as the bits of
+    `low` and `high` (OUTPUT 0 bf16 / 1 fp16 in int32 words, 2 fp32 in int64 words); blocks flagged in
+    `nan_block` [blocks, 1] become canonical NaN pairs. Blocks outside `in_range` store nothing."""
+    if OUTPUT == 2:
+        words = low.to(tl.uint64) | (high.to(tl.uint64) << 32)
+        words = tl.where(nan_block, 0x7FC000007FC00000, words).to(tl.int64, bitcast=True)
+    else:
+        words = low | (high << 16)
+        nan = 0x7FC07FC0 if OUTPUT == 0 else 0x7E007E00
+        words = tl.where(nan_block, nan, words).to(tl.uint32).to(tl.int32, bitcast=True)
+    tl.store(out_ptr + block[:, None] * WORDS + tl.arange(0, WORDS)[None, :], words, mask=in_range[:, None])
+
+
 def word_rows(rows: torch.Tensor) -> torch.Tensor:
     """[rows, K] of 2-byte or 4-byte elements -> [rows, K/2] words of one element pair each (no copy)."""
     return rows.view(torch.int32 if rows.element_size() == 2 else torch.int64)

@@ -26,7 +26,14 @@ import triton.language as tl
 
 from kernels._boundary import check_device, runs_interpreted
 from kernels._e2m1 import e2m1_code, round_index
-from kernels._tiles import block_offsets, load_block_words, packed_fp4_outputs, packed_rows, word_rows
+from kernels._tiles import (
+    block_offsets,
+    load_block_words,
+    packed_fp4_outputs,
+    packed_rows,
+    store_block_words,
+    word_rows,
+)
 from reference.quant.mx_scale import SCALE_MODES
 from reference.quant.mxfp4 import MX_BLOCK_SIZE, check_dequantize_args, check_quantize_args
 
@@ -188,14 +195,7 @@ def _dequantize_mxfp4_kernel(
     low = _e2m1_bits(packed & 0xF, scale_value, OUTPUT)
     high = _e2m1_bits(packed >> 4, scale_value, OUTPUT)
     nan_block = (scale == 255)[:, None]
-    if OUTPUT == 2:
-        words = low.to(tl.uint64) | (high.to(tl.uint64) << 32)
-        words = tl.where(nan_block, 0x7FC000007FC00000, words).to(tl.int64, bitcast=True)
-    else:
-        words = low | (high << 16)
-        nan = 0x7FC07FC0 if OUTPUT == 0 else 0x7E007E00
-        words = tl.where(nan_block, nan, words).to(tl.uint32).to(tl.int32, bitcast=True)
-    tl.store(out_ptr + block[:, None] * 16 + tl.arange(0, 16)[None, :], words, mask=in_range[:, None])
+    store_block_words(out_ptr, block, in_range, low, high, nan_block, 16, OUTPUT)
 
 
 def launch_quantize(x: torch.Tensor, block_size: int, scale_mode: str, fault: str = "none"):

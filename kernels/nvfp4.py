@@ -44,7 +44,14 @@ import triton.language as tl
 
 from kernels._boundary import check_device, runs_interpreted
 from kernels._e2m1 import e2m1_code_of_clamped
-from kernels._tiles import block_offsets, load_block_words, packed_fp4_outputs, packed_rows, word_rows
+from kernels._tiles import (
+    block_offsets,
+    load_block_words,
+    packed_fp4_outputs,
+    packed_rows,
+    store_block_words,
+    word_rows,
+)
 from reference.formats.e4m3 import decode_e4m3
 from reference.quant.nvfp4 import NVFP4_BLOCK_SIZE, check_dequantize_args, check_quantize_args
 from reference.quant.nvfp4_global_scale import DecodeScale, EncodeScale, GlobalScale
@@ -222,14 +229,7 @@ def _dequantize_nvfp4_kernel(
     low = _element_bits(packed & 0xF, block_scale, OUTPUT)
     high = _element_bits(packed >> 4, block_scale, OUTPUT)
     nan_block = ((scale & 0x7F) == 0x7F)[:, None]
-    if OUTPUT == 2:
-        words = low.to(tl.uint64) | (high.to(tl.uint64) << 32)
-        words = tl.where(nan_block, 0x7FC000007FC00000, words).to(tl.int64, bitcast=True)
-    else:
-        words = low | (high << 16)
-        nan = 0x7FC07FC0 if OUTPUT == 0 else 0x7E007E00
-        words = tl.where(nan_block, nan, words).to(tl.uint32).to(tl.int32, bitcast=True)
-    tl.store(out_ptr + block[:, None] * WORDS + tl.arange(0, WORDS)[None, :], words, mask=in_range[:, None])
+    store_block_words(out_ptr, block, in_range, low, high, nan_block, WORDS, OUTPUT)
 
 
 _DIVISORS: dict[torch.device, torch.Tensor] = {}
