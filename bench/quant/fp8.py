@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from bench.quant.sweeps import quant_op, sweeps
+from bench.quant.sweeps import bf16_input, quant_op, sweeps
 from bench.registry import Case, OpBench, register
 from reference.quant.fp8 import quantize_fp8
 
@@ -29,11 +29,6 @@ def fp8_group_bytes(case: Case) -> int:
     return m * k * 2 + m * k + m * (k // GROUP) * 4
 
 
-def inputs(case: Case, torch_device: str) -> torch.Tensor:
-    generator = torch.Generator(device=torch_device).manual_seed(0)
-    return torch.randn(case.shape, dtype=torch.bfloat16, device=torch_device, generator=generator)
-
-
 def _with(get_fn: Callable[[], Callable], ue8m0: bool) -> Callable[[torch.Tensor], Callable[[], object]]:
     def factory(x: torch.Tensor) -> Callable[[], object]:
         fn = get_fn()
@@ -43,8 +38,9 @@ def _with(get_fn: Callable[[], Callable], ue8m0: bool) -> Callable[[torch.Tensor
 
 
 def _op(name: str, ue8m0: bool) -> OpBench:
-    return quant_op(name, "bfloat16->e4m3fn", sweeps(K), inputs, fp8_group_bytes, lambda get_fn: _with(get_fn, ue8m0),
-                    quantize_fp8, "kernels.fp8_quant", "quantize_fp8", EAGER_TEMPORARIES, EAGER_GPU_MAX_MIB)
+    return quant_op(name, "bfloat16->e4m3fn", sweeps(K), bf16_input, fp8_group_bytes,
+                    lambda get_fn: _with(get_fn, ue8m0), quantize_fp8, "kernels.fp8_quant", "quantize_fp8",
+                    EAGER_TEMPORARIES, EAGER_GPU_MAX_MIB)
 
 
 GROUP_QUANT = register(_op("fp8_group128_quantize", ue8m0=False))

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from bench.quant.sweeps import quant_op, sweeps
+from bench.quant.sweeps import bf16_input, packed_fp4_input, quant_op, sweeps
 from bench.registry import Case, OpBench, register
 from reference.quant.mxfp4 import MX_BLOCK_SIZE, dequantize_mxfp4, quantize_mxfp4
 
@@ -40,23 +40,8 @@ def mxfp4_bytes(case: Case) -> int:
     return m * k * 2 + m * k // 2 + m * k // MX_BLOCK_SIZE
 
 
-def _generator(torch_device: str) -> torch.Generator:
-    return torch.Generator(device=torch_device).manual_seed(0)
-
-
-def quantize_inputs(case: Case, torch_device: str) -> torch.Tensor:
-    generator = _generator(torch_device)
-    return torch.randn(case.shape, dtype=torch.bfloat16, device=torch_device, generator=generator)
-
-
 def dequantize_inputs(case: Case, torch_device: str) -> tuple[torch.Tensor, torch.Tensor]:
-    m, k = case.shape
-    generator = _generator(torch_device)
-    codes = torch.randint(0, 256, (m, k // 2), dtype=torch.uint8, device=torch_device, generator=generator)
-    low, high = SCALE_RANGE
-    scales = torch.randint(low, high, (m, k // MX_BLOCK_SIZE), dtype=torch.uint8, device=torch_device,
-                           generator=generator)
-    return codes, scales
+    return packed_fp4_input(case, torch_device, MX_BLOCK_SIZE, SCALE_RANGE)
 
 
 def _quantize_with(get_fn: Callable[[], Callable]) -> Callable[[torch.Tensor], Callable[[], object]]:
@@ -81,7 +66,7 @@ def _op(name: str, kind: str, dtype: str, make_inputs: Callable, wrap: Callable,
                     EAGER_TEMPORARIES[kind], EAGER_GPU_MAX_MIB)
 
 
-QUANTIZE = register(_op("mxfp4_quantize", "quantize", "bfloat16->mxfp4", quantize_inputs, _quantize_with,
+QUANTIZE = register(_op("mxfp4_quantize", "quantize", "bfloat16->mxfp4", bf16_input, _quantize_with,
                         quantize_mxfp4))
 DEQUANTIZE = register(_op("mxfp4_dequantize", "dequantize", "mxfp4->bfloat16", dequantize_inputs,
                           _dequantize_with, dequantize_mxfp4))

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from bench.quant.sweeps import quant_op, sweeps
+from bench.quant.sweeps import bf16_input, packed_fp4_input, quant_op, sweeps
 from bench.registry import AccuracyReport, Case, OpBench, register, register_accuracy
 from reference.quant.nvfp4 import NVFP4_BLOCK_SIZE, dequantize_nvfp4, quantize_nvfp4
 from reference.quant.nvfp4_fused_w13 import W13_POLICIES, NVFP4Tensor, fuse_w13
@@ -42,22 +42,13 @@ def nvfp4_bytes(case: Case) -> int:
     return m * k * 2 + m * k // 2 + m * k // NVFP4_BLOCK_SIZE
 
 
-def _generator(torch_device: str) -> torch.Generator:
-    return torch.Generator(device=torch_device).manual_seed(0)
-
-
 def quantize_inputs(case: Case, torch_device: str) -> tuple[torch.Tensor, EncodeScale]:
-    x = torch.randn(case.shape, dtype=torch.bfloat16, device=torch_device, generator=_generator(torch_device))
+    x = bf16_input(case, torch_device)
     return x, EncodeScale.from_amax(tensor_amax(x))
 
 
 def dequantize_inputs(case: Case, torch_device: str) -> tuple[torch.Tensor, torch.Tensor, DecodeScale]:
-    m, k = case.shape
-    generator = _generator(torch_device)
-    codes = torch.randint(0, 256, (m, k // 2), dtype=torch.uint8, device=torch_device, generator=generator)
-    low, high = SCALE_RANGE
-    scales = torch.randint(low, high, (m, k // NVFP4_BLOCK_SIZE), dtype=torch.uint8, device=torch_device,
-                           generator=generator)
+    codes, scales = packed_fp4_input(case, torch_device, NVFP4_BLOCK_SIZE, SCALE_RANGE)
     return codes, scales, DecodeScale(torch.tensor(3.0e-3, device=torch_device))
 
 

@@ -30,6 +30,25 @@ def sweeps(k: int) -> dict[str, list[Case]]:
     return {"small": cases(SMALL_MIB, k), "full": cases(FULL_MIB, k)}
 
 
+def bf16_input(case: Case, torch_device: str) -> torch.Tensor:
+    """The quantizers' input: seeded randn bf16 of the case's shape (the same tensor on every run)."""
+    generator = torch.Generator(device=torch_device).manual_seed(0)
+    return torch.randn(case.shape, dtype=torch.bfloat16, device=torch_device, generator=generator)
+
+
+def packed_fp4_input(case: Case, torch_device: str, block_size: int,
+                     scale_range: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dequantizers' input for a [M, K] case: seeded random code bytes [M, K/2] and scale bytes
+    [M, K/block_size] drawn from `scale_range` (low inclusive, high exclusive)."""
+    m, k = case.shape
+    generator = torch.Generator(device=torch_device).manual_seed(0)
+    codes = torch.randint(0, 256, (m, k // 2), dtype=torch.uint8, device=torch_device, generator=generator)
+    low, high = scale_range
+    scales = torch.randint(low, high, (m, k // block_size), dtype=torch.uint8, device=torch_device,
+                           generator=generator)
+    return codes, scales
+
+
 @functools.cache
 def compiled(fn: Callable) -> Callable:
     # One compile per function per process; dynamic=True makes M (and K) symbolic from the first call.
