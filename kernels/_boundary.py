@@ -7,6 +7,7 @@ cares about: where the tensors live and how their memory is laid out.
 from __future__ import annotations
 
 import os
+import struct
 
 import torch
 
@@ -48,3 +49,9 @@ def as_rows(t: torch.Tensor, name: str) -> torch.Tensor:
             f"{name}: leading dims of shape {tuple(t.shape)} with strides {t.stride()} cannot be viewed as rows; "
             f"call .contiguous()"
         ) from err
+
+
+def f32_bits(x: float) -> int:
+    """The int32 bit pattern of float32(x) (rounded to nearest), for kernels that take an fp32 constant as
+    bits; plain `struct`, so a launch allocates no tensor for it."""
+    return struct.unpack("<i", struct.pack("<f", x))[0]

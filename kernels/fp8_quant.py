@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._boundary import as_rows, check_device, runs_interpreted
+from kernels._boundary import as_rows, check_device, f32_bits, runs_interpreted
 from kernels._tiles import block_offsets
 from reference.quant.fp8 import DEFAULT_EPS, FP8_FORMATS, check_quantize_fp8_args, scale_shape
 
@@ -157,7 +157,7 @@ def launch_quantize_fp8(x, granularity, group_size, fmt, eps, ue8m0, static_scal
     block_g, group, warps = _tile(group_len, n_groups, x.device)
     _quantize_fp8_kernel[(triton.cdiv(n_groups, block_g),)](
         rows, q.view(torch.uint8), scales, source, n_groups, groups_per_row, group_len, rows.stride(0),
-        torch.tensor(eps, dtype=torch.float32).view(torch.int32).item(),
+        f32_bits(eps),
         BLOCK_G=block_g, GROUP=group, FMT=_FMT_ID[fmt], FP8_MAX=fp8_max, UE8M0=ue8m0, SOURCE=source_id,
         CONTIGUOUS=rows.shape[0] == 1 or rows.stride(0) == k, FAULT=FAULTS[fault], num_warps=warps,
     )

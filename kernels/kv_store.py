@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._boundary import check_device, runs_interpreted
+from kernels._boundary import check_device, f32_bits, runs_interpreted
 from reference.kv.packed_codec import AMAX_EPS, DS_MLA_NOPE, DS_MLA_TILE, DSV4_NOPE, DSV4_TILE, ROPE_DIM
 from reference.kv.store import check_store_dsv4_args, check_store_fp8_ds_mla_args, check_store_kv_args
 from reference.quant.fp8 import DEFAULT_EPS
@@ -44,11 +44,6 @@ FAULTS = {
 # heads per program of the full-attention store, and warps of each kernel.
 _GPU = {"heads_per_program": 4, "kv_warps": 4, "mla_warps": 4}
 DS_MLA_ROPE_AT = DS_MLA_NOPE + 4 * 4  # after the four fp32 scales
-
-
-def _bits(x: float) -> int:
-    """The fp32 bit pattern of x (the kernels clamp amax as bits: an integer max keeps NaN)."""
-    return torch.tensor(x, dtype=torch.float32).view(torch.int32).item()
 
 
 @triton.jit
@@ -190,7 +185,7 @@ def launch_store_kv(key, value, k_cache, v_cache, slot_mapping, layout, k_scale,
         _GPU["heads_per_program"], triton.next_power_of_2(heads))
     _store_kv_kernel[(num_tokens, triton.cdiv(heads, block_h))](
         key, value, k_cache, v_cache, k_scale, v_scale, slot_mapping,
-        heads, block_size, num_blocks * block_size, _bits(DEFAULT_EPS),
+        heads, block_size, num_blocks * block_size, f32_bits(DEFAULT_EPS),
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         *_strides(k_cache, layout), *_strides(v_cache, layout), *ks, *vs,
         HEAD_K=key.shape[2], HEAD_V=value.shape[2], BLOCK_H=block_h, FP8=fp8, FAULT=FAULTS[fault],
@@ -209,7 +204,7 @@ def _launch_packed(latent, data, scales, slot_mapping, num_blocks, block_size, f
         nope, tile, scale_offset, rope_at = DSV4_NOPE, DSV4_TILE, 0, DSV4_NOPE
     _store_packed_mla_kernel[(latent.shape[0],)](
         latent, data, scales[..., scale_offset:], slot_mapping, block_size, num_blocks * block_size,
-        _bits(AMAX_EPS), latent.stride(0), data.stride(0), data.stride(1), scales.stride(0), scales.stride(1),
+        f32_bits(AMAX_EPS), latent.stride(0), data.stride(0), data.stride(1), scales.stride(0), scales.stride(1),
         NOPE=nope, TILE=tile, TILES=nope // tile, SCALE_SLOTS=triton.next_power_of_2(nope // tile), ROPE=ROPE_DIM,
         ROPE_AT=rope_at,
         UE8M0=fmt == "dsv4", FAULT=FAULTS[fault], num_warps=_GPU["mla_warps"],

@@ -17,6 +17,7 @@ import triton
 
 from bench.launch_sweep import gpu_args, memcpy_gbps, parser, report, time_ms
 from kernels import fp8_quant as kernel
+from kernels._boundary import f32_bits
 from reference.quant import fp8 as ref
 
 K = 7168
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     tail = slice(m - 256, m)
     q = torch.empty(m, K, dtype=torch.uint8, device="cuda")
     scales = torch.empty(m, K // GROUP, dtype=torch.float32, device="cuda")
-    eps_bits = torch.tensor(ref.DEFAULT_EPS, dtype=torch.float32).view(torch.int32).item()
+    eps_bits = f32_bits(ref.DEFAULT_EPS)
     for ue8m0 in (False, True):
         want_q, want_s = ref.quantize_fp8(x[tail].cpu(), granularity="group", group_size=GROUP, ue8m0=ue8m0)
         for block_g, warps in SHAPES:
