@@ -9,7 +9,7 @@ Bytes per call (compulsory): K and V of every token (2 x batch x context x 8 x 1
 4 x batch x 32 x context x 128 (q k^T and p v). Roof: the same-run memcpy. Implementations:
 - reference-mirror: reference.attention.paged.paged_decode_mirror with the kernel's split count (the
   baseline; a Python loop over sequences, so it syncs with the host and is timed without a CUDA graph);
-- triton: kernels.paged_decode, num_splits from paged_decode_inputs.num_splits_for (untuned);
+- triton: kernels.paged_decode, num_splits from paged_decode_inputs.num_splits_for;
 - sdpa-contiguous (ungated peer): torch SDPA, enable_gqa=True, on the same K/V gathered once (untimed) into
   contiguous [B, 8, context, 128]: the no-paging ceiling;
 - flex-paged (ungated peer): FlexAttention's paged attention (torch.nn.attention.experimental.

@@ -2,7 +2,7 @@
 
     python -m bench.attention.paged_decode_launch_sweep [--quick] [--fp8]
 
-How the `_GPU` table in kernels/paged_decode.py is to be chosen (it is untuned until this runs on the H200). Shapes
+How the `_GPU` table in kernels/paged_decode.py is to be chosen (its comment holds the H200 result). Shapes
 are issue 4's bars, built by bench/attention/paged_decode_inputs.py (32 query heads, 8 KV heads, head 128, bf16,
 block size 16, K/V-outermost NHD cache, block tables a random permutation of it): batch 128 x context 4096 and batch
 8 x context 32768 (the split-K case), each at several split counts. Per config: the kernel's median time, the KV
@@ -53,7 +53,7 @@ def sweep(batch: int, context: int, splits: tuple[int, ...], configs, memcpy: fl
     for num_splits in splits:
         mirror = ref.paged_decode_mirror(q, k_cache, v_cache, table, lens, scale, num_splits, *scales)
         for tile_n, warps, stages in configs:
-            kernel._GPU.update(tile_n=tile_n, warps=warps, stages=stages)
+            kernel._GPU.update(tile_n=tile_n, warps=warps, stages=stages, fp8_stages=stages)
             name = f"  splits={num_splits:2d} tile={tile_n:3d} warps={warps} stages={stages}"
             call = functools.partial(kernel.launch_paged_decode, q, k_cache, v_cache, table, lens, scale, num_splits,
                                      *scales)

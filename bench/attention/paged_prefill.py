@@ -8,7 +8,7 @@ sequence, each 2 D for q k^T and 2 D for p v: 2 * 2 * B * Hq * S(S+1)/2 * D. Byt
 out once (bf16). Roof: the same-run bf16 GEMM. Implementations:
 - reference-mirror: reference.attention.paged.paged_prefill_mirror at the kernel's KV tile (the baseline; a
   Python loop over sequences and tiles that syncs with the host, so it is timed without a CUDA graph);
-- triton: kernels.paged_prefill (launch shape untuned: kernels/paged_prefill.py `_GPU`);
+- triton: kernels.paged_prefill (launch shape: kernels/paged_prefill.py `_GPU`, swept on the H200);
 - sdpa-flash (ungated peer): torch SDPA, is_causal=True, enable_gqa=True, on q [B, 32, S, 128] and K/V
   [B, 8, S, 128] gathered once (untimed) into contiguous tensors: the no-paging ceiling. On CUDA the flash
   backend is forced (sdpa_kernel(SDPBackend.FLASH_ATTENTION)): it takes GQA natively (K/V heads unexpanded),

@@ -2,7 +2,7 @@
 
     python -m bench.kv.store_launch_sweep [--tokens 65536]
 
-How the `_GPU` table in kernels/kv_store.py is to be chosen (it is untuned until this runs on the H200).
+How the `_GPU` table in kernels/kv_store.py is to be chosen (its comment holds the H200 result).
 Full attention: 8 KV heads of 128, block size 16, NHD, bf16 copy and FP8 with per-token-head scales; packed
 MLA: fp8_ds_mla and DeepSeek-V4 (block size 64). Slots are a random permutation of the cache (every token
 lands in a different place, as after many requests), written into a cache twice the tokens' size. Each config

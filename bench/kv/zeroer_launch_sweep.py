@@ -3,8 +3,8 @@ the same number of bytes and a memcpy of the same run.
 
     python -m bench.kv.zeroer_launch_sweep [--mib 1024]
 
-This is how `GPU_LAUNCH` in kernels/kv_zeroer.py is to be chosen (it is untuned until this has run; record
-the result there). Both geometries of bench/kv/zeroer.py (DeepSeek-V4 packed rows, FlashAttention bf16
+This is how `GPU_LAUNCH` in kernels/kv_zeroer.py is to be chosen (the measurement behind it is recorded
+there). Both geometries of bench/kv/zeroer.py (DeepSeek-V4 packed rows, FlashAttention bf16
 K/V-outermost), half of the cache's blocks cleared in random order. Each config is checked bit-exact
 against the reference's bytes before it is timed. GPU only: the interpreter says nothing about launch shapes.
 """
