@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+import warnings
 from collections.abc import Callable, Sequence
 
 from bench.device import synchronize
@@ -109,8 +110,17 @@ def graphed(fn: Callable[[], object], torch_device: str) -> Callable[[], object]
     if not torch_device.startswith("cuda"):
         return fn
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    # A capture that records no kernel (work on the host or on another stream) would replay as nothing and time
+    # as impossibly fast: refuse it. torch only warns of it, also while a failed capture unwinds (then the
+    # capture's own error is what the caller reports).
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.cuda.graph(graph):
+            fn()
+    if any("CUDA Graph is empty" in str(w.message) for w in caught):
+        raise RuntimeError("the CUDA graph captured no GPU work")
+    for w in caught:  # anything else is passed on as it came
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return graph.replay
 
 
