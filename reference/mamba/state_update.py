@@ -95,8 +95,9 @@ def _silu_gate(z: torch.Tensor) -> torch.Tensor:
     return z * (one / (one + torch.exp(-z)))
 
 
-def _update(state_rows, x, dt, A, B, C, D, z, dt_bias, dt_softplus, heads_per_group):
-    """The math on gathered rows, in the dtype of the (already converted) operands; returns (new, out)."""
+def update_rows(state_rows, x, dt, A, B, C, D, z, dt_bias, dt_softplus, heads_per_group):
+    """The pinned math on gathered rows (state_rows [n, H, P, N], x/z [n, H, P], dt [n, H], B/C [n, G, N],
+    A/D/dt_bias [H]), all already in the compute dtype; no checks, no slots. Returns (new state rows, out)."""
     if dt_bias is not None:
         dt = dt + dt_bias
     if dt_softplus:
@@ -129,7 +130,7 @@ def _run(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_indices, pad_s
     def param(t):
         return None if t is None else t.to(dtype)
 
-    new, out = _update(state[slot].to(dtype), rows(x), rows(dt), param(A), rows(B), rows(C), param(D), rows(z),
+    new, out = update_rows(state[slot].to(dtype), rows(x), rows(dt), param(A), rows(B), rows(C), param(D), rows(z),
                        param(dt_bias), dt_softplus, nheads // ngroups)
     return new, out, (req, slot)
 
