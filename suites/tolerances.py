@@ -102,17 +102,22 @@ _PAGED_PREFILL_WHY = (
 _MAMBA_STATE_UPDATE_WHY = (
     "Selective state update (kernels.mamba_state_update) vs reference.mamba.state_update's fp32 mirror: same "
     "op order, no FMA (enable_fp_fusion=False), but exp/log are Triton's (numpy float32 on the interpreter, "
-    "ex2.approx/lg2.approx on NVIDIA) and the dstate sum is a tree, not torch's order. Interpreter, 300 draws of "
-    "suites.mamba.state_update_cases (heads 1-4, groups, head_dim 1-16, dstate 1-32, fp32/bf16 state, "
-    "fp32/bf16/fp16 x, D/z/dt_bias/softplus on and off, slot tables with pads): worst fp32 max_rel 4.7e-7 / "
-    "rms_rel 3.6e-7 (out), 2.3e-7 / 1.8e-7 (state); bf16 0 / 0; fp16 out 9.8e-5 / 8.8e-5 (an fp16 flip); "
-    "SQNR vs the fp64 ideal min 133 dB (fp32 out), 138 dB (fp32 state), 50.3 dB (bf16 out, the mirror's own), "
-    "50.9 dB (bf16 state), 66.8 dB (fp16 out). GPU not yet measured; the bounds are modelled: ex2.approx's "
-    "2**-22 plus the exponent's rounding (|dt A| <= ~20 where dA matters) is <= ~1.5e-6 relative on dA, "
-    "hence fp32 max_rel/rms_rel 5e-6/3e-6 and SQNR >= 110 dB; a bf16 (fp16) rounding flip is one ulp, <= "
-    "2**-7 (2**-10) of the value, so max_rel 2**-7 (2**-10), rms_rel a quarter of that, SQNR ~5 dB under the "
-    "mirror's own. Fault slot_is_row (request i updates slot i): untouched slots change (exact check) and "
-    "the updated ones are off by O(1).")
+    "ex2.approx/lg2.approx on NVIDIA) and the dstate sum is a tree, not torch's order. Interpreter, 3000 random "
+    "draws of suites.mamba.state_update_cases (heads 1-4, groups, head_dim 1-16, dstate 1-32, fp32/bf16 state, "
+    "fp32/bf16/fp16 x, D/z/dt_bias/softplus on and off, slot tables with pads): worst fp32 max_rel 1.4e-6 / "
+    "rms_rel 1.4e-6 (out), 2.4e-6 / 2.4e-6 (state); bf16 out 1.4e-4 / 8.6e-5, bf16 state 1.8e-3 / 4.5e-4; fp16 "
+    "out 4.0e-4 / 1.4e-4 (one-ulp flips); SQNR vs the fp64 ideal min 114 dB (fp32 out; the mirror's own 110), "
+    "116 dB (fp32 state), 48.9 dB (bf16 out), 50.2 dB (bf16 state), 67.4 dB (fp16 out), each the mirror's own "
+    "but fp32 (1500 more draws with dt + dt_bias >= 0 when there is no softplus, the suite's current rule: "
+    "within those numbers, fp32 out SQNR min 104 dB, bf16 48.6 dB). The metrics are normalised by the "
+    "output's peak, so a problem with one or two outputs that "
+    "nearly cancel (state * dA + dB x, or the C sum) is ill-conditioned: hypothesis' ci profile found head_dim "
+    "1 x 1 head x one live request with fp32 max_rel = rms_rel 1.4e-5, SQNR 91 dB. Bounds: fp32 1e-4 / 1e-4 / "
+    "80 dB (7x and 11 dB beyond that case, which also leaves room for the GPU's ex2.approx, ~1.5e-6 relative "
+    "on dA at |dt A| <= 20; not yet measured on the H200); a bf16 (fp16) rounding flip is one ulp, <= 2**-7 "
+    "(2**-10) of the value: max_rel 2**-7 (2**-10), rms_rel a quarter (half) of that, SQNR ~9-12 dB under the "
+    "worst seen (ill-conditioned draws lower the mirror's own SQNR as well). Fault slot_is_row (request i "
+    "updates slot i): untouched slots change (exact check) and the updated ones are off by O(1).")
 _MAMBA_CONV1D_WHY = (
     "Causal conv1d update (kernels.mamba_conv1d_update) with SiLU vs reference.mamba.conv1d's mirror: the taps "
     "sum in the same order without FMA (bit-exact without activation), only exp differs. Interpreter, 300 "
@@ -131,11 +136,11 @@ LOSSY: dict[tuple[str, torch.dtype], LossyBound] = {
     ("paged_decode", torch.float16): LossyBound(2.5e-3, 1e-3, 62.0, _PAGED_DECODE_WHY),
     ("paged_prefill", torch.bfloat16): LossyBound(1.5e-2, 6e-3, 45.0, _PAGED_PREFILL_WHY),
     ("paged_prefill", torch.float16): LossyBound(2.5e-3, 1e-3, 62.0, _PAGED_PREFILL_WHY),
-    ("mamba_state_update", torch.float32): LossyBound(5e-6, 3e-6, 110.0, _MAMBA_STATE_UPDATE_WHY),
-    ("mamba_state_update", torch.bfloat16): LossyBound(2.0**-7, 2.0**-9, 45.0, _MAMBA_STATE_UPDATE_WHY),
-    ("mamba_state_update", torch.float16): LossyBound(2.0**-10, 2.0**-12, 60.0, _MAMBA_STATE_UPDATE_WHY),
-    ("mamba_state_update.state", torch.float32): LossyBound(5e-6, 3e-6, 110.0, _MAMBA_STATE_UPDATE_WHY),
-    ("mamba_state_update.state", torch.bfloat16): LossyBound(2.0**-7, 2.0**-9, 45.0, _MAMBA_STATE_UPDATE_WHY),
+    ("mamba_state_update", torch.float32): LossyBound(1e-4, 1e-4, 80.0, _MAMBA_STATE_UPDATE_WHY),
+    ("mamba_state_update", torch.bfloat16): LossyBound(2.0**-7, 2.0**-9, 40.0, _MAMBA_STATE_UPDATE_WHY),
+    ("mamba_state_update", torch.float16): LossyBound(2.0**-10, 2.0**-11, 55.0, _MAMBA_STATE_UPDATE_WHY),
+    ("mamba_state_update.state", torch.float32): LossyBound(1e-4, 1e-4, 80.0, _MAMBA_STATE_UPDATE_WHY),
+    ("mamba_state_update.state", torch.bfloat16): LossyBound(2.0**-7, 2.0**-9, 40.0, _MAMBA_STATE_UPDATE_WHY),
     ("mamba_conv1d_update", torch.float32): LossyBound(5e-6, 3e-6, 110.0, _MAMBA_CONV1D_WHY),
     ("mamba_conv1d_update", torch.bfloat16): LossyBound(2.0**-7, 2.0**-9, 45.0, _MAMBA_CONV1D_WHY),
     ("mamba_conv1d_update", torch.float16): LossyBound(2.0**-10, 2.0**-12, 60.0, _MAMBA_CONV1D_WHY),

@@ -32,8 +32,8 @@ def problems(draw) -> dict:
 
 
 def make_case(p: dict) -> dict:
-    """Tensors of a drawn problem (CPU): Mamba2-like magnitudes (A = -exp(randn), dt > 0 unless softplus makes
-    it so), slots a random permutation of the pool with pad entries (-1) among the requests."""
+    """Tensors of a drawn problem (CPU): Mamba2-like magnitudes (A = -exp(randn), dt + dt_bias >= 0 unless
+    softplus makes it so), slots a random permutation of the pool with pad entries (-1) among the requests."""
     gen = torch.Generator().manual_seed(p["seed"])
     batch, heads, dim, n, groups = p["batch"], p["nheads"], p["head_dim"], p["dstate"], p["ngroups"]
     xd = p["x_dtype"]
@@ -49,13 +49,15 @@ def make_case(p: dict) -> dict:
         pads = torch.randperm(batch, generator=gen)[:p["n_pad"]]
         slots[pads] = -1
         indices = slots.to(p["index_dtype"])
+    # dt >= 0 without softplus (a negative step would grow the state: exp(dt A) > 1, fp16 out overflows)
     dt = randn(batch, heads) if p["dt_softplus"] else torch.rand((batch, heads), generator=gen) * 0.5
+    dt_bias = randn(heads, scale=0.5) if p["dt_softplus"] else torch.rand((heads,), generator=gen) * 0.5
     return dict(
         state=randn(num_slots, heads, dim, n, dtype=p["state_dtype"]), x=randn(batch, heads, dim, dtype=xd),
         dt=dt.to(xd), A=-torch.exp(randn(heads)), B=randn(batch, groups, n, dtype=xd),
         C=randn(batch, groups, n, dtype=xd), D=randn(heads) if p["has_D"] else None,
         z=randn(batch, heads, dim, dtype=xd) if p["has_z"] else None,
-        dt_bias=randn(heads, scale=0.5) if p["has_dt_bias"] else None, dt_softplus=p["dt_softplus"],
+        dt_bias=dt_bias if p["has_dt_bias"] else None, dt_softplus=p["dt_softplus"],
         state_indices=indices,
     )
 
