@@ -18,7 +18,8 @@ Precision (the mirror of kernels.mamba_conv1d_update): every operand is read as 
 one), then for k = 0 .. width-1: acc = acc + weight[c, k] * xpad[t + k, c] (the product rounded, then the add:
 no fused multiply-add); SiLU: acc * (1 / (1 + exp(-acc))) in fp32; one rounding (RNE) to x's dtype. The state
 rows are copies (x's value rounded once to the state's dtype when they differ). Only exp can differ between
-implementations (an ulp), so without activation a kernel matches bit for bit.
+implementations (an ulp), so without activation a kernel matches bit for bit. `causal_conv1d_ideal` is the
+same math in float64 (the SQNR reference).
 
 Edge-case policy: IEEE. A NaN or Inf in a request's tokens reaches its own outputs for the next width - 1
 positions (and its own state slot), nothing else; -0.0 products add to +0.0 unless every addend is -0.0 and
@@ -103,11 +104,12 @@ def _silu(acc: torch.Tensor) -> torch.Tensor:
 
 def _conv(xpad: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None,
           length: int) -> torch.Tensor:
-    """xpad fp32 [n, length + width - 1, dim] -> acc fp32 [n, length, dim], in the pinned order."""
-    w = weight.to(torch.float32)
-    acc = torch.zeros((xpad.shape[0], length, xpad.shape[2]), dtype=torch.float32, device=xpad.device)
+    """xpad [n, length + width - 1, dim] -> acc [n, length, dim] in xpad's dtype (fp32, or fp64 for the
+    ideal), in the pinned order."""
+    w = weight.to(xpad.dtype)
+    acc = torch.zeros((xpad.shape[0], length, xpad.shape[2]), dtype=xpad.dtype, device=xpad.device)
     if bias is not None:
-        acc = acc + bias.to(torch.float32)
+        acc = acc + bias.to(xpad.dtype)
     for k in range(w.shape[1]):
         acc = acc + w[:, k] * xpad[:, k:k + length, :]
     return _silu(acc) if activation == "silu" else acc
@@ -125,6 +127,16 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     out = _conv(xpad, weight, bias, activation, length).to(x.dtype)
     final_state = torch.cat([initial_state, x.to(initial_state.dtype)], dim=1)[:, length:]
     return out, final_state.contiguous()
+
+
+def causal_conv1d_ideal(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                        initial_state: torch.Tensor | None = None, activation: str | None = None) -> torch.Tensor:
+    """The same math in float64 on the same inputs: out float64 [B, L, dim] (the ideal, for SQNR)."""
+    check_causal_conv1d_args(x, weight, bias, initial_state, activation)
+    batch, length, dim = x.shape
+    init = torch.zeros((batch, weight.shape[1] - 1, dim), dtype=torch.float64, device=x.device) if (
+        initial_state is None) else initial_state.to(torch.float64)
+    return _conv(torch.cat([init, x.to(torch.float64)], dim=1), weight, bias, activation, length)
 
 
 def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
