@@ -21,9 +21,9 @@ def test_definitions():
     # K and V (8 heads) plus q and out (32 heads), bf16, every token once
     assert op.bytes_model(bar) == 2 * 8 * 2048 * 8 * 128 * 2 + 2 * 8 * 2048 * 32 * 128 * 2
     assert op.roof == "gemm" and op.compare_to == "sdpa-flash"
-    assert op.headline == (("triton", "sdpa-flash"), ("triton", "gemm"))
+    assert op.headline == (("triton", "sdpa-flash"), ("triton", "sdpa-flash-expanded"), ("triton", "gemm"))
     assert op.cuda_graph and op.baselines == ("reference-mirror",)
-    assert op.impl("triton").gated and not op.impl("sdpa-flash").gated
+    assert op.impl("triton").gated and not op.impl("sdpa-flash").gated and not op.impl("sdpa-flash-expanded").gated
     mirror = op.impl("reference-mirror")
     assert mirror.skip_reason(bar, "cpu") and mirror.skip_reason(full["B8_S4096"], "cuda") is None
     # right after the decode bench; the many block-FP8 shapes stay last
@@ -43,5 +43,5 @@ def test_problem_layout():
 def test_cpu_run_checks_sdpa_against_the_mirror():
     verdicts = cpu_verdicts("paged_prefill_causal", "B2_S64")
     assert verdicts["reference-mirror"] == "baseline"
-    assert verdicts["sdpa-flash"].startswith("close")
+    assert verdicts["sdpa-flash"].startswith("close") and verdicts["sdpa-flash-expanded"].startswith("close")
     assert verdicts["triton"].startswith("skipped: Triton")
