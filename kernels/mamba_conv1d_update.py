@@ -26,7 +26,8 @@ from kernels._boundary import check_device, runs_interpreted
 from kernels._mamba import FAULTS, request_slot, silu
 from reference.mamba.conv1d import check_causal_conv1d_update_args
 
-# GPU launch shape, UNTUNED (no GPU was available when this was written): channels per program and warps.
+# GPU launch shape, UNTUNED until `python -m bench.mamba.conv1d_update_launch_sweep` runs on the H200: channels
+# per program and warps.
 # The op moves ~(2 (width - 1) + 2) * dim elements a request; 256 channels x 4 warps is a plain elementwise
 # shape (2 elements a thread).
 _GPU = {"block_c": 256, "warps": 4}

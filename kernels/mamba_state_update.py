@@ -27,11 +27,14 @@ from kernels._boundary import check_device, runs_interpreted
 from kernels._mamba import FAULTS, request_slot, silu, softplus
 from reference.mamba.state_update import SOFTPLUS_THRESHOLD, check_selective_state_update_args
 
-# GPU launch shape, UNTUNED (no GPU was available when this was written; the lead runs
-# `python -m bench.mamba.state_update_launch_sweep` on the H200 and puts the winner here with the
-# measurement). block_d: head_dim rows per program (16 x dstate 128 fp32 = 8 KiB of state a program);
-# stages: the kernel has no loop, so num_stages should not matter (the sweep checks).
-_GPU = {"block_d": 16, "warps": 4, "stages": 1}
+# GPU launch shape per state dtype: head_dim rows per program (the whole dstate in each), warps, stages. H200
+# (`python -m bench.mamba.state_update_launch_sweep`, batch 256, 64 heads x 64 x d_state 128, 40 configs a
+# dtype): fp32 state, 64 rows at 2 warps: 288 us = 0.904x memcpy (32 rows at 1 warp 0.896x; the first guess,
+# 16 rows at 4 warps, 0.87x in the bench); bf16 state, 16 rows at 1 warp: 157 us = 0.848x (8 rows 0.839x; 16
+# rows at 4 warps 0.755x). More warps than the tile needs only lose (8 warps: 0.18-0.82x). The kernel has no
+# loop: stages 1 and 2 measure the same.
+_GPU = {torch.float32: {"block_d": 64, "warps": 2, "stages": 1},
+        torch.bfloat16: {"block_d": 16, "warps": 1, "stages": 1}}
 _STATE_TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16}
 
 
@@ -97,7 +100,7 @@ def launch_selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias
     out = torch.empty(x.shape, dtype=x.dtype, device=device)
     if out.numel() == 0:
         return out
-    cfg = dict(_GPU, **(config or {}))
+    cfg = dict(_GPU[state.dtype], **(config or {}))
     block_d = triton.next_power_of_2(head_dim) if runs_interpreted(device) else min(
         cfg["block_d"], triton.next_power_of_2(head_dim))
     never_read = x  # stands in for absent optional tensors: their HAS_* constexpr is False

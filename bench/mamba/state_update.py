@@ -7,7 +7,7 @@ a request in fp32) plus the small inputs and out. Roof: the same-run memcpy. Imp
   table on the host, so it is timed without a CUDA graph);
 - reference-compiled (ungated peer): torch.compile of the reference's math (`update_rows`) with the slot
   gather/scatter around it and no host-side checks (the bench's tables have no pads);
-- triton: kernels.mamba_state_update (launch shape untuned: bench/mamba/state_update_launch_sweep.py).
+- triton: kernels.mamba_state_update (launch shape per state dtype from bench/mamba/state_update_launch_sweep.py).
 Each impl updates its own copy of the state (copied untimed); the timed calls keep advancing it, which the
 bounded recurrence (|dA| < 1) tolerates. The first (untimed) call returns the out and a snapshot of the first
 CHECKED_REQUESTS requests' slots, compared with the mirror's by the ("mamba_state_update", dtype) rows of
