@@ -26,10 +26,11 @@ from kernels._boundary import check_device, runs_interpreted
 from kernels._mamba import FAULTS, request_slot, silu
 from reference.mamba.conv1d import check_causal_conv1d_update_args
 
-# GPU launch shape, UNTUNED until `python -m bench.mamba.conv1d_update_launch_sweep` runs on the H200: channels
-# per program and warps.
-# The op moves ~(2 (width - 1) + 2) * dim elements a request; 256 channels x 4 warps is a plain elementwise
-# shape (2 elements a thread).
+# GPU launch shape: channels per program and warps. The op moves ~(2 (width - 1) + 2) * dim elements a request;
+# 256 channels x 4 warps is a plain elementwise shape (2 elements a thread). NOT TUNED: on the H200 the bench
+# (CUDA-graph replays, b7af659) runs it at 14 us for batch 256 x 6144 channels = 0.41x memcpy (0.49x at batch
+# 512), but `python -m bench.mamba.conv1d_update_launch_sweep` times eager launches (do_bench), 24-78 us for the
+# same work: the host's launch path, not the configs, sets those numbers, so they cannot rank the shapes.
 _GPU = {"block_c": 256, "warps": 4}
 
 

@@ -6,6 +6,8 @@ How the `_GPU` table in kernels/mamba_conv1d_update.py is to be chosen. Problem:
 (6144 bf16 channels, width 4, SiLU, a permuted slot table). Per config (channels per program, warps): the
 kernel's median time, the compulsory bytes per second, the ratio to a same-run memcpy of as many bytes, and
 whether the new state rows are bit-exact and out is within the ("mamba_conv1d_update", bf16) row.
+Limitation (H200, b7af659): at batch 256 the kernel runs ~14 us, below the eager launch path this times
+(24-78 us a config): rank configs at --batch 4096 or more, or time CUDA-graph replays, before trusting it.
 """
 
 from __future__ import annotations
