@@ -41,8 +41,9 @@ FAULTS = {
 # Launch shape: bytes one program clears and its warps: 8 KiB a program is 64 B (four 16-byte stores) per
 # thread at 4 warps. H200 (`python -m bench.kv.zeroer_launch_sweep`, 1 GiB cleared, half the blocks in random
 # order): 4036 GB/s on DeepSeek-V4 packed rows, 4283 GB/s on FA bf16 K/V = 1.20x / 1.27x torch's zero_ of as
-# many bytes, 0.95x / 1.01x memcpy. 2 KiB programs drop to 0.96x / 1.00x memset; 4-32 KiB at 1-4 warps are all
-# within 2 % of this; 8 warps only lose (down to 0.84x memcpy at 4 KiB).
+# many bytes, 0.95x / 1.01x memcpy. 2 KiB programs drop to 0.96x / 1.00x memset; 4-32 KiB at 1-8 warps are
+# within 1 % of this on FA rows and within 10 % on the DSV4 rows (2 warps the worst there); 8 warps at 2-4 KiB
+# lose 13-30 %.
 GPU_LAUNCH = {"chunk_bytes": 8192, "num_warps": 4}
 # The interpreter costs ~1 ms per program whatever its size: one program per segment.
 INTERPRETER_LAUNCH = {"chunk_bytes": 1 << 20, "num_warps": 1}
