@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bench.correctness import lossy_check
-from suites.tolerances import LOSSY, LossyBound, assert_lossy, lossy_metrics
+from suites.tolerances import LOSSY, LossyBound, assert_agree, assert_lossy, lossy_metrics
 
 FAMILY = "tolerance_selftest"
 INF, NAN = float("inf"), float("nan")
@@ -40,3 +40,12 @@ def test_bounds_fail_on_finite_error():
         assert_lossy(FAMILY, got, want, want.double())
     assert lossy_check(FAMILY)(got, want).startswith("mismatch: max_rel")
     assert lossy_metrics(got, want, want).max_rel == pytest.approx(0.1 / 4)
+
+
+def test_agreement_rows_fail_on_an_order_one_difference():
+    want = torch.tensor([1.0, -2.0, 3.0], dtype=torch.float64)
+    assert_agree("ssd_orders", want + 1e-14, want, "ulps")  # inside 1e-12 x 3
+    with pytest.raises(AssertionError, match="ssd_orders"):
+        assert_agree("ssd_orders", want + 1e-9, want, "drift")
+    with pytest.raises(AssertionError, match="shape"):
+        assert_agree("ssd_orders", want[:2], want, "shape")

@@ -12,21 +12,12 @@ from hypothesis import strategies as st
 import reference.mamba.ssd as ssd
 from reference.mamba.ssd import segsum, ssd_chunked_scan, ssm_recurrence_sequential
 from reference.mamba.state_update import selective_state_update, selective_state_update_ideal
-
-# Two fp64 evaluation orders of the same sums agree to a few ulps of the largest magnitude involved: over 3000
-# draws of the suite's distribution the worst difference is 1.2e-15 of max(|want|, 1); 1e-12 leaves room for
-# longer sums while any real bug (a dropped decay, an off-by-one segment) gives O(1) differences.
-FP64_REL = 1e-12
-# The fp32 decode reference and the fp32 scan on one token round differently (einsum sums vs the pinned
-# state * dA + dB * x order): worst 1.1e-6 of max(|out|, 1) over the same 3000 draws; bound ~10x that.
-FP32_REL = 1e-5
+from suites.tolerances import assert_agree
 
 
 def assert_fp64_agree(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    assert got.dtype == want.dtype == torch.float64 and got.shape == want.shape, what
-    scale = max(float(want.abs().max()) if want.numel() else 0.0, 1.0)
-    err = float((got - want).abs().max()) if want.numel() else 0.0
-    assert err <= FP64_REL * scale, f"{what}: max |diff| {err:.3g} > {FP64_REL:g} x {scale:.3g}"
+    assert got.dtype == torch.float64, what
+    assert_agree("ssd_orders", got, want, what)
 
 
 def draw_inputs(seed: int, b: int, length: int, h: int, g: int, p: int, n: int, *, dtype=torch.float64,
@@ -101,8 +92,8 @@ def test_one_token_of_the_scan_is_the_selective_state_update(shape, opts, seed, 
     out32 = selective_state_update(state32, **decode)
     y32, final32 = ssd_chunked_scan(**args, chunk_size=chunk, initial_states=state, **kwargs)
     assert y32.dtype == final32.dtype == torch.float32
-    assert float((y32[:, 0] - out32).abs().max()) <= FP32_REL * max(float(out32.abs().max()), 1.0)
-    assert float((final32 - state32).abs().max()) <= FP32_REL * max(float(state32.abs().max()), 1.0)
+    assert_agree("ssd_orders", y32[:, 0], out32, "fp32 out")
+    assert_agree("ssd_orders", final32, state32, "fp32 state")
 
 
 def test_named_two_token_case():
