@@ -1,0 +1,133 @@
+"""Request state: one `Sequence` per prompt, from WAITING through RUNNING to FINISHED.
+
+A sequence is its token ids (prompt then generated), `num_computed_tokens` (how many of them have K/V in
+the cache) and its block table. There is no separate prefill/decode phase: each step the scheduler gives a
+sequence up to `num_tokens - num_computed_tokens` new tokens (a whole prompt, a prompt chunk, or the one
+token sampled last step), as in vLLM v1 (serving-runner.md §2.2).
+
+Preemption by recompute (`reset_for_recompute`) frees the blocks and sets num_computed_tokens to 0 but keeps
+every generated token: the whole token list is the "prompt" of the recompute, and its full blocks may hit
+the prefix cache again. A seeded request owns a `torch.Generator`, created on the sampler's device on first
+use and advanced only by its own samples, so its tokens do not depend on the batch it shares (and a
+recompute re-samples nothing: the generated tokens are kept).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from typing import TYPE_CHECKING
+
+import torch
+
+from runner.engine.hashing import BlockHash, extend_block_hashes
+from runner.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from runner.engine.block_pool import KVCacheBlock
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(enum.StrEnum):
+    LENGTH = "length"  # max_tokens or max_model_len reached
+    STOP = "stop"  # EOS, a stop token id or a stop string
+    ABORT = "abort"
+
+
+_arrivals = itertools.count()
+
+
+class Sequence:
+    def __init__(self, prompt_token_ids: list[int], params: SamplingParams | None = None, *,
+                 request_id: str | int | None = None, block_size: int = 16) -> None:
+        if not isinstance(prompt_token_ids, list | tuple) or not prompt_token_ids:
+            raise ValueError(f"prompt_token_ids: must be a non-empty list of token ids, got {prompt_token_ids!r}")
+        if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in prompt_token_ids):
+            raise ValueError("prompt_token_ids: every token id must be an int >= 0")
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params: must be SamplingParams, got {type(params).__name__}")
+        self.arrival = next(_arrivals)  # FCFS order; also the preemption order (latest arrival goes first)
+        self.request_id = self.arrival if request_id is None else request_id
+        self.params = params
+        self.block_size = block_size
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.block_table: list[KVCacheBlock] = []
+        self.num_cached_blocks = 0  # leading blocks of block_table registered in the prefix cache
+        self.block_hashes: list[BlockHash] = extend_block_hashes([], self.token_ids, block_size)
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: FinishReason | None = None
+        self.stop_reason: int | str | None = None  # the stop token id or stop string that finished it
+        self.num_preemptions = 0
+        self._generator: torch.Generator | None = None
+
+    # --- sizes --------------------------------------------------------------------------------------------
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[:self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def block_ids(self) -> list[int]:
+        return [b.block_id for b in self.block_table]
+
+    # --- transitions ----------------------------------------------------------------------------------------
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(int(token_id))
+        extend_block_hashes(self.block_hashes, self.token_ids, self.block_size)
+
+    def reset_for_recompute(self) -> None:
+        """After its blocks were freed: everything (generated tokens included) must be computed again."""
+        self.num_computed_tokens = 0
+        self.block_table = []
+        self.num_cached_blocks = 0
+        self.status = SequenceStatus.WAITING
+        self.num_preemptions += 1
+
+    def finish(self, reason: FinishReason, stop_reason: int | str | None = None) -> None:
+        self.status = SequenceStatus.FINISHED
+        self.finish_reason = reason
+        self.stop_reason = stop_reason
+
+    # --- sampling ------------------------------------------------------------------------------------------
+    def generator(self, device: torch.device | str) -> torch.Generator | None:
+        """This request's own generator (seeded requests only), created on `device` on first use."""
+        if self.params.seed is None:
+            return None
+        device = torch.device(device)
+        if self._generator is None:
+            self._generator = torch.Generator(device=device)
+            self._generator.manual_seed(self.params.seed)
+        elif self._generator.device.type != device.type:  # a new generator would restart the seed's stream
+            raise ValueError(f"device: request {self.request_id!r} samples on {self._generator.device}, not {device}")
+        return self._generator
+
+    def __repr__(self) -> str:
+        return (f"Sequence(id={self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
+                f"prompt={self.num_prompt_tokens}, computed={self.num_computed_tokens}, blocks={self.block_ids})")
