@@ -4,6 +4,7 @@
                      [--time-budget SECONDS]
     touchstone report [--out reports]
     touchstone list
+    touchstone generate "prompt" [--max-tokens N] [--temperature T] [--seed S] [--chat]   (runner.cli)
 
 Defaults: every registered op, the "full" sweep on a GPU and "small" on CPU, every impl. Output goes to
 <out>/<backend>-<device slug>/ (reports/cuda-h200/ on an H200). CSV rows are written after every
@@ -49,6 +50,7 @@ def parser() -> argparse.ArgumentParser:
     rebuild = commands.add_parser("report", help="rebuild Markdown, PNG and index from existing CSVs")
     rebuild.add_argument("--out", default="reports", type=pathlib.Path, help="reports root or one folder")
     commands.add_parser("list", help="list registered ops, their impls and sweeps")
+    commands.add_parser("generate", help="print a completion of the default model (see runner.cli)", add_help=False)
     return top
 
 
@@ -153,6 +155,11 @@ def run_list() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["generate"]:  # the runner parses its own options
+        from runner.cli import main as generate
+
+        return generate(argv[1:])
     args = parser().parse_args(argv)
     if args.command == "bench":
         return run_bench(args)

@@ -13,22 +13,14 @@ On CPU (and whenever `enabled` is false) nothing is captured: `run` always goes 
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 from collections.abc import Callable, Sequence
 
 import torch
 
-# A step's decode inputs, one row per sequence: the model runner's eager tensors.
+from runner.engine.capture_sizes import padded_batch_size
+
 Forward = Callable[[torch.Tensor, torch.Tensor, object], torch.Tensor]  # (input_ids, positions, batch) -> hidden
-
-
-def graph_size_for(batch: int, sizes: Sequence[int]) -> int | None:
-    """The smallest capture size >= `batch` (sizes ascending), or None beyond the largest (run eager)."""
-    if batch < 1:
-        raise ValueError(f"batch: must be >= 1, got {batch}")
-    at = bisect.bisect_left(sizes, batch)
-    return sizes[at] if at < len(sizes) else None
 
 
 @dataclasses.dataclass
@@ -121,7 +113,7 @@ class DecodeGraphs:
         """Hidden states [B, hidden] of the step's rows: a replay of the next size up, else the eager forward
         (`eager_batch` builds the step's own AttentionBatch only when needed)."""
         b = step.input_ids.shape[0]
-        size = graph_size_for(b, self.sizes) if self.graphs else None
+        size = padded_batch_size(b, self.sizes) if self.graphs else None
         if size is None:
             return self.forward(step.input_ids, step.positions, eager_batch())
         self.buffers.fill(step, size)

