@@ -1,0 +1,157 @@
+"""W1: offline throughput of runner.LLM against transformers continuous batching, same workload, same run.
+
+    python -m bench.runner.w1                                  # H200: 256 requests x 512 tokens, bf16, dummy weights
+    python -m bench.runner.w1 --requests 16 --output-len 32    # smoke run
+    python -m bench.runner.w1 --cpu                            # CPU: the real model vs HF generate, 8 x 32
+
+Workload (bench.runner.workload.W1): 256 prompts of random token ids, lengths uniform in [100, 1024] (seed
+0), 512 output tokens each (ignore_eos, greedy), SmolLM2-135M's shape with dummy weights in bf16 on CUDA.
+Metric: output tokens / wall seconds of `generate` (prefill included, nano-vllm's definition §1.6), after one
+small warm-up generate (CUDA graphs are captured when the LLM is built, outside the timing). Bar (issue 6):
+>= 40,000 output tok/s on the H200.
+
+The per-step split (schedule / prepare / model / sample / postprocess, summed over steps) comes from a
+second, identical run with phase timing on (it synchronizes the GPU between phases, so its total is a bit
+longer; the throughput row is the run without it).
+
+Peer: transformers `generate_batch` (continuous batching, paged|sdpa attention, block size 256, KV sized by
+HF from free memory), the same prompts and a model of the same shape with random weights. Its tok/s is
+reported twice: over the whole call (which includes HF's own warm-up / graph capture) and over the request
+span (first request created -> last finished). On CPU the peer is plain `generate` one prompt at a time, with
+the real GGUF weights; there the greedy tokens of both are also compared.
+
+Writes reports/<backend>-<device>/runner_w1.csv and .md (runner_cpu_real.* for --cpu).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import pathlib
+import sys
+import time
+
+import torch
+
+from bench.environment import collect
+from bench.runner import hf_peer, report
+from bench.runner.workload import CPU_REAL, W1, Workload
+
+BAR_TOK_S = 40_000
+
+
+def _our_row(workload: Workload, llm, prompts: list[list[int]], note: str) -> tuple[dict, list[list[int]]]:
+    from runner import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=workload.output_len, ignore_eos=True)
+    llm.generate(prompts[:2], dataclasses.replace(params, max_tokens=4), use_tqdm=False)  # warm-up
+    sync = torch.cuda.synchronize if llm.device.type == "cuda" else (lambda: None)
+    sync()
+    started = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    sync()
+    seconds = time.perf_counter() - started
+    tokens = sum(len(o.token_ids) for o in outs)
+    # The split: the same run again with phase timing (synchronizing) on.
+    engine = llm.engine
+    engine.stats = type(engine.stats)()
+    engine.time_phases = True
+    llm.generate(prompts, params, use_tqdm=False)
+    engine.time_phases = False
+    s = engine.stats
+    row = dict(workload=workload.name, impl="touchstone", requests=len(prompts),
+               input_tokens=sum(map(len, prompts)), output_tokens=tokens, seconds=seconds,
+               output_tok_per_s=tokens / seconds, steps=s.steps, schedule_s=s.schedule_s, prepare_s=s.prepare_s,
+               model_s=s.model_s, sample_s=s.sample_s, postprocess_s=s.postprocess_s,
+               note=f"{note}; split from a 2nd run with phase sync ({s.decode_steps} decode steps)")
+    return row, [o.token_ids for o in outs]
+
+
+def _peer_rows(workload: Workload, result: dict, prompts: list[list[int]], impl: str, note: str) -> list[dict]:
+    base = dict(workload=workload.name, requests=len(prompts), input_tokens=sum(map(len, prompts)),
+                output_tokens=result["tokens"])
+    errors = f"; {len(result['errors'])} request errors" if result["errors"] else ""
+    rows = [dict(base, impl=impl, seconds=result["wall"], output_tok_per_s=result["tokens"] / result["wall"],
+                 note=note + errors)]
+    if result["span"] != result["wall"]:
+        rows.append(dict(base, impl=impl + " (request span)", seconds=result["span"],
+                         output_tok_per_s=result["tokens"] / result["span"], note="excludes HF's warm-up" + errors))
+    return rows
+
+
+def run_cuda(workload: Workload, args: argparse.Namespace) -> tuple[list[dict], str]:
+    from runner import LLM
+
+    llm = LLM(args.model, load_format="dummy", dtype=torch.bfloat16, device="cuda",
+              max_num_seqs=min(args.max_num_seqs, workload.requests),
+              max_num_batched_tokens=args.max_num_batched_tokens,
+              max_model_len=workload.max_input + workload.output_len + 16, enforce_eager=args.eager)
+    prompts = workload.prompts(llm.config.vocab_size)
+    ours, _ = _our_row(workload, llm, prompts, f"bf16 dummy {args.model}, {len(llm.engine.runner.graphs.graphs)} "
+                                               f"decode graphs, {llm.engine.scheduler.config.num_blocks} KV blocks")
+    config = llm.config
+    del llm
+    gc.collect()
+    torch.cuda.empty_cache()
+    rows = [ours]
+    if not args.no_peer:
+        model = hf_peer.dummy_model(config, torch.bfloat16, "cuda")
+        result = hf_peer.generate_batch(model, prompts, workload.output_len)
+        rows += _peer_rows(workload, result, prompts, "hf generate_batch",
+                           f"transformers CB, {model.config._attn_implementation}, bf16 random weights")
+    verdict = "meets" if ours["output_tok_per_s"] >= BAR_TOK_S else "is below"
+    return rows, (f"touchstone: {ours['output_tok_per_s']:,.0f} output tok/s, which {verdict} the "
+                  f"{BAR_TOK_S:,} tok/s bar (issue 6).")
+
+
+def run_cpu(workload: Workload, args: argparse.Namespace) -> tuple[list[dict], str]:
+    from runner import LLM
+
+    llm = LLM(device="cpu", max_num_seqs=workload.requests)
+    prompts = workload.prompts(llm.config.vocab_size)
+    ours, tokens = _our_row(workload, llm, prompts, "fp32 SmolLM2-135M-Instruct GGUF (dequantized)")
+    rows = [ours]
+    headline = f"touchstone: {ours['output_tok_per_s']:,.1f} output tok/s on CPU."
+    if not args.no_peer:
+        from runner.model import gguf_path
+
+        model = hf_peer.gguf_model(str(gguf_path()), torch.float32)
+        result = hf_peer.generate_greedy(model, prompts, workload.output_len)
+        same = sum(a == b for a, b in zip(tokens, result["token_ids"], strict=True))
+        rows += _peer_rows(workload, result, prompts, "hf generate",
+                           f"transformers generate one prompt at a time, fp32; {same}/{len(prompts)} requests "
+                           f"with identical greedy tokens")
+        headline += f" Greedy tokens equal HF's for {same}/{len(prompts)} requests."
+    return rows, headline
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.runner.w1", description=__doc__.split("\n\n")[0])
+    p.add_argument("--cpu", action="store_true", help="the CPU variant: real model vs HF generate (8 x 32)")
+    p.add_argument("--requests", type=int, help="scale down the number of requests (smoke runs)")
+    p.add_argument("--output-len", type=int, help="scale down the output tokens per request")
+    p.add_argument("--model", default="smollm2-135m", help="registered shape for the dummy weights (CUDA)")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--no-peer", action="store_true", help="skip the transformers run")
+    p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("reports"))
+    args = p.parse_args(argv)
+    workload = (CPU_REAL if args.cpu else W1).scaled(args.requests, args.output_len)
+    if not args.cpu and not torch.cuda.is_available():
+        print("W1 needs CUDA (use --cpu for the CPU variant)", file=sys.stderr)
+        return 2
+    rows, headline = run_cpu(workload, args) if args.cpu else run_cuda(workload, args)
+    env = collect()
+    folder = report.write(args.out, env, f"runner_{workload.name.replace('-', '_')}", rows, headline)
+    for row in rows:
+        print(f"{row['impl']:>32}: {row['output_tokens']} tokens in {row['seconds']:.2f} s = "
+              f"{row['output_tok_per_s']:,.1f} tok/s")
+    print(headline)
+    print(f"wrote {folder}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
