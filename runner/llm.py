@@ -8,7 +8,10 @@
 
 KV-cache size: on CUDA, `gpu_memory_utilization` of the device minus what the weights and one warm-up step
 of the full token budget use (runner.engine.kv_sizing); on CPU a fixed `kv_cache_bytes` (256 MiB default).
-`num_kv_blocks` overrides both (tests force preemption with a tiny cache).
+`num_kv_blocks` overrides both (tests force preemption with a tiny cache). `loaded` = an already loaded
+(model, tokenizer, config) from runner.model.load_model, to build several engines over one model (tests);
+it must match `dtype` and `device`. A dummy shape whose tokenizer is not installed has tokenizer None: it takes
+token-id prompts only and its outputs have empty text.
 """
 
 from __future__ import annotations
@@ -41,21 +44,23 @@ class LLM:
                  max_num_batched_tokens: int | None = None, max_num_seqs: int = 256, max_model_len: int = 4096,
                  block_size: int = 16, gpu_memory_utilization: float = 0.9, kv_cache_bytes: int | None = None,
                  num_kv_blocks: int | None = None, enforce_eager: bool = False, time_phases: bool = False,
-                 seed: int = 0):
+                 seed: int = 0, loaded: tuple | None = None):
         device = device or _default_device()
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         dtype = dtype or (torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16)
-        torch.manual_seed(seed)  # dummy weights and unseeded sampling
+        torch.manual_seed(seed)  # unseeded sampling starts from the same state
         self.device, self.dtype = torch.device(device), dtype
-        self.model, self.tokenizer, self.config = load_model(model, load_format=load_format, dtype=dtype, device=device)
+        if loaded is None:
+            loaded = load_model(model, load_format=load_format, dtype=dtype, device=device, seed=seed)
+        self.model, self.tokenizer, self.config = loaded
         max_model_len = min(max_model_len, getattr(self.config, "max_position_embeddings", max_model_len))
         if max_num_batched_tokens is None:
             max_num_batched_tokens = max(8192, max_num_seqs, 0 if enable_chunked_prefill else max_model_len)
         if num_kv_blocks is None:
             num_kv_blocks = self._size_kv(device, dtype, block_size, max_num_batched_tokens, max_num_seqs,
                                           max_model_len, gpu_memory_utilization, kv_cache_bytes)
-        eos = self.tokenizer.eos_token_id
+        eos = self.tokenizer.eos_token_id if self.tokenizer is not None else self.config.eos_token_id
         scheduler = Scheduler(SchedulerConfig(
             num_blocks=num_kv_blocks, block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs, max_model_len=max_model_len, enable_chunked_prefill=enable_chunked_prefill,
@@ -109,6 +114,8 @@ class LLM:
             prompts = [prompts]
         prompts = list(prompts)
         if prompts and all(isinstance(p, str) for p in prompts):
+            if self.tokenizer is None:
+                raise ValueError("prompts: this model has no tokenizer; give token-id lists")
             return [self.tokenizer.encode(p) for p in prompts], prompts
         if all(isinstance(p, Seq) and not isinstance(p, str) for p in prompts):
             return [list(p) for p in prompts], [None] * len(prompts)

@@ -116,7 +116,7 @@ def run_cpu(workload: Workload, args: argparse.Namespace) -> tuple[list[dict], s
     if not args.no_peer:
         from runner.model import gguf_path
 
-        model = hf_peer.gguf_model(str(gguf_path()), torch.float32)
+        model = hf_peer.gguf_model(str(gguf_path("smollm2-135m-instruct")), torch.float32)
         result = hf_peer.generate_greedy(model, prompts, workload.output_len)
         same = sum(a == b for a, b in zip(tokens, result["token_ids"], strict=True))
         rows += _peer_rows(workload, result, prompts, "hf generate",

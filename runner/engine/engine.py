@@ -52,6 +52,8 @@ class LLMEngine:
 
     def add_request(self, prompt_token_ids: Seq[int], params: SamplingParams, prompt: str | None = None,
                     request_id: int | str | None = None) -> Sequence:
+        if params.stop and self.tokenizer is None:
+            raise ValueError("params: stop strings need a tokenizer; this model has none")
         seq = Sequence(list(prompt_token_ids), params, request_id=request_id,
                        block_size=self.scheduler.config.block_size)
         self.scheduler.add(seq)
@@ -97,6 +99,8 @@ class LLMEngine:
         detok = self._detokenizers.pop(seq.request_id, None)
         if detok is not None and detok.stopped_by is not None:
             text = detok.text
+        elif self.tokenizer is None:
+            text = ""
         else:
             text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
         reason = seq.finish_reason.value if seq.finish_reason is not None else "abort"
