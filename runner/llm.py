@@ -144,7 +144,9 @@ class LLM:
              use_tqdm: bool = True) -> list[RequestOutput]:
         """Apply the tokenizer's chat template (with the generation prompt) to one conversation or several."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        ids = [self.tokenizer.apply_chat_template(list(c), add_generation_prompt=True, tokenize=True)
-               for c in conversations]
-        ids = [list(x["input_ids"]) if isinstance(x, dict) else list(x) for x in ids]
+        if self.tokenizer is None:
+            raise ValueError("messages: this model has no tokenizer (and no chat template)")
+        texts = [self.tokenizer.apply_chat_template(list(c), add_generation_prompt=True, tokenize=False)
+                 for c in conversations]  # the template writes the special tokens itself
+        ids = [self.tokenizer.encode(text, add_special_tokens=False) for text in texts]
         return self.generate(ids, params, use_tqdm=use_tqdm)

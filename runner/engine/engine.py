@@ -38,6 +38,7 @@ class EngineStats(StepTimes):
     schedule_s: float = 0.0
     postprocess_s: float = 0.0
     computed_tokens: int = 0  # tokens run through the model (prefix-cache hits excluded)
+    prompt_chunks: int = 0  # scheduled rows that computed part of a prompt and sampled nothing
     output_tokens: int = 0
 
 
@@ -92,6 +93,7 @@ class LLMEngine:
         stats.schedule_s += scheduled - started
         stats.postprocess_s += done - ran
         stats.computed_tokens += output.num_batched_tokens
+        stats.prompt_chunks += sum(not entry.samples for entry in output.scheduled)
         stats.output_tokens += sum(t >= 0 for t in tokens)
         return results
 

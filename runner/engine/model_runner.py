@@ -78,7 +78,7 @@ class ModelRunner:
         inputs = output.step_inputs(self.device)
         sampling = [i for i, entry in enumerate(rows) if entry.samples]
         clock.lap("prepare_s")
-        some = None if len(sampling) == len(rows) else torch.tensor(sampling, device=self.device)
+        some = None if len(sampling) == len(rows) else torch.tensor(sampling, dtype=torch.int64, device=self.device)
         if inputs.is_decode:  # one token a row: hidden row i is sequence i's token
             step = DecodeInputs(inputs.input_ids, inputs.positions, inputs.slot_mapping, inputs.block_table,
                                 inputs.seq_lens)

@@ -1,0 +1,105 @@
+"""End-to-end generation with the real SmolLM2-135M-Instruct on CPU (fp32): engine configurations that must
+not change a greedy token (prefix caching on/off, chunked prefill with a tiny token budget, preemption
+forced by a tiny KV cache), seeded sampling, stop strings and ignore_eos.
+
+Each configuration's tokens are compared with a baseline engine with prefix caching off and a budget that
+takes every prompt whole (one prefill step, then decodes: no reuse, no chunking, no preemption); that
+baseline agrees with a request run alone. HF parity of the model itself is runner-model's suite
+(test_model_*). The CPU costs about a model's fp32 weights (0.5 GB) read per step, so tests count steps."""
+
+from __future__ import annotations
+
+import pytest
+
+from runner import LLM, SamplingParams
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SHARED = ("You are a careful assistant. Answer in one short sentence, with no preamble, and never repeat the "
+          "question back. Question: ")
+QUESTIONS = ("What is the capital of France?", "Why is the sky blue?", "What is 7 times 8?",
+             "Name a prime number larger than ten.", "What colour is a ripe banana?", "Who wrote Hamlet?")
+# Six prompts sharing a prefix of several full blocks, one prompt repeated (a full hit: capped at n - 1
+# tokens), and one unrelated prompt.
+PROMPTS = [SHARED + q for q in QUESTIONS] + [SHARED + QUESTIONS[0], "def fibonacci(n):"]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+
+def _llm(smollm2, **kwargs) -> LLM:
+    return LLM(device="cpu", loaded=smollm2, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def baseline_outputs(smollm2):
+    return _llm(smollm2, enable_prefix_caching=False).generate(PROMPTS, GREEDY, use_tqdm=False)
+
+
+@pytest.fixture(scope="module")
+def baseline(baseline_outputs) -> list[list[int]]:
+    return [o.token_ids for o in baseline_outputs]
+
+
+def test_baseline_batch_agrees_with_a_request_alone(smollm2, baseline):
+    alone = _llm(smollm2, enable_prefix_caching=False, max_num_seqs=1)
+    assert _tokens(alone, PROMPTS[1:2]) == baseline[1:2]
+
+
+def _tokens(llm: LLM, prompts=PROMPTS, params=GREEDY) -> list[list[int]]:
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert all(o.finish_reason == "length" and len(o.token_ids) == params.max_tokens for o in outs)
+    return [o.token_ids for o in outs]
+
+
+def test_prefix_caching_gives_the_same_tokens(smollm2, baseline):
+    llm = _llm(smollm2, enable_prefix_caching=True)
+    llm.generate(PROMPTS[:1], SamplingParams(max_tokens=1), use_tqdm=False)  # fills the cache for the batch
+    assert _tokens(llm) == baseline
+    scheduler = llm.engine.scheduler
+    assert scheduler.num_prompt_tokens_hit >= 16 * (len(PROMPTS) - 1)  # every related prompt reused a block
+
+
+def test_chunked_prefill_gives_the_same_tokens(smollm2, baseline):
+    llm = _llm(smollm2, max_num_batched_tokens=24, max_num_seqs=8)  # every prompt is cut into chunks
+    assert _tokens(llm) == baseline
+    assert llm.engine.stats.prompt_chunks >= 4  # rows that computed part of a prompt and sampled nothing
+
+
+def test_forced_preemption_gives_the_same_tokens(smollm2, baseline):
+    llm = _llm(smollm2, num_kv_blocks=14)  # 13 usable blocks of 16 tokens for 8 requests of ~40-70 tokens
+    assert _tokens(llm) == baseline
+    assert llm.engine.scheduler.num_preemptions > 0
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(smollm2):
+    params = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=1234, max_tokens=12, ignore_eos=True)
+    alone = _tokens(_llm(smollm2), PROMPTS[1:2], params)[0]
+    chunked = _llm(smollm2, max_num_batched_tokens=16, max_num_seqs=4)  # chunks sample nothing: same stream
+    others = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
+    mixed = chunked.generate([PROMPTS[0], PROMPTS[1], PROMPTS[2]], [others, params, others], use_tqdm=False)
+    assert mixed[1].token_ids == alone
+    reseeded = _tokens(_llm(smollm2), PROMPTS[1:2], SamplingParams(**{**vars(params), "seed": 4321}))[0]
+    assert reseeded != alone
+
+
+def test_stop_string_cuts_the_text_and_finishes(smollm2, baseline_outputs):
+    llm = _llm(smollm2)
+    prompt, free = PROMPTS[-1], baseline_outputs[-1]
+    text = free.text
+    stop = text.strip()[4:7]  # three characters inside the completion, likely spanning a token boundary
+    at = text.find(stop)
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop]),
+                       use_tqdm=False)[0]
+    assert (out.finish_reason, out.stop_reason, out.text) == ("stop", stop, text[:at])
+    assert out.token_ids == free.token_ids[:len(out.token_ids)] and len(out.token_ids) < len(free.token_ids)
+
+
+def test_ignore_eos_runs_past_the_end_of_turn(smollm2):
+    llm = _llm(smollm2)
+    chat = [{"role": "user", "content": "What is 2+2? Reply with the number only."}]
+    ended = llm.chat(chat, SamplingParams(temperature=0.0, max_tokens=24), use_tqdm=False)[0]
+    eos = llm.tokenizer.eos_token_id
+    assert (ended.finish_reason, ended.stop_reason, ended.token_ids[-1]) == ("stop", eos, eos)
+    assert "4" in ended.text and len(ended.token_ids) < 24
+    forced = llm.chat(chat, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True), use_tqdm=False)[0]
+    assert forced.finish_reason == "length" and len(forced.token_ids) == 24
+    assert forced.token_ids[:len(ended.token_ids)] == ended.token_ids
