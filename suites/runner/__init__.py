@@ -1,0 +1,1 @@
+"""Serving-runner suites: engine core (block pool, scheduler, sampler) with fake tokens; model and API."""
