@@ -45,7 +45,7 @@ def test_null_block_is_reserved():
     assert pool.null_block.block_id == 0 and pool.null_block.is_null and pool.num_free_blocks == 3
     got = pool.get_new_blocks(3)
     assert 0 not in ids(got) and pool.num_free_blocks == 0
-    with pytest.raises(ValueError, match="3 free|0 free"):
+    with pytest.raises(ValueError, match="0 free"):
         pool.get_new_blocks(1)
     with pytest.raises(ValueError, match="not held"):
         pool.free_blocks([pool.null_block])
