@@ -102,12 +102,13 @@ def cfg(**kw):
 def test_same_tokens_with_caching_chunking_and_preemption(num, shared, seed):
     prompts, params = workload(num, shared, seed)
     want, _, _ = run(cfg(), prompts, params)
+    # A prompt of <= 24 tokens + <= 10 generated needs <= 9 blocks: 10 (9 usable) is the tightest cache.
     for config in (cfg(enable_prefix_caching=True),
                    cfg(enable_chunked_prefill=True, max_num_batched_tokens=8),
                    cfg(enable_chunked_prefill=True, enable_prefix_caching=True, max_num_batched_tokens=8,
                        max_num_seqs=3),
                    cfg(num_blocks=10, enable_prefix_caching=True),  # 9 usable blocks: preemption is forced
-                   cfg(num_blocks=9, enable_chunked_prefill=True, max_num_batched_tokens=8)):
+                   cfg(num_blocks=10, enable_chunked_prefill=True, max_num_batched_tokens=8)):
         got, _, _ = run(config, prompts, params)
         assert got == want, config
 
