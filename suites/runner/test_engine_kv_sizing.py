@@ -18,7 +18,7 @@ def test_kv_blocks_from_memory_fraction():
     blocks = kv_sizing.num_kv_blocks(total, used, 0.9, per_block)
     assert blocks == (int(total * 0.9) - used) // per_block == 337_874
     assert kv_sizing.num_kv_blocks(total, used, 0.9, per_block, max_blocks=1000) == 1000
-    with pytest.raises(ValueError, match="memory_fraction: 0.05"):
+    with pytest.raises(ValueError, match=r"memory_fraction: 0\.05"):
         kv_sizing.num_kv_blocks(total, used, 0.05, per_block)  # 7 GiB < the 10 GiB in use
     with pytest.raises(ValueError, match="memory_fraction"):
         kv_sizing.num_kv_blocks(total, used, 1.5, per_block)
