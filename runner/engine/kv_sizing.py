@@ -6,11 +6,12 @@
 
 - total_bytes: the device's memory (torch.cuda.mem_get_info()[1]).
 - used_bytes: everything that must stay resident besides the KV cache, measured after the weights are
-  loaded and one warm-up step of the largest batch has run: memory other processes and the CUDA context
-  hold (total - free - torch's reserved), torch's reserved memory, plus the warm-up's activation peak above
-  what is still allocated (peak_allocated - allocated): the same sum as nano-vllm's
-  `total * util - used - peak + current` (serving-runner.md §1.5) written as one figure. `measured_usage`
-  computes it from torch's counters.
+  loaded and one warm-up step of the largest batch has run: what other processes and the CUDA context hold
+  (total - free - torch's reserved) plus torch's PEAK allocated bytes (the weights still allocated + the
+  warm-up's activation peak on top of them). Memory torch reserved but no longer uses is not counted: the
+  KV allocation reuses it. nano-vllm's `total * util - used - peak + current` (serving-runner.md §1.5)
+  counts that reserve as used as well (its `used` = total - free), so it is the more conservative of the
+  two by at most the allocator's cache. `measured_usage` computes the figure from torch's counters.
 - memory_fraction: of the whole device this process may fill (vLLM's gpu_memory_utilization, default 0.92;
   nano-vllm 0.9). It caps the process, not the KV cache alone.
 Fewer than 2 blocks (the null block and one usable) is an error that names the numbers, not a silent 0.
@@ -52,7 +53,5 @@ def measured_usage(device: torch.device | str) -> tuple[int, int]:
     device = torch.device(device)
     free, total = torch.cuda.mem_get_info(device)
     stats = torch.cuda.memory_stats(device)
-    reserved = stats.get("reserved_bytes.all.current", 0)
-    others = total - free - reserved  # other processes, the CUDA context
-    activation_peak = stats.get("allocated_bytes.all.peak", 0) - stats.get("allocated_bytes.all.current", 0)
-    return total, others + reserved + activation_peak
+    others = total - free - stats.get("reserved_bytes.all.current", 0)  # other processes, the CUDA context
+    return total, others + stats.get("allocated_bytes.all.peak", 0)

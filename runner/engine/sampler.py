@@ -9,9 +9,12 @@ Per row (request), in this order:
   so is the first token always (the boundary bug of nano-vllm PR #196/#260 drops it). top_p = 1 masks
   nothing (cumulative rounding must not cut the tail).
 - a sample by the exponential race: argmax_i p_i / E_i with E_i ~ Exp(1) i.i.d. picks i with probability
-  p_i; masked tokens have p_i = 0 and are never picked. A seeded request draws its E from its own
-  generator (Sequence.generator), vocab-many per sampled token, so its tokens do not depend on the batch it
-  is in or on other requests; unseeded rows draw from torch's default generator in one batched call.
+  p_i (min_i E_i / p_i is Exp(sum p) and token i wins it with odds p_i / sum p, so p need not be
+  normalised: w_i = exp(l_i - max l) is used); masked tokens have w_i = 0 and are never picked. A seeded
+  request draws its E from its own generator (Sequence.generator), vocab-many per sampled token, so its
+  tokens do not depend on the batch it is in or on other requests; unseeded rows draw from torch's default
+  generator in one batched call. Call it only for rows that sample (SchedulerOutput: `samples`): a prompt
+  chunk must not advance a seeded generator.
 Policy: each row needs at least one finite logit (a row of all -inf has no distribution; NaN logits are the
 model's bug and are not screened: argmax would pick them).
 """
@@ -68,7 +71,8 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: t
         ranks = torch.arange(logits.shape[-1], device=logits.device)
         values = values.masked_fill(ranks[None, :] >= top_k[:, None], float("-inf"))
     if top_p is not None:
-        probs = values.softmax(dim=-1)
+        weights = (values - values[:, :1]).exp()  # sorted descending: column 0 holds the row max
+        probs = weights / weights.sum(dim=-1, keepdim=True)
         before = probs.cumsum(dim=-1) - probs  # probability mass strictly ahead of each token
         drop = (before >= top_p[:, None]) & (top_p < 1)[:, None]
         drop[:, 0] = False
@@ -91,11 +95,12 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     if batch.any_top_k or batch.any_top_p:
         scaled = apply_top_k_top_p(scaled, batch.top_k if batch.any_top_k else None,
                                    batch.top_p if batch.any_top_p else None)
-    probs = scaled.softmax(dim=-1)
-    race = torch.empty_like(probs).exponential_()
+    # Unnormalised probabilities: the race's argmax does not depend on the row's normaliser.
+    weights = (scaled - scaled.amax(dim=-1, keepdim=True)).exp_()
+    race = torch.empty_like(weights).exponential_()
     for row, generator in enumerate(batch.generators):
         if generator is not None:
             race[row].exponential_(generator=generator)
     # E = 0 has probability ~0 but would divide to inf (or NaN on a masked token): keep it positive.
-    sampled = (probs / race.clamp_min_(torch.finfo(torch.float32).tiny)).argmax(dim=-1)
+    sampled = (weights / race.clamp_min_(torch.finfo(torch.float32).tiny)).argmax(dim=-1)
     return torch.where(greedy, greedy_tokens, sampled)

@@ -15,7 +15,8 @@ max_num_seqs <= B (checked) every running decode always fits. Prefill chunks sti
 decodes (one mixed batch, as vLLM), so the GPU gets the budget's worth of tokens.
 
 Preemption by recompute: when a request cannot get blocks, the latest-arrived running request (possibly
-already planned this step: its tokens are un-planned and its budget refunded; possibly the request itself)
+the request itself; were it already planned this step, its tokens would be un-planned and the budget
+refunded, though FCFS admission makes every planned request older than the one asking)
 loses its blocks and goes back to the FRONT of the waiting queue with all its tokens (prompt + generated)
 as the prompt to recompute. After a preemption no waiting request is admitted in the same step.
 
