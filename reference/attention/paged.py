@@ -1,9 +1,9 @@
 """Paged attention: softmax(q k^T * scale) v over each sequence's tokens, read through its block table.
 
 Layouts (vLLM v1, note §1.1; the caches are the "k"/"v" views of reference.kv.attention, NHD):
-- q [T, Hq, D], bf16 or fp16 (the ideal also takes fp32, the runner's fp32 CPU model): T query tokens of B sequences, sequence b's tokens at rows
-  cu_seqlens[b] : cu_seqlens[b + 1] (cu_seqlens int32 [B + 1], starting at 0, non-decreasing). Decode is
-  one new token a sequence: T = B, cu_seqlens = arange(B + 1).
+- q [T, Hq, D], bf16 or fp16 (the ideal also takes fp32, the runner's fp32 CPU model): T query tokens of B
+  sequences, sequence b's tokens at rows cu_seqlens[b] : cu_seqlens[b + 1] (cu_seqlens int32 [B + 1],
+  starting at 0, non-decreasing). Decode is one new token a sequence: T = B, cu_seqlens = arange(B + 1).
 - k_cache, v_cache [num_blocks, block_size, Hkv, D], the dtype of q; any strides, last dim contiguous.
   Decode also reads FP8 caches (reference.kv.store's per-token-head FP8): k_cache, v_cache float8_e4m3fn
   codes with k_scale, v_scale float32 [num_blocks, block_size, Hkv] (any strides), one scale per (slot, KV

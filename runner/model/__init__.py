@@ -62,14 +62,15 @@ def _default_device(device) -> torch.device:
 
 
 def load_model(model: str = DEFAULT_MODEL, load_format: str = "auto", dtype: torch.dtype | None = None,
-               device: torch.device | str | None = None, seed: int = 0):
+               device: torch.device | str | None = None, seed: int = 0, tokenizer: bool = True):
     """(LlamaForCausalLM, tokenizer or None, LlamaConfig).
 
     model: a registered name (runner.model.config.MODELS), a .gguf file, or an HF directory (config.json +
     *.safetensors). load_format "auto" picks from that; "dummy" builds seeded random weights (`seed`) of the
     model's shape. device None: CUDA when present, else the CPU; dtype None: bf16 on CUDA, fp32 on the CPU.
     The tokenizer comes from the GGUF file (or the HF directory's tokenizer files); a dummy registered shape
-    gets its family's tokenizer when that file is installed, else None.
+    gets its family's tokenizer when that file is installed, else None. tokenizer=False: never load one
+    (None; saves the seconds transformers takes to build it from a GGUF).
     """
     from runner.model.llama import LlamaForCausalLM
     from runner.model.weights import dummy_weights, read_hf_config, safetensors_weights
@@ -77,22 +78,23 @@ def load_model(model: str = DEFAULT_MODEL, load_format: str = "auto", dtype: tor
     device = _default_device(device)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     fmt, path = _resolve(model, load_format)
-    tokenizer, weights = None, None
+    want_tokenizer, tokenizer, weights = tokenizer, None, None
     if path is None:
         config = registered(model).config
         source = registered(model).tokenizer_from or (model if registered(model).gguf else None)
-        if source is not None and importlib.util.find_spec(registered(source).gguf[0]) is not None:
+        if want_tokenizer and source is not None and importlib.util.find_spec(registered(source).gguf[0]):
             tokenizer = _gguf_tokenizer(gguf_path(source), registered(source).config)
     elif path.is_file():
         from runner.model.gguf_file import GGUFCheckpoint
 
         checkpoint = GGUFCheckpoint(path)
         config = checkpoint.config
-        tokenizer = _gguf_tokenizer(path, config, checkpoint.metadata.get("tokenizer.ggml.padding_token_id"))
+        if want_tokenizer:
+            tokenizer = _gguf_tokenizer(path, config, checkpoint.metadata.get("tokenizer.ggml.padding_token_id"))
         weights = checkpoint.weights() if fmt == "gguf" else None
     else:
         config = read_hf_config(path)
-        tokenizer = _hf_dir_tokenizer(path)
+        tokenizer = _hf_dir_tokenizer(path) if want_tokenizer else None
         weights = safetensors_weights(path) if fmt == "safetensors" else None
     if weights is None:
         weights = dummy_weights(config, seed=seed, device=device, dtype=dtype)

@@ -86,9 +86,9 @@ class LlamaConfig:
                 raise ValueError(f"{name}: biases are not implemented, got {hf[name]!r}")
         rope = dict(hf.get("rope_parameters") or {})
         scaling = hf.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-        if rope_type != "default":
-            raise ValueError(f"rope_scaling: only the default rotary embedding is implemented, got {rope_type!r}")
+        rope_types = {rope.get("rope_type"), scaling.get("rope_type") or scaling.get("type")} - {None, "default"}
+        if rope_types:
+            raise ValueError(f"rope_scaling: only the default rotary embedding is implemented, got {rope_types}")
         theta = rope.get("rope_theta", hf.get("rope_theta", 10_000.0))
         eos = hf.get("eos_token_id")
         if isinstance(eos, list):  # several stop ids: the first is the model's end of sequence

@@ -98,7 +98,10 @@ class GGUFCheckpoint:
         cfg = self.config
         for t in self._reader.tensors:
             name = hf_name(t.name)
-            w = torch.from_numpy(np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32))
+            values = np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+            if not values.flags.writeable:  # an F32 tensor comes back as the read-only memory map itself
+                values = values.copy()
+            w = torch.from_numpy(values)
             if name.endswith("q_proj.weight"):
                 w = unpermute_qk(w, cfg.num_attention_heads)
             elif name.endswith("k_proj.weight"):

@@ -20,6 +20,7 @@ def load_gguf_tokenizer(path: str | Path, bos_token_id: int | None, eos_token_id
     path = Path(path)
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True,
                                         clean_up_tokenization_spaces=False)
+    tok.clean_up_tokenization_spaces = False  # a BPE tokenizer must not strip spaces before punctuation
     for role, token_id in (("bos_token", bos_token_id), ("eos_token", eos_token_id), ("pad_token", pad_token_id)):
         if token_id is not None:
             setattr(tok, role, tok.convert_ids_to_tokens(int(token_id)))

@@ -47,7 +47,7 @@ def dummy_weights(config: LlamaConfig, seed: int = 0, device: torch.device | str
             yield name, torch.ones(shape, dtype=dtype, device=device)
             continue
         std = 1.0 if name == "model.embed_tokens.weight" else 1.0 / math.sqrt(shape[1])
-        yield name, (torch.randn(shape, generator=gen, device=device) * std).to(dtype)
+        yield name, torch.randn(shape, generator=gen, device=device, dtype=dtype).mul_(std)
 
 
 def read_hf_config(directory: str | Path) -> LlamaConfig:
