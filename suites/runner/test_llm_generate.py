@@ -13,7 +13,7 @@ import pytest
 
 from runner import LLM, SamplingParams
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 SHARED = ("You are a careful assistant. Answer in one short sentence, with no preamble, and never repeat the "
           "question back. Question: ")
