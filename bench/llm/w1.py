@@ -1,10 +1,10 @@
 """W1: offline throughput of runner.LLM against transformers continuous batching, same workload, same run.
 
-    python -m bench.runner.w1                                  # H200: 256 requests x 512 tokens, bf16, dummy weights
-    python -m bench.runner.w1 --requests 16 --output-len 32    # smoke run
-    python -m bench.runner.w1 --cpu                            # CPU: the real model vs HF generate, 8 x 32
+    python -m bench.llm.w1                                  # H200: 256 requests x 512 tokens, bf16, dummy weights
+    python -m bench.llm.w1 --requests 16 --output-len 32    # smoke run
+    python -m bench.llm.w1 --cpu                            # CPU: the real model vs HF generate, 8 x 32
 
-Workload (bench.runner.workload.W1): 256 prompts of random token ids, lengths uniform in [100, 1024] (seed
+Workload (bench.llm.workload.W1): 256 prompts of random token ids, lengths uniform in [100, 1024] (seed
 0), 512 output tokens each (ignore_eos, greedy), SmolLM2-135M's shape with dummy weights in bf16 on CUDA.
 Metric: output tokens / wall seconds of `generate` (prefill included, nano-vllm's definition §1.6), after one
 small warm-up generate (CUDA graphs are captured when the LLM is built, outside the timing). Bar (issue 6):
@@ -35,8 +35,8 @@ import time
 import torch
 
 from bench.environment import collect
-from bench.runner import hf_peer, report
-from bench.runner.workload import CPU_REAL, W1, Workload
+from bench.llm import hf_peer, report
+from bench.llm.workload import CPU_REAL, W1, Workload
 
 BAR_TOK_S = 40_000
 
@@ -127,7 +127,7 @@ def run_cpu(workload: Workload, args: argparse.Namespace) -> tuple[list[dict], s
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.runner.w1", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.llm.w1", description=__doc__.split("\n\n")[0])
     p.add_argument("--cpu", action="store_true", help="the CPU variant: real model vs HF generate (8 x 32)")
     p.add_argument("--requests", type=int, help="scale down the number of requests (smoke runs)")
     p.add_argument("--output-len", type=int, help="scale down the output tokens per request")
