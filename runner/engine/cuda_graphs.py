@@ -91,6 +91,7 @@ class DecodeGraphs:
         self.hidden = (torch.zeros(self.sizes[-1], hidden_size, dtype=dtype, device=device)
                        if self.enabled else None)
 
+    @torch.inference_mode()
     def capture(self) -> None:
         """Capture every size, largest first, into one pool. The buffers hold padding only, so the warm-up and
         captured runs store nothing into the cache."""

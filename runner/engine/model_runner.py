@@ -1,10 +1,11 @@
 """The model runner: one scheduled step in, one sampled token per sampling request out.
 
 `execute(output)` flattens the SchedulerOutput into the model's inputs (input ids, positions and a
-runner.model.attention.AttentionBatch: the scheduler's `step_inputs`), runs the model (a decode step through
-the CUDA graph of the next size up where graphs are captured, else eagerly), computes the logits of the rows
-that sample (each sampling request's last new token; a prompt chunk that is not the last samples nothing,
-so a seeded request's generator never advances on it) and samples them (runner.engine.sampler).
+runner.model.attention.AttentionBatch; runner.engine.step_tensors, two host-to-device copies), runs the
+model (a decode step through the CUDA graph of the next size up where graphs are captured, else eagerly),
+computes the logits of the rows that sample (each sampling request's last new token; a prompt chunk that is
+not the last samples nothing, so a seeded request's generator never advances on it) and samples them
+(runner.engine.sampler).
 
 The KV cache is one buffer for all layers (reference.kv.allocate with a FullAttentionSpec in the model
 dtype, NHD, K then V in each block); kv_caches[i] = (K view, V view) of layer i. Block 0 is the block
@@ -23,6 +24,7 @@ from reference.kv.attention import FullAttentionSpec
 from runner.engine.cuda_graphs import DecodeGraphs, DecodeInputs
 from runner.engine.sampler import SamplingBatch, sample
 from runner.engine.scheduler import SchedulerOutput, StepInputs
+from runner.engine.step_tensors import StepPacker
 from runner.model.attention import AttentionBatch
 
 
@@ -63,6 +65,7 @@ class ModelRunner:
         self.block_size = block_size
         self.cache, self.kv_caches = allocate_kv(config, num_blocks, block_size, dtype, self.device)
         self.max_blocks = -(-max_model_len // block_size)
+        self.packer = StepPacker(self.device)
         self.graphs = DecodeGraphs(self._forward, AttentionBatch, () if enforce_eager else capture_sizes,
                                    self.max_blocks, config.hidden_size, dtype, self.device)
         self.graphs.capture()
@@ -75,7 +78,7 @@ class ModelRunner:
         """One token per scheduled row (in `output.scheduled` order); -1 where the row does not sample."""
         clock = _Clock(self.device, times)
         rows = output.scheduled
-        inputs = output.step_inputs(self.device)
+        inputs = self.packer.pack(output)
         sampling = [i for i, entry in enumerate(rows) if entry.samples]
         clock.lap("prepare_s")
         some = None if len(sampling) == len(rows) else torch.tensor(sampling, dtype=torch.int64, device=self.device)
