@@ -85,25 +85,14 @@ class LLM:
     @torch.inference_mode()
     def _warm_up(self, device, block_size: int, max_tokens: int, max_seqs: int, max_model_len: int) -> None:
         """The activation peak the KV sizing must leave room for: one prefill forward of the whole token budget
-        (as sequences of at most max_model_len tokens, in a throw-away cache of just their blocks, which the
-        peak then also counts: conservative by that much) and the logits of max_seqs rows."""
+        (in a throw-away cache of just its blocks, which the peak then also counts: conservative by that
+        much) and the logits of max_seqs rows."""
         from runner.engine.model_runner import allocate_kv
-        from runner.model.attention import AttentionBatch
 
         torch.cuda.reset_peak_memory_stats(device)
-        per = min(max_tokens, max_model_len)
-        seqs = max(1, max_tokens // per)
-        blocks = -(-per // block_size)
-        _, kv = allocate_kv(self.config, 1 + seqs * blocks, block_size, self.dtype, device)
-        table = (1 + torch.arange(seqs * blocks, dtype=torch.int32, device=device)).view(seqs, blocks)
-        position = torch.arange(per, device=device)
-        slots = (table[:, position // block_size].to(torch.int64) * block_size + position % block_size).flatten()
-        cu = torch.arange(seqs + 1, dtype=torch.int32, device=device) * per
-        batch = AttentionBatch(slot_mapping=slots, block_table=table,
-                               seq_lens=torch.full((seqs,), per, dtype=torch.int32, device=device),
-                               cu_seqlens_q=cu, is_decode=per == 1, logits_indices=(cu[1:] - 1).to(torch.int64))
-        hidden = self.model(torch.zeros(seqs * per, dtype=torch.int64, device=device), position.repeat(seqs),
-                            batch, kv)
+        input_ids, positions, batch, num_blocks = warmup_batch(block_size, max_tokens, max_model_len, device)
+        _, kv = allocate_kv(self.config, num_blocks, block_size, self.dtype, device)
+        hidden = self.model(input_ids, positions, batch, kv)
         self.model.compute_logits(hidden[:1].expand(max_seqs, -1).contiguous())
         del kv, hidden
         torch.cuda.synchronize(device)
@@ -150,3 +139,23 @@ class LLM:
                  for c in conversations]  # the template writes the special tokens itself
         ids = [self.tokenizer.encode(text, add_special_tokens=False) for text in texts]
         return self.generate(ids, params, use_tqdm=use_tqdm)
+
+
+def warmup_batch(block_size: int, max_tokens: int, max_model_len: int, device):
+    """The largest prefill step: max_tokens tokens as sequences of min(max_tokens, max_model_len) tokens each
+    (token 0 at positions 0..n-1), each in its own run of blocks 1, 2, ... (block 0 is the null block).
+    Returns (input_ids, positions, AttentionBatch, blocks the cache needs)."""
+    from runner.model.attention import AttentionBatch
+
+    per = min(max_tokens, max_model_len)
+    seqs = max(1, max_tokens // per)
+    blocks = -(-per // block_size)
+    table = (1 + torch.arange(seqs * blocks, dtype=torch.int32, device=device)).view(seqs, blocks)
+    position = torch.arange(per, device=device)
+    slots = (table[:, position // block_size].to(torch.int64) * block_size + position % block_size).flatten()
+    cu = torch.arange(seqs + 1, dtype=torch.int32, device=device) * per
+    batch = AttentionBatch(slot_mapping=slots, block_table=table,
+                           seq_lens=torch.full((seqs,), per, dtype=torch.int32, device=device), cu_seqlens_q=cu,
+                           is_decode=per == 1, logits_indices=(cu[1:] - 1).to(torch.int64))
+    input_ids = torch.zeros(seqs * per, dtype=torch.int64, device=device)
+    return input_ids, position.repeat(seqs), batch, 1 + seqs * blocks

@@ -57,3 +57,4 @@ def test_stop_string_matches_across_tokens(smollm2, stop):
     for token in tokenizer.encode(text, add_special_tokens=False):
         detok.add(token)
     assert detok.stopped_by == stop and detok.text == text[:text.find(stop)]
+

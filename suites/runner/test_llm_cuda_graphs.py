@@ -1,6 +1,7 @@
 """Decode CUDA graphs, the parts that run without a GPU: the static buffers' fill (step rows, then padding
 rows that store nothing and attend to nothing), the next-size-up choice against the capture sizes, and the
-eager fallback (always on CPU). Capture and replay themselves need CUDA: the W1 bench exercises them."""
+eager fallback (always on CPU); and the warm-up step the CUDA KV sizing measures. Capture, replay and the
+measurement itself need CUDA: the W1 bench exercises them."""
 
 from __future__ import annotations
 
@@ -68,3 +69,16 @@ def test_cpu_never_captures_and_runs_eager():
     assert not graphs.enabled and not graphs.graphs and graphs.buffers is None
     out = graphs.run(_step(3, 2), lambda: "eager batch")
     assert out.shape == (3, 4) and calls == ["eager batch"]
+
+
+def test_kv_sizing_warm_up_batch_is_a_valid_prefill():
+    from runner.llm import warmup_batch
+    from runner.model.attention import make_batch
+
+    ids, positions, batch, num_blocks = warmup_batch(block_size=16, max_tokens=70, max_model_len=24, device="cpu")
+    want = make_batch([[1, 2], [3, 4]], [24, 24], [24, 24], block_size=16)  # 70 tokens: 2 sequences of 24
+    assert num_blocks == 5 and ids.shape == positions.shape == (48,)
+    assert positions.tolist() == list(range(24)) * 2
+    for name in ("slot_mapping", "block_table", "seq_lens", "cu_seqlens_q", "logits_indices"):
+        assert getattr(batch, name).tolist() == getattr(want, name).tolist(), name
+    assert not batch.is_decode
