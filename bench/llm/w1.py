@@ -11,8 +11,9 @@ small warm-up generate (CUDA graphs are captured when the LLM is built, outside 
 >= 40,000 output tok/s on the H200.
 
 The per-step split (schedule / prepare / model / sample / postprocess, summed over steps) comes from a
-second, identical run with phase timing on (it synchronizes the GPU between phases, so its total is a bit
-longer; the throughput row is the run without it).
+second run of the same shape (prompts of the next seed, so nothing hits the first run's prefix cache) with
+phase timing on (it synchronizes the GPU between phases, so its total is a bit longer; the throughput row is
+the run without it).
 
 Peer: transformers `generate_batch` (continuous batching, paged|sdpa attention, block size 256, KV sized by
 HF from free memory), the same prompts and a model of the same shape with random weights. Its tok/s is
@@ -42,10 +43,14 @@ BAR_TOK_S = 40_000
 
 
 def _our_row(workload: Workload, llm, prompts: list[list[int]], note: str) -> tuple[dict, list[list[int]]]:
+    """Timed generate of `prompts`; the warm-up and the phase-timed rerun use prompts of other seeds, so no
+    run finds the timed prompts in the prefix cache."""
     from runner import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=workload.output_len, ignore_eos=True)
-    llm.generate(prompts[:2], dataclasses.replace(params, max_tokens=4), use_tqdm=False)  # warm-up
+    vocab = llm.config.vocab_size
+    warm = dataclasses.replace(workload, requests=2, seed=workload.seed + 2).prompts(vocab)
+    llm.generate(warm, dataclasses.replace(params, max_tokens=4), use_tqdm=False)
     sync = torch.cuda.synchronize if llm.device.type == "cuda" else (lambda: None)
     sync()
     started = time.perf_counter()
@@ -53,18 +58,18 @@ def _our_row(workload: Workload, llm, prompts: list[list[int]], note: str) -> tu
     sync()
     seconds = time.perf_counter() - started
     tokens = sum(len(o.token_ids) for o in outs)
-    # The split: the same run again with phase timing (synchronizing) on.
     engine = llm.engine
     engine.stats = type(engine.stats)()
     engine.time_phases = True
-    llm.generate(prompts, params, use_tqdm=False)
+    llm.generate(dataclasses.replace(workload, seed=workload.seed + 1).prompts(vocab), params, use_tqdm=False)
     engine.time_phases = False
     s = engine.stats
     row = dict(workload=workload.name, impl="touchstone", requests=len(prompts),
                input_tokens=sum(map(len, prompts)), output_tokens=tokens, seconds=seconds,
                output_tok_per_s=tokens / seconds, steps=s.steps, schedule_s=s.schedule_s, prepare_s=s.prepare_s,
                model_s=s.model_s, sample_s=s.sample_s, postprocess_s=s.postprocess_s,
-               note=f"{note}; split from a 2nd run with phase sync ({s.decode_steps} decode steps)")
+               note=f"{note}; steps and split from a rerun with phase sync, prompts of seed {workload.seed + 1} "
+                    f"({s.decode_steps} decode steps)")
     return row, [o.token_ids for o in outs]
 
 
