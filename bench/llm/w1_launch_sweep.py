@@ -13,6 +13,7 @@ graph capture, its own KV sizing), runs one small warm-up generate and one timed
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import itertools
 import sys
@@ -47,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
                   max_num_batched_tokens=budget, max_model_len=workload.max_input + workload.output_len + 16,
                   enforce_eager=not graphs)
         prompts = prompts or workload.prompts(llm.config.vocab_size)
-        llm.generate(prompts[:2], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
+        warm = dataclasses.replace(workload, requests=2, seed=workload.seed + 2).prompts(llm.config.vocab_size)
+        llm.generate(warm, SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)  # no prefix hits later
         torch.cuda.synchronize()
         started = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
