@@ -9,9 +9,12 @@ baseline agrees with a request run alone. HF parity of the model itself is runne
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from runner import LLM, SamplingParams
+from runner.engine.step_tensors import StepPacker
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -50,12 +53,35 @@ def _tokens(llm: LLM, prompts=PROMPTS, params=GREEDY) -> list[list[int]]:
     return [o.token_ids for o in outs]
 
 
-def test_prefix_caching_gives_the_same_tokens(smollm2, baseline):
+def _with_prefix_hits(smollm2) -> tuple[list[list[int]], int]:
+    """(tokens, prompt tokens served from the prefix cache) of the batch after one prompt filled the cache."""
     llm = _llm(smollm2, enable_prefix_caching=True)
-    llm.generate(PROMPTS[:1], SamplingParams(max_tokens=1), use_tqdm=False)  # fills the cache for the batch
-    assert _tokens(llm) == baseline
-    scheduler = llm.engine.scheduler
-    assert scheduler.num_prompt_tokens_hit >= 16 * (len(PROMPTS) - 1)  # every related prompt reused a block
+    llm.generate(PROMPTS[:1], SamplingParams(max_tokens=1), use_tqdm=False)
+    return _tokens(llm), llm.engine.scheduler.num_prompt_tokens_hit
+
+
+def test_prefix_caching_gives_the_same_tokens(smollm2, baseline):
+    tokens, hit = _with_prefix_hits(smollm2)
+    assert tokens == baseline
+    assert hit >= 16 * (len(PROMPTS) - 1)  # every related prompt reused at least a block
+
+
+def test_negative_control_a_runner_that_forgets_the_cached_prefix_is_caught(smollm2, baseline, monkeypatch):
+    """Planted bug: prompt rows that start after a cached prefix attend to their new tokens only (seq_lens
+    without the prefix). The prefix-caching comparison must see different tokens."""
+    real = StepPacker.pack
+
+    def forgetful(self, output, block_table_width=None):
+        inputs = real(self, output, block_table_width)
+        lens = inputs.seq_lens.clone()
+        for row, entry in enumerate(output.scheduled):
+            if entry.start > 0 and entry.num_new_tokens > 1:
+                lens[row] = entry.num_new_tokens
+        return dataclasses.replace(inputs, seq_lens=lens)
+
+    monkeypatch.setattr(StepPacker, "pack", forgetful)
+    tokens, hit = _with_prefix_hits(smollm2)
+    assert hit > 0 and tokens != baseline
 
 
 def test_chunked_prefill_gives_the_same_tokens(smollm2, baseline):
