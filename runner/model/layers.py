@@ -1,0 +1,136 @@
+"""The Llama building blocks: RMSNorm, rotary embedding, SiLU-and-mul, linear layers whose parameters carry
+a `weight_loader`, and the fused QKV and gate/up projections filled shard by shard.
+
+Fused projections (note serving-runner.md §3): one GEMM computes q, k and v (or gate and up) from a single
+weight whose rows are the shards stacked in a fixed order. The checkpoint stores the shards as separate
+tensors; `weight_loader(param, tensor, shard_id)` copies each into its own row slice of the parameter, in
+place: the fused tensor is allocated once, with the model, and never rebuilt or copied after loading.
+
+Numerics follow HF transformers' Llama (what the parity test compares against): RMSNorm in fp32 then rounded
+to the input dtype before the weight multiplies; RoPE frequencies inv_freq = 1 / base^(2i/d) in fp32, angles
+position * inv_freq in fp32, cos/sin rounded to the activation dtype, "rotate half" pairing (dim i with
+i + d/2).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def default_weight_loader(param: nn.Parameter, tensor: torch.Tensor) -> None:
+    """Copy a checkpoint tensor into a parameter of the same shape (any dtype/device: converted on copy)."""
+    if tuple(tensor.shape) != tuple(param.shape):
+        raise ValueError(f"weight: checkpoint tensor of shape {tuple(tensor.shape)} does not fit the parameter's "
+                         f"{tuple(param.shape)}")
+    param.data.copy_(tensor)
+
+
+def _param(shape: tuple[int, ...], dtype: torch.dtype, device, loader=default_weight_loader) -> nn.Parameter:
+    p = nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+    p.weight_loader = loader
+    return p
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float, dtype: torch.dtype, device) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = _param((size,), dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        wide = x.float()
+        wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * wide.to(x.dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotate q [T, Hq, D] and k [T, Hkv, D] by their tokens' positions [T] (int64)."""
+
+    def __init__(self, head_dim: int, base: float, device) -> None:
+        super().__init__()
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
+        self.register_buffer("inv_freq", 1.0 / (base ** exponents), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2], fp32
+        angles = torch.cat((angles, angles), dim=-1)[:, None, :]  # [T, 1, D]
+        cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class SiluAndMul(nn.Module):
+    """[T, 2I] -> silu(first half) * second half, [T, I]."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+class Linear(nn.Module):
+    """y = x W^T, W [out, in], no bias."""
+
+    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype, device) -> None:
+        super().__init__()
+        self.weight = _param((out_features, in_features), dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class FusedLinear(Linear):
+    """A linear layer whose output rows are named shards, stacked in order; each shard is loaded on its own."""
+
+    def __init__(self, in_features: int, shards: dict[str | int, int], dtype: torch.dtype, device) -> None:
+        super().__init__(in_features, sum(shards.values()), dtype, device)
+        self.shard_sizes = dict(shards)
+        self.shard_offsets, offset = {}, 0
+        for shard_id, size in shards.items():
+            self.shard_offsets[shard_id] = offset
+            offset += size
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, tensor: torch.Tensor, shard_id: str | int) -> None:
+        """Copy `tensor` [shard rows, in] into the shard's row slice of `param`, in place."""
+        if shard_id not in self.shard_sizes:
+            raise ValueError(f"shard_id: must be one of {list(self.shard_sizes)}, got {shard_id!r}")
+        rows = self.shard_sizes[shard_id]
+        if tuple(tensor.shape) != (rows, param.shape[1]):
+            raise ValueError(f"weight: shard {shard_id!r} must be [{rows}, {param.shape[1]}], got "
+                             f"{tuple(tensor.shape)}")
+        param.data.narrow(0, self.shard_offsets[shard_id], rows).copy_(tensor)
+
+    def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The output's shards along the last dim (views)."""
+        return y.split(list(self.shard_sizes.values()), dim=-1)
+
+
+class QKVLinear(FusedLinear):
+    """Shards "q" (Hq * D rows), "k" and "v" (Hkv * D rows each)."""
+
+    def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, dtype, device) -> None:
+        super().__init__(hidden, {"q": num_heads * head_dim, "k": num_kv_heads * head_dim,
+                                  "v": num_kv_heads * head_dim}, dtype, device)
+
+
+class GateUpLinear(FusedLinear):
+    """Shards 0 (gate) and 1 (up), `intermediate` rows each; SiluAndMul takes its output as is."""
+
+    def __init__(self, hidden: int, intermediate: int, dtype, device) -> None:
+        super().__init__(hidden, {0: intermediate, 1: intermediate}, dtype, device)
+
+
+class Embedding(nn.Module):
+    def __init__(self, vocab: int, hidden: int, dtype: torch.dtype, device) -> None:
+        super().__init__()
+        self.weight = _param((vocab, hidden), dtype, device)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.weight)

@@ -1,0 +1,159 @@
+"""Llama-family causal LM over a paged KV cache (the model side of the runner contract).
+
+    h = embed(input_ids)
+    per layer: h = h + o_proj(attn(rope(q), rope(k), v))  with q, k, v = split(qkv_proj(rms_norm(h)))
+               h = h + down_proj(silu(gate) * up)          with gate, up = split(gate_up_proj(rms_norm(h)))
+    hidden = rms_norm(h);  logits = hidden @ lm_head^T  (lm_head = the embedding when tied)
+
+Module and parameter names follow HF's LlamaForCausalLM, except that q/k/v_proj are fused into
+`self_attn.qkv_proj` and gate/up_proj into `mlp.gate_up_proj`: `load_weights` takes HF-named tensors and
+sends each shard to its fused parameter's weight_loader (runner.model.layers). A tied model has no
+lm_head parameter: `compute_logits` reads the embedding (a checkpoint's `lm_head.weight`, if present, is
+ignored for a tied config, as HF does).
+
+Parameters are allocated (uninitialised) at construction, on `device` in `dtype`; nothing is usable before
+load_weights has filled every one of them (it raises naming what is missing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from runner.model.attention import AttentionBatch, paged_attention
+from runner.model.config import LlamaConfig
+from runner.model.layers import Embedding, GateUpLinear, Linear, QKVLinear, RMSNorm, RotaryEmbedding, SiluAndMul
+
+# (fused parameter's name part, checkpoint name part, shard id)
+STACKED_PARAMS = (
+    (".qkv_proj.", ".q_proj.", "q"),
+    (".qkv_proj.", ".k_proj.", "k"),
+    (".qkv_proj.", ".v_proj.", "v"),
+    (".gate_up_proj.", ".gate_proj.", 0),
+    (".gate_up_proj.", ".up_proj.", 1),
+)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: LlamaConfig, dtype: torch.dtype, device) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (config.num_attention_heads, config.num_key_value_heads,
+                                                            config.head_dim)
+        self.scale = self.head_dim ** -0.5
+        self.qkv_proj = QKVLinear(config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, dtype, device)
+        self.o_proj = Linear(config.q_size, config.hidden_size, dtype, device)
+        self.rotary_emb = RotaryEmbedding(self.head_dim, config.rope_theta, device)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: AttentionBatch,
+                kv_cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        tokens = x.shape[0]
+        q, k, v = self.qkv_proj.split(self.qkv_proj(x))
+        q = q.view(tokens, self.num_heads, self.head_dim)
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary_emb(positions, q, k)
+        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], batch, self.scale)
+        return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: LlamaConfig, dtype: torch.dtype, device) -> None:
+        super().__init__()
+        self.gate_up_proj = GateUpLinear(config.hidden_size, config.intermediate_size, dtype, device)
+        self.act = SiluAndMul()
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: LlamaConfig, dtype: torch.dtype, device) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.self_attn = LlamaAttention(config, dtype, device)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.mlp = LlamaMLP(config, dtype, device)
+
+    def forward(self, positions, h, batch, kv_cache) -> torch.Tensor:
+        h = h + self.self_attn(positions, self.input_layernorm(h), batch, kv_cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: LlamaConfig, dtype: torch.dtype, device) -> None:
+        super().__init__()
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype, device)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype, device) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: LlamaConfig, dtype: torch.dtype, device) -> None:
+        super().__init__()
+        if not isinstance(config, LlamaConfig):
+            raise TypeError(f"config: must be a LlamaConfig, got {type(config).__name__}")
+        self.config, self.dtype = config, dtype
+        self.model = LlamaModel(config, dtype, device)
+        self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size, dtype,
+                                                                       device)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """Hidden states [T, hidden] of the step's T new tokens (the final norm applied)."""
+        if len(kv_caches) != len(self.model.layers):
+            raise ValueError(f"kv_caches: need one (k_cache, v_cache) per layer ({len(self.model.layers)}), got "
+                             f"{len(kv_caches)}")
+        if input_ids.shape != positions.shape or input_ids.dim() != 1:
+            raise ValueError(f"input_ids, positions: must both be [T], got {tuple(input_ids.shape)} and "
+                             f"{tuple(positions.shape)}")
+        h = self.model.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
+            h = layer(positions, h, batch, kv_cache)
+        return self.model.norm(h)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits [N, vocab] in fp32 of hidden states [N, hidden]."""
+        head = self.model.embed_tokens if self.lm_head is None else self.lm_head
+        return torch.nn.functional.linear(hidden, head.weight).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Fill every parameter from HF-named tensors; ValueError naming an unknown, duplicate or missing one."""
+        params = dict(self.named_parameters())
+        # Everything that must be loaded: plain parameters whole, fused ones shard by shard.
+        pending = {(name, None) for name in params if ".qkv_proj." not in name and ".gate_up_proj." not in name}
+        for name in params:
+            for fused, _, shard in STACKED_PARAMS:
+                if fused in name:
+                    pending.add((name, shard))
+        for name, tensor in weights:
+            if name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and self.lm_head is None):
+                continue  # recomputed from the config / the tied embedding
+            target, shard = name, None
+            for fused, part, shard_id in STACKED_PARAMS:
+                if part in name:
+                    target, shard = name.replace(part, fused), shard_id
+                    break
+            if target not in params:
+                raise ValueError(f"weights: checkpoint tensor {name!r} has no parameter in this model")
+            if (target, shard) not in pending:
+                fused_on_disk = shard is None and any(f in target for f, _, _ in STACKED_PARAMS)
+                raise ValueError(f"weights: checkpoint tensor {name!r} " + (
+                    "is stored fused; give its shards (q/k/v_proj, gate/up_proj) separately" if fused_on_disk
+                    else "given twice"))
+            param = params[target]
+            try:
+                if shard is None:
+                    param.weight_loader(param, tensor)
+                else:
+                    param.weight_loader(param, tensor, shard)
+            except ValueError as err:
+                raise ValueError(f"weights: {name!r}: {err}") from err
+            pending.discard((target, shard))
+        if pending:
+            missing = sorted(f"{n}" + ("" if s is None else f" (shard {s!r})") for n, s in pending)
+            raise ValueError(f"weights: {len(missing)} parameters not in the checkpoint, first: {missing[:5]}")
