@@ -64,9 +64,12 @@ class KVCacheManager:
         if computed_blocks:
             self.pool.touch(computed_blocks)
             seq.block_table.extend(computed_blocks)
+            seq.block_ids.extend(b.block_id for b in computed_blocks)
             seq.num_cached_blocks = len(computed_blocks)
         if num_new_blocks > 0:
-            seq.block_table.extend(self.pool.get_new_blocks(num_new_blocks))
+            new = self.pool.get_new_blocks(num_new_blocks)
+            seq.block_table.extend(new)
+            seq.block_ids.extend(b.block_id for b in new)
         return True
 
     def cache_blocks(self, seq: Sequence) -> None:
@@ -80,8 +83,9 @@ class KVCacheManager:
     def free(self, seq: Sequence) -> None:
         self.pool.free_blocks(reversed(seq.block_table))
         seq.block_table = []
+        seq.block_ids = []
         seq.num_cached_blocks = 0
 
     def slot(self, seq: Sequence, position: int) -> int:
         """Cache slot of the token at `position`: block id * block_size + offset in the block."""
-        return seq.block_table[position // self.block_size].block_id * self.block_size + position % self.block_size
+        return seq.block_ids[position // self.block_size] * self.block_size + position % self.block_size

@@ -60,7 +60,10 @@ class Sequence:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_computed_tokens = 0
         self.block_table: list[KVCacheBlock] = []
+        self.block_ids: list[int] = []  # block_table's ids, kept alongside it (the step inputs read these)
         self.num_cached_blocks = 0  # leading blocks of block_table registered in the prefix cache
+        self.table_row: int | None = None  # row of the scheduler's persistent block table while running
+        self.table_synced = 0  # block ids already written to that row
         self.block_hashes: list[BlockHash] = extend_block_hashes([], self.token_ids, block_size)
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
@@ -93,10 +96,6 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    @property
-    def block_ids(self) -> list[int]:
-        return [b.block_id for b in self.block_table]
-
     # --- transitions ----------------------------------------------------------------------------------------
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(int(token_id))
@@ -106,6 +105,7 @@ class Sequence:
         """After its blocks were freed: everything (generated tokens included) must be computed again."""
         self.num_computed_tokens = 0
         self.block_table = []
+        self.block_ids = []
         self.num_cached_blocks = 0
         self.status = SequenceStatus.WAITING
         self.num_preemptions += 1

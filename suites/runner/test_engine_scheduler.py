@@ -79,6 +79,7 @@ def run(config, prompts, params, stop_checker=None):
         assert len(steps) < 2000
     pool = sched.kv.pool
     assert all(b.ref_cnt == 0 for b in pool.blocks) and pool.num_free_blocks == pool.num_blocks - 1
+    assert not sched.tables.table.any()  # every block-table row was released and zeroed
     return [s.output_token_ids for s in seqs], sched, steps
 
 
