@@ -41,7 +41,7 @@ class StepPacker:
         b = len(rows)
         counts = [e.num_new_tokens for e in rows]
         t = sum(counts)
-        width = max((len(e.block_ids) for e in rows), default=0)
+        width = output.block_table.shape[1]
         if block_table_width is not None:
             if block_table_width < width:
                 raise ValueError(f"block_table_width: {block_table_width} < the step's widest table {width}")
@@ -56,9 +56,7 @@ class StepPacker:
             wide[t:2 * t] = list(itertools.chain.from_iterable(e.positions for e in rows))
             wide[2 * t:3 * t] = list(itertools.chain.from_iterable(e.slot_mapping for e in rows))
         narrow = np.zeros(b * width + 2 * b + 1, dtype=np.int32)  # block_table | seq_lens | cu_seqlens_q
-        table = narrow[: b * width].reshape(b, width)
-        for i, e in enumerate(rows):
-            table[i, : len(e.block_ids)] = e.block_ids
+        narrow[: b * width].reshape(b, width)[:, : output.block_table.shape[1]] = output.block_table.numpy()
         narrow[b * width: b * width + b] = [e.seq_len for e in rows]
         cu = narrow[b * width + b:]
         np.cumsum(counts, out=cu[1:])
