@@ -96,6 +96,7 @@ class LLM:
         self.model.compute_logits(hidden[:1].expand(max_seqs, -1).contiguous())
         del kv, hidden
         torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()  # the KV buffer is one allocation: cached warm-up segments cannot serve it
 
     # --- generation ---------------------------------------------------------------------------------------
     def _token_ids(self, prompts: Prompts) -> tuple[list[list[int]], list[str | None]]:
