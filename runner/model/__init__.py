@@ -79,19 +79,24 @@ def load_model(model: str = DEFAULT_MODEL, load_format: str = "auto", dtype: tor
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     fmt, path = _resolve(model, load_format)
     want_tokenizer, tokenizer, weights = tokenizer, None, None
+    progress = _Progress(model)  # a GGUF load takes ~5-15 s on a CPU: say what it is doing
     if path is None:
         config = registered(model).config
         source = registered(model).tokenizer_from or (model if registered(model).gguf else None)
         if want_tokenizer and source is not None and importlib.util.find_spec(registered(source).gguf[0]):
+            progress.stage("tokenizer")
             tokenizer = _gguf_tokenizer(gguf_path(source), registered(source).config)
     elif path.is_file():
         from runner.model.gguf_file import GGUFCheckpoint
 
+        progress.stage("reading GGUF")
         checkpoint = GGUFCheckpoint(path)
         config = checkpoint.config
         if want_tokenizer:
+            progress.stage("tokenizer")
             tokenizer = _gguf_tokenizer(path, config, checkpoint.metadata.get("tokenizer.ggml.padding_token_id"))
         weights = checkpoint.weights() if fmt == "gguf" else None
+        progress.total(len(checkpoint.tensor_names))
     else:
         config = read_hf_config(path)
         tokenizer = _hf_dir_tokenizer(path) if want_tokenizer else None
@@ -99,8 +104,35 @@ def load_model(model: str = DEFAULT_MODEL, load_format: str = "auto", dtype: tor
     if weights is None:
         weights = dummy_weights(config, seed=seed, device=device, dtype=dtype)
     net = LlamaForCausalLM(config, dtype, device)
-    net.load_weights(weights)
+    net.load_weights(progress.tensors(weights))
+    progress.close()
     return net.eval(), tokenizer, config
+
+
+class _Progress:
+    """A load's progress on stderr: the stage, then a tensor count. tqdm's disable=None shows it only on a
+    terminal, so tests, CI logs and piped output stay clean."""
+
+    def __init__(self, model: str) -> None:
+        from tqdm.auto import tqdm
+
+        self._bar = tqdm(desc=f"loading {model}", unit=" tensors", disable=None, leave=False)
+
+    def stage(self, name: str) -> None:
+        self._bar.set_postfix_str(name)
+
+    def total(self, count: int) -> None:
+        self._bar.total = count
+        self._bar.refresh()
+
+    def tensors(self, weights):
+        self._bar.set_postfix_str("weights")
+        for item in weights:
+            yield item
+            self._bar.update()
+
+    def close(self) -> None:
+        self._bar.close()
 
 
 def _gguf_tokenizer(path: Path, config: LlamaConfig, pad: int | None = None):
