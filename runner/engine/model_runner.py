@@ -78,7 +78,9 @@ class ModelRunner:
         """One token per scheduled row (in `output.scheduled` order); -1 where the row does not sample."""
         clock = _Clock(self.device, times)
         rows = output.scheduled
-        inputs = self.packer.pack(output)
+        # Always max_blocks wide, not the step's widest table: the attention kernels then see one table stride
+        # for the whole run (a new stride could recompile them, ~1 s, inside a timed run).
+        inputs = self.packer.pack(output, self.max_blocks)
         sampling = [i for i, entry in enumerate(rows) if entry.samples]
         clock.lap("prepare_s")
         some = None if len(sampling) == len(rows) else torch.tensor(sampling, dtype=torch.int64, device=self.device)

@@ -1,0 +1,38 @@
+"""Runner checks that need a real GPU (`--device cuda`; skipped on the interpreter tier): the attention kernels
+compile once for every step shape a serving loop gives them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def _compiled(kernel) -> int:
+    """Compiled variants of a @triton.jit kernel on the current device (its runtime cache)."""
+    return len(kernel.device_caches[torch.cuda.current_device()][0])
+
+
+@pytest.mark.gpu_only(reason="counts the CUDA kernels Triton compiled")
+def test_paged_kernels_compile_once_for_any_batch_and_table_width(device):
+    """Batch sizes and block-table widths of a serving loop (1, % 16 == 0, other: Triton's integer
+    specializations) and 1 or 3 decode splits: no new compile after the first call."""
+    from kernels import paged_decode as decode
+    from kernels import paged_prefill as prefill
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    block, hkv, group, head = 16, 3, 3, 64
+    k_cache = torch.randn((40, block, hkv, head), generator=gen, device=device).bfloat16()
+    v_cache = torch.randn((40, block, hkv, head), generator=gen, device=device).bfloat16()
+    counts = []
+    for batch, width, splits in [(3, 17, 1), (1, 1, 3), (16, 32, 1), (5, 16, 3), (2, 7, 1)]:
+        table = torch.randint(1, 40, (batch, width), generator=gen, device=device, dtype=torch.int32)
+        lens = torch.randint(1, width * block + 1, (batch,), generator=gen, device=device, dtype=torch.int32)
+        q = torch.randn((batch, hkv * group, head), generator=gen, device=device).bfloat16()
+        decode.paged_decode(q, k_cache, v_cache, table, lens, scale=0.125, num_splits=splits)
+        new = torch.minimum(lens, torch.full_like(lens, 5))
+        cu = torch.nn.functional.pad(new.cumsum(0), (1, 0)).to(torch.int32)
+        q = torch.randn((int(cu[-1]), hkv * group, head), generator=gen, device=device).bfloat16()
+        prefill.paged_prefill(q, k_cache, v_cache, table, lens, cu, scale=0.125)
+        counts.append((_compiled(decode._split_kernel), _compiled(decode._combine_kernel),
+                       _compiled(prefill._prefill_kernel)))
+    assert counts == [counts[0]] * len(counts)

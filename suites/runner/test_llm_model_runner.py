@@ -1,0 +1,57 @@
+"""The model runner's step inputs on a tiny dummy Llama on the CPU (no tokenizer, token-id prompts): every step
+hands the model a block table of one fixed width (the engine's max blocks per sequence), so the attention
+kernels see one table stride for the whole run (a new stride recompiled them inside timed runs)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runner import LLM, SamplingParams
+from runner.model.config import LlamaConfig
+from runner.model.llama import LlamaForCausalLM
+from runner.model.weights import dummy_weights
+
+TINY = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=16, rope_theta=10_000.0, tie_word_embeddings=True,
+                   max_position_embeddings=256)
+BLOCK = 4
+MAX_MODEL_LEN = 64  # 16 blocks a sequence
+
+
+class Recording(torch.nn.Module):
+    """The tiny model, noting each step's block-table shape and row stride."""
+
+    def __init__(self, inner: LlamaForCausalLM):
+        super().__init__()
+        self.inner, self.tables = inner, []
+
+    def forward(self, input_ids, positions, batch, kv_caches):
+        self.tables.append((tuple(batch.block_table.shape), batch.block_table.stride(0)))
+        return self.inner(input_ids, positions, batch, kv_caches)
+
+    def compute_logits(self, hidden):
+        return self.inner.compute_logits(hidden)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    model = LlamaForCausalLM(TINY, torch.float32, "cpu")
+    model.load_weights(dummy_weights(TINY, seed=0, device="cpu", dtype=torch.float32))
+    return model.eval()
+
+
+def _llm(model, **kwargs) -> LLM:
+    return LLM(device="cpu", loaded=(model, None, TINY), block_size=BLOCK, max_model_len=MAX_MODEL_LEN,
+               max_num_batched_tokens=64, max_num_seqs=8, **kwargs)
+
+
+def test_every_step_has_the_fixed_table_width(tiny):
+    recording = Recording(tiny)
+    llm = _llm(recording)
+    prompts = [[1, 2, 3], list(range(5, 30)), list(range(40, 50))]  # 1, 7 and 3 blocks, growing while decoding
+    llm.generate(prompts, [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (9, 3, 6)],
+                 use_tqdm=False)
+    widths = {(shape[1], stride) for shape, stride in recording.tables}
+    assert widths == {(MAX_MODEL_LEN // BLOCK, MAX_MODEL_LEN // BLOCK)}
+    assert len({shape[0] for shape, _ in recording.tables}) > 1  # the batch shrank as requests finished
