@@ -55,3 +55,49 @@ def test_every_step_has_the_fixed_table_width(tiny):
     widths = {(shape[1], stride) for shape, stride in recording.tables}
     assert widths == {(MAX_MODEL_LEN // BLOCK, MAX_MODEL_LEN // BLOCK)}
     assert len({shape[0] for shape, _ in recording.tables}) > 1  # the batch shrank as requests finished
+
+
+def _events(monkeypatch, recording: Recording) -> list[str]:
+    """'model' per forward and 'sampling' per SamplingBatch built, in call order."""
+    from runner.engine.sampler import SamplingBatch
+
+    events, build, forward = [], SamplingBatch.from_sequences.__func__, recording.forward
+
+    def counted_build(cls, *args, **kwargs):
+        events.append("sampling")
+        return build(cls, *args, **kwargs)
+
+    def counted_forward(*args, **kwargs):
+        events.append("model")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(SamplingBatch, "from_sequences", classmethod(counted_build))
+    monkeypatch.setattr(recording, "forward", counted_forward)
+    return events
+
+
+def test_all_greedy_steps_build_no_sampling_tensors(tiny, monkeypatch):
+    recording = Recording(tiny)
+    events = _events(monkeypatch, recording)
+    _llm(recording).generate([[1, 2, 3], [4, 5]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+                             use_tqdm=False)
+    assert events == ["model"] * 4
+
+
+def test_sampling_tensors_are_built_before_the_model_runs(tiny, monkeypatch):
+    recording = Recording(tiny)
+    events = _events(monkeypatch, recording)
+    params = [SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+              SamplingParams(temperature=0.8, top_k=5, seed=3, max_tokens=4, ignore_eos=True)]
+    outs = _llm(recording).generate([[1, 2, 3], [4, 5]], params, use_tqdm=False)
+    assert events == ["sampling", "model"] * 4
+    assert all(len(o.token_ids) == 4 for o in outs)
+
+
+def test_sample_without_a_batch_is_greedy():
+    from runner.engine.sampler import SamplingBatch, sample
+
+    logits = torch.randn((5, 11), generator=torch.Generator().manual_seed(1))
+    logits[2, 3] = logits[2, 7] = 1e3  # a tie: the lowest id wins
+    want = sample(logits, SamplingBatch.build([SamplingParams(temperature=0.0)] * 5, 11))
+    assert sample(logits, None).tolist() == want.tolist() and want[2] == 3
