@@ -1,8 +1,10 @@
 """Runner checks that need a real GPU (`--device cuda`; skipped on the interpreter tier): the attention kernels
-compile once for every step shape a serving loop gives them."""
+compile once for every step shape a serving loop gives them; the step packer's pinned staging is never
+overwritten under a pending copy."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -36,3 +38,19 @@ def test_paged_kernels_compile_once_for_any_batch_and_table_width(device):
         counts.append((_compiled(decode._split_kernel), _compiled(decode._combine_kernel),
                        _compiled(prefill._prefill_kernel)))
     assert counts == [counts[0]] * len(counts)
+
+
+@pytest.mark.gpu_only(reason="needs pinned memory and asynchronous host-to-device copies")
+def test_packer_staging_is_not_overwritten_before_its_copy_ran(device):
+    """The stream is held busy (torch.cuda._sleep), so every copy is still pending when the next pack writes its
+    staging: with one reused buffer the first packs' device tensors would read the last pack's values."""
+    from runner.engine.step_tensors import STAGING_BUFFERS, StepPacker
+
+    packer = StepPacker(device)
+    packer._to_device(np.zeros(8, dtype=np.int64))  # the buffers and events exist before the timed part
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time queued ahead of the copies
+    arrays = [np.full(8, i, dtype=np.int64) for i in range(STAGING_BUFFERS + 2)]
+    outs = [packer._to_device(a) for a in arrays]
+    torch.cuda.synchronize()
+    assert [o.tolist() for o in outs] == [a.tolist() for a in arrays]
