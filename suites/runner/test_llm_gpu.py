@@ -54,3 +54,29 @@ def test_packer_staging_is_not_overwritten_before_its_copy_ran(device):
     outs = [packer._to_device(a) for a in arrays]
     torch.cuda.synchronize()
     assert [o.tolist() for o in outs] == [a.tolist() for a in arrays]
+
+
+@pytest.mark.gpu_only(reason="measures CUDA memory of a real engine with decode graphs")
+def test_engine_stays_under_its_memory_fraction_with_graphs_and_sampling(device):
+    """KV sizing leaves room for the decode graphs' pool and the sampler's temporaries: a full batch of
+    top-k/top-p requests keeps the process's peak allocation (plus what others hold) within the fraction."""
+    import gc
+
+    from runner import LLM, SamplingParams
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    others = total - free - torch.cuda.memory_reserved()
+    seqs, max_model_len = 64, 1024
+    fraction = (others + 2 * 2**30) / total  # ~2 GiB for this process: the KV budget binds, not the block cap
+    llm = LLM("smollm2-135m", load_format="dummy", device=device, max_num_seqs=seqs, max_num_batched_tokens=2048,
+              max_model_len=max_model_len, gpu_memory_utilization=fraction)
+    assert llm.engine.runner.graphs.graphs  # graphs captured: their pool is part of what is measured
+    assert llm.engine.scheduler.config.num_blocks < seqs * max_model_len // 16 + 1  # sized by memory
+    torch.cuda.reset_peak_memory_stats()
+    prompts = [[(7 * i + j) % 1000 + 5 for j in range(200)] for i in range(seqs)]
+    params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, max_tokens=8, ignore_eos=True, seed=1)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert all(len(o.token_ids) == 8 for o in outs)
+    assert others + torch.cuda.max_memory_allocated() <= fraction * total

@@ -101,3 +101,21 @@ def test_sample_without_a_batch_is_greedy():
     logits[2, 3] = logits[2, 7] = 1e3  # a tie: the lowest id wins
     want = sample(logits, SamplingBatch.build([SamplingParams(temperature=0.0)] * 5, 11))
     assert sample(logits, None).tolist() == want.tolist() and want[2] == 3
+
+
+def test_kv_sizing_warm_up_samples_max_seqs_rows_without_drawing_from_the_rng(tiny, monkeypatch):
+    """The CUDA KV sizing's warm-up (its memory counters stubbed on the CPU) runs the sampler's heaviest path
+    (temperature, top-k, top-p) on max_num_seqs rows of logits, and leaves torch's default generator as it was."""
+    from runner.engine import sampler
+
+    for name in ("reset_peak_memory_stats", "synchronize", "empty_cache"):
+        monkeypatch.setattr(torch.cuda, name, lambda *args, **kwargs: None)
+    seen, real = [], sampler.sample
+    monkeypatch.setattr(sampler, "sample", lambda logits, batch: seen.append((logits.shape, batch)) or
+                        real(logits, batch))
+    llm = _llm(tiny)
+    state = torch.get_rng_state()
+    llm._warm_up("cpu", BLOCK, max_tokens=24, max_seqs=6, max_model_len=MAX_MODEL_LEN)
+    assert torch.equal(torch.get_rng_state(), state)
+    [(shape, batch)] = seen
+    assert shape == (6, TINY.vocab_size) and batch.any_top_k and batch.any_top_p and not batch.all_greedy
