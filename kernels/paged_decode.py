@@ -49,7 +49,13 @@ _GPU = {"tile_n": 64, "warps": 4, "stages": 2, "fp8_stages": 3, "combine_warps":
 _INTERPRETER = {"tile_n": 64, "warps": 4, "stages": 1, "fp8_stages": 1, "combine_warps": 4}
 
 
-@triton.jit
+# Arguments that change from step to step in a serving loop (how wide the step's block table is, how many splits)
+# and carry no alignment the kernel uses: not specialized, so a new value (== 1, % 16 == 0, other) never
+# recompiles inside a timed run. The q/cache strides stay specialized (their % 16 lets loads vectorize).
+_PER_STEP = ("num_splits", "table_stride")
+
+
+@triton.jit(do_not_specialize=_PER_STEP)
 def _split_kernel(
     q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, acc_ptr, ml_ptr, qk_scale, num_splits,
     q_seq_stride, q_head_stride, k_block_stride, k_pos_stride, k_head_stride,
@@ -119,7 +125,7 @@ def _split_kernel(
     tl.store(ml_ptr + row * 2 + 1, l_i, mask=g_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("num_splits",))
 def _combine_kernel(acc_ptr, ml_ptr, out_ptr, num_splits, out_seq_stride, out_head_stride,
                     HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr):
     seq = tl.program_id(0).to(tl.int64)

@@ -82,7 +82,13 @@ def _softmax_step(s, v, m_i, l_i, acc):
     return m_new, l_i, acc
 
 
-@triton.jit
+# Arguments that change from step to step in a serving loop (sequences in the step, width of its block table) and
+# carry no alignment the kernel uses: not specialized, so a new value (== 1, % 16 == 0, other) never recompiles
+# inside a timed run. The q/cache/out strides stay specialized (their % 16 lets loads vectorize).
+_PER_STEP = ("num_seqs", "table_stride")
+
+
+@triton.jit(do_not_specialize=_PER_STEP)
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, cu_ptr, out_ptr, qk_scale, num_seqs,
     q_tok_stride, q_head_stride, k_block_stride, k_pos_stride, k_head_stride,

@@ -7,7 +7,9 @@
     print(outs[0].text)
 
 KV-cache size: on CUDA, `gpu_memory_utilization` of the device minus what the weights and one warm-up step
-of the full token budget use (runner.engine.kv_sizing); on CPU a fixed `kv_cache_bytes` (256 MiB default).
+of the full token budget use (its forward, the logits of max_num_seqs rows and a top-k/top-p sample of them),
+minus, with decode CUDA graphs, that warm-up's activation peak once more as the graphs' pool reserve
+(runner.engine.kv_sizing); on CPU a fixed `kv_cache_bytes` (256 MiB default).
 `num_kv_blocks` overrides both (tests force preemption with a tiny cache). `loaded` = an already loaded
 (model, tokenizer, config) from runner.model.load_model, to build several engines over one model (tests);
 it must match `dtype` and `device`. A dummy shape whose tokenizer is not installed has tokenizer None: it takes
@@ -57,44 +59,54 @@ class LLM:
         max_model_len = min(max_model_len, getattr(self.config, "max_position_embeddings", max_model_len))
         if max_num_batched_tokens is None:
             max_num_batched_tokens = max(8192, max_num_seqs, 0 if enable_chunked_prefill else max_model_len)
+        cuda = torch.device(device).type == "cuda"
+        sizes = capture_sizes(max_num_seqs, max_num_batched_tokens) if cuda and not enforce_eager else []
         if num_kv_blocks is None:
             num_kv_blocks = self._size_kv(device, dtype, block_size, max_num_batched_tokens, max_num_seqs,
-                                          max_model_len, gpu_memory_utilization, kv_cache_bytes)
+                                          max_model_len, gpu_memory_utilization, kv_cache_bytes, bool(sizes))
         eos = self.tokenizer.eos_token_id if self.tokenizer is not None else self.config.eos_token_id
         scheduler = Scheduler(SchedulerConfig(
             num_blocks=num_kv_blocks, block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
             max_num_seqs=max_num_seqs, max_model_len=max_model_len, enable_chunked_prefill=enable_chunked_prefill,
             enable_prefix_caching=enable_prefix_caching, eos_token_ids=() if eos is None else (eos,)))
-        sizes = capture_sizes(max_num_seqs, max_num_batched_tokens) if torch.device(device).type == "cuda" else []
         runner = ModelRunner(self.model, self.config, num_blocks=num_kv_blocks, block_size=block_size, dtype=dtype,
                              device=device, max_model_len=max_model_len, capture_sizes=sizes,
                              enforce_eager=enforce_eager)
         self.engine = LLMEngine(scheduler, runner, self.tokenizer, time_phases=time_phases)
 
-    def _size_kv(self, device, dtype, block_size, max_tokens, max_seqs, max_model_len, fraction, kv_bytes) -> int:
+    def _size_kv(self, device, dtype, block_size, max_tokens, max_seqs, max_model_len, fraction, kv_bytes,
+                 graphs: bool) -> int:
         block_bytes = kv_sizing.bytes_per_block(cache_spec(self.config, block_size, dtype),
                                                 self.config.num_hidden_layers)
         most = max_seqs * -(-max_model_len // block_size) + 1  # every sequence at full length, + the null block
         if torch.device(device).type != "cuda" or kv_bytes is not None:
             budget = kv_bytes if kv_bytes is not None else CPU_KV_CACHE_BYTES
             return kv_sizing.num_kv_blocks(budget, 0, 1.0, block_bytes, most)
+        before = torch.cuda.memory_allocated(device)  # the weights
         self._warm_up(device, block_size, max_tokens, max_seqs, max_model_len)
-        total, used = kv_sizing.measured_usage(device)
+        total, used = kv_sizing.measured_usage(device, before if graphs else None)
         return kv_sizing.num_kv_blocks(total, used, fraction, block_bytes, most)
 
     @torch.inference_mode()
     def _warm_up(self, device, block_size: int, max_tokens: int, max_seqs: int, max_model_len: int) -> None:
         """The activation peak the KV sizing must leave room for: one prefill forward of the whole token budget
         (in a throw-away cache of just its blocks, which the peak then also counts: conservative by that
-        much) and the logits of max_seqs rows."""
+        much), the logits of max_seqs rows and the sampler's largest temporaries on them (temperature, top-k
+        and top-p: a sort of the logits with int64 indices, cumulative sums, the race), under a forked RNG so
+        the warm-up draws nothing from the generator that unseeded requests use."""
         from runner.engine.model_runner import allocate_kv
+        from runner.engine.sampler import SamplingBatch, sample
 
         torch.cuda.reset_peak_memory_stats(device)
         input_ids, positions, batch, num_blocks = warmup_batch(block_size, max_tokens, max_model_len, device)
         _, kv = allocate_kv(self.config, num_blocks, block_size, self.dtype, device)
         hidden = self.model(input_ids, positions, batch, kv)
-        self.model.compute_logits(hidden[:1].expand(max_seqs, -1).contiguous())
-        del kv, hidden
+        logits = self.model.compute_logits(hidden[:1].expand(max_seqs, -1).contiguous())
+        del hidden
+        params = SamplingParams(temperature=1.0, top_k=max(1, self.config.vocab_size // 2), top_p=0.9)
+        with torch.random.fork_rng(devices=[device] if torch.device(device).type == "cuda" else []):
+            sample(logits, SamplingBatch.build([params] * max_seqs, self.config.vocab_size, device))
+        del kv, logits
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()  # the KV buffer is one allocation: cached warm-up segments cannot serve it
 

@@ -58,15 +58,28 @@ def generate_batch(model, prompts: list[list[int]], output_len: int, block_size:
     gen = GenerationConfig(max_new_tokens=output_len, do_sample=False, eos_token_id=-1, pad_token_id=0)
     cb = ContinuousBatchingConfig(block_size=block_size, num_blocks=num_blocks, max_batch_tokens=max_batch_tokens)
     started = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate_batch(prompts, generation_config=gen, continuous_batching_config=cb,
-                                   max_new_tokens=output_len)
+    # No torch.inference_mode() here: HF runs the batching loop in its own thread, where the mode does not
+    # carry over, and that loop updates its (then inference) tensors in place: every request failed with
+    # "Inplace update to inference tensor outside InferenceMode" and 0 tokens came back. HF's loop runs under no_grad.
+    out = model.generate_batch(prompts, generation_config=gen, continuous_batching_config=cb,
+                               max_new_tokens=output_len)
     wall = time.perf_counter() - started
     results = list(out.values())
     tokens = sum(len(r.generated_tokens) for r in results)
     span = max(r.lifespan[1] for r in results) - min(r.created_time for r in results) if results else wall
     errors = [r.error for r in results if r.error is not None]
+    if not errors and tokens != len(prompts) * output_len:
+        errors = [f"{tokens} tokens for {len(prompts)} requests x {output_len} (eos disabled: each must give all)"]
     return dict(tokens=tokens, wall=wall, span=span, errors=errors, token_ids=[r.generated_tokens for r in results])
+
+
+def check(result: dict, impl: str) -> dict:
+    """`result` unchanged if the peer produced every token; else RuntimeError naming the first error (a failed
+    peer must never become a silent 0 tok/s row)."""
+    if result["errors"]:
+        raise RuntimeError(f"{impl}: {len(result['errors'])} request errors, {result['tokens']} tokens; first: "
+                           f"{result['errors'][0]}")
+    return result
 
 
 def generate_greedy(model, prompts: list[list[int]], output_len: int) -> dict:

@@ -12,6 +12,15 @@
   KV allocation reuses it. nano-vllm's `total * util - used - peak + current` (serving-runner.md §1.5)
   counts that reserve as used as well (its `used` = total - free), so it is the more conservative of the
   two by at most the allocator's cache. `measured_usage` computes the figure from torch's counters.
+- graph_reserve: with decode CUDA graphs, their memory pool, allocated AFTER the KV cache (a graph bakes in
+  the cache's addresses, so capture cannot come first) and held for the engine's life. It holds about one
+  decode forward's activations at the largest capture size (<= the token budget; the sizes share one pool).
+  The reserve is the warm-up's whole activation peak (peak allocated - allocated before the warm-up), i.e.
+  a forward of the FULL token budget plus the logits and sampler temporaries of max_num_seqs rows: an upper
+  bound on the pool (per-token activations are the same, a decode has fewer tokens; the decode kernel's
+  split buffers, B x Hq x D fp32, are smaller than one MLP intermediate row). Simple and safe over exact: for
+  SmolLM2-135M at a 16k budget it is a few hundred MB out of ~125 GB of KV (< 0.5 %); measuring the pool
+  itself would need a capture over a throw-away cache first.
 - memory_fraction: of the whole device this process may fill (vLLM's gpu_memory_utilization, default 0.92;
   nano-vllm 0.9). It caps the process, not the KV cache alone.
 Fewer than 2 blocks (the null block and one usable) is an error that names the numbers, not a silent 0.
@@ -48,10 +57,14 @@ def num_kv_blocks(total_bytes: int, used_bytes: int, memory_fraction: float, blo
     return blocks
 
 
-def measured_usage(device: torch.device | str) -> tuple[int, int]:
-    """(total_bytes, used_bytes) of a CUDA device, after loading and a warm-up step (see module doc)."""
+def measured_usage(device: torch.device | str, graph_reserve_from: int | None = None) -> tuple[int, int]:
+    """(total_bytes, used_bytes) of a CUDA device, after loading and a warm-up step (see module doc).
+    `graph_reserve_from`: bytes allocated before the warm-up (decode graphs on): the warm-up's activation
+    peak above it is counted once more, as the graph pool's reserve."""
     device = torch.device(device)
     free, total = torch.cuda.mem_get_info(device)
     stats = torch.cuda.memory_stats(device)
     others = total - free - stats.get("reserved_bytes.all.current", 0)  # other processes, the CUDA context
-    return total, others + stats.get("allocated_bytes.all.peak", 0)
+    peak = stats.get("allocated_bytes.all.peak", 0)
+    reserve = 0 if graph_reserve_from is None else max(peak - graph_reserve_from, 0)
+    return total, others + peak + reserve

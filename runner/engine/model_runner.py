@@ -22,7 +22,7 @@ import torch
 from reference.kv.allocate import KVCache, allocate_kv_cache
 from reference.kv.attention import FullAttentionSpec
 from runner.engine.cuda_graphs import DecodeGraphs, DecodeInputs
-from runner.engine.sampler import SamplingBatch, sample
+from runner.engine.sampler import SamplingBatch, is_greedy, sample
 from runner.engine.scheduler import SchedulerOutput, StepInputs
 from runner.engine.step_tensors import StepPacker
 from runner.model.attention import AttentionBatch
@@ -78,10 +78,17 @@ class ModelRunner:
         """One token per scheduled row (in `output.scheduled` order); -1 where the row does not sample."""
         clock = _Clock(self.device, times)
         rows = output.scheduled
-        inputs = self.packer.pack(output)
+        # Always max_blocks wide, not the step's widest table: the attention kernels then see one table stride
+        # for the whole run (a new stride could recompile them, ~1 s, inside a timed run).
+        inputs = self.packer.pack(output, self.max_blocks)
         sampling = [i for i, entry in enumerate(rows) if entry.samples]
-        clock.lap("prepare_s")
         some = None if len(sampling) == len(rows) else torch.tensor(sampling, dtype=torch.int64, device=self.device)
+        # Built before the model runs: these are pageable copies, which block the host until the stream gets to
+        # them (after the whole forward, were they queued behind it). An all-greedy batch needs none of them.
+        seqs = [rows[i].seq for i in sampling]
+        batch = (None if all(is_greedy(s.params) for s in seqs)
+                 else SamplingBatch.from_sequences(seqs, self.config.vocab_size, self.device))
+        clock.lap("prepare_s")
         if inputs.is_decode:  # one token a row: hidden row i is sequence i's token
             step = DecodeInputs(inputs.input_ids, inputs.positions, inputs.slot_mapping, inputs.block_table,
                                 inputs.seq_lens)
@@ -96,8 +103,7 @@ class ModelRunner:
             return tokens
         logits = self.model.compute_logits(hidden)
         clock.lap("model_s")
-        seqs = [rows[i].seq for i in sampling]
-        sampled = sample(logits, SamplingBatch.from_sequences(seqs, logits.shape[-1], self.device))
+        sampled = sample(logits, batch)
         for i, token in zip(sampling, sampled.tolist(), strict=True):
             tokens[i] = token
         clock.lap("sample_s")

@@ -32,6 +32,10 @@ from runner.engine.sequence import Sequence
 GREEDY_EPS = 1e-5
 
 
+def is_greedy(params: SamplingParams) -> bool:
+    return params.temperature < GREEDY_EPS
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingBatch:
     temperature: torch.Tensor  # fp32 [B]; < GREEDY_EPS = greedy
@@ -54,7 +58,7 @@ class SamplingBatch:
             top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
             top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
             generators=generators,
-            all_greedy=all(p.temperature < GREEDY_EPS for p in params),
+            all_greedy=all(map(is_greedy, params)),
             any_top_k=any(k < vocab_size for k in top_k),
             any_top_p=any(p.top_p < 1 for p in params),
         )
@@ -80,15 +84,16 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: t
     return torch.empty_like(logits).scatter_(-1, order, values)
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """One token id per row (int64 [B])."""
+def sample(logits: torch.Tensor, batch: SamplingBatch | None) -> torch.Tensor:
+    """One token id per row (int64 [B]). `batch` None: every row is greedy (the caller saw it from the params
+    and built no per-row tensors: the common decode batch costs no host-to-device copies)."""
     if not isinstance(logits, torch.Tensor) or logits.dtype != torch.float32 or logits.dim() != 2:
         raise TypeError(f"logits: must be a 2-D float32 tensor, got {getattr(logits, 'dtype', type(logits))} "
                         f"of shape {tuple(getattr(logits, 'shape', ()))}")
-    if logits.shape[0] != batch.temperature.shape[0]:
+    if batch is not None and logits.shape[0] != batch.temperature.shape[0]:
         raise ValueError(f"logits: {logits.shape[0]} rows for a batch of {batch.temperature.shape[0]}")
     greedy_tokens = logits.argmax(dim=-1)
-    if batch.all_greedy:
+    if batch is None or batch.all_greedy:
         return greedy_tokens
     greedy = batch.temperature < GREEDY_EPS
     scaled = logits / torch.where(greedy, 1.0, batch.temperature)[:, None]

@@ -75,14 +75,14 @@ class SchedulerConfig:
 
 @dataclasses.dataclass(slots=True)  # not frozen: a frozen init costs ~3 us a row, 256 rows a step
 class ScheduledSequence:
-    """One request's share of a step: tokens [start, start + num_new_tokens) of seq.token_ids."""
+    """One request's share of a step: tokens [start, start + num_new_tokens) of seq.token_ids. Its block ids are
+    its row of `SchedulerOutput.block_table` (no per-row copy: it cost a list of ~100 ids a row every step)."""
 
     seq: Sequence
     start: int  # num_computed_tokens before the step = position of the first new token
     num_new_tokens: int
     token_ids: list[int]
     slot_mapping: list[int]  # cache slot of each new token: block_id * block_size + offset
-    block_ids: list[int]  # the request's block table after allocation
     samples: bool  # the last new token is the request's last token: its logits give the next token
 
     @property
@@ -264,7 +264,7 @@ class Scheduler:
         scheduled = [self._entry(seq, n) for seq, n in plan.items()]
         for seq in plan:
             self.tables.sync(seq)
-        width = max((len(s.block_ids) for s in scheduled), default=0)
+        width = max((len(seq.block_ids) for seq in plan), default=0)
         table = self.tables.gather(list(plan), width)
         self._pending = SchedulerOutput(scheduled, preempted, cfg.max_num_batched_tokens - budget, table)
         return self._pending
@@ -273,7 +273,7 @@ class Scheduler:
         start, bs, ids = seq.num_computed_tokens, self.config.block_size, seq.block_ids
         return ScheduledSequence(
             seq=seq, start=start, num_new_tokens=n, token_ids=seq.token_ids[start:start + n],
-            slot_mapping=[ids[p // bs] * bs + p % bs for p in range(start, start + n)], block_ids=list(ids),
+            slot_mapping=[ids[p // bs] * bs + p % bs for p in range(start, start + n)],
             samples=start + n == seq.num_tokens)
 
     def update(self, output: SchedulerOutput, sampled_token_ids: Seq[int] | torch.Tensor) -> list[Sequence]:

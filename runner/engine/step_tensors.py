@@ -4,12 +4,18 @@ Same result as `SchedulerOutput.step_inputs` (the scheduler's documented flatten
 equal), built for the decode loop's host budget: per step the rows are written into two numpy arrays (every
 int64 field, then every int32 field) and each goes to the device in ONE copy from a reused pinned staging
 buffer, instead of a tensor per field and per block-table row. At W1's 256 decode rows that is two copies a
-step instead of ~265 small tensors and 9 copies. Reusing the staging buffer is safe because every step
-ends in a device sync (the sampled tokens are read back) before the next step writes it.
+step instead of ~265 small tensors and 9 copies.
+
+Staging on CUDA: a non-blocking copy reads the pinned buffer when the stream gets to it, possibly after the
+host returned, and a step need not end in a sync (one whose rows all are prompt chunks samples nothing, so it
+reads nothing back). So each dtype has two pinned buffers used in turn, each with a CUDA event recorded
+after its copy; a buffer is written only after its event (the copy of two packs ago) has completed. The wait
+is normally free: the step in between synchronized.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -17,24 +23,41 @@ import torch
 
 from runner.engine.scheduler import SchedulerOutput, StepInputs
 
+STAGING_BUFFERS = 2  # per dtype, used in turn
+
+
+@dataclasses.dataclass
+class _Staging:
+    buffer: torch.Tensor | None = None  # pinned host memory
+    copied: torch.cuda.Event | None = None  # recorded on the stream after the last copy out of `buffer`
+
 
 class StepPacker:
     def __init__(self, device: torch.device | str):
         self.device = torch.device(device)
         self.pin = self.device.type == "cuda"
-        self._staging: dict[torch.dtype, torch.Tensor] = {}
+        self._staging: dict[torch.dtype, list[_Staging]] = {}
+        self._turn: dict[torch.dtype, int] = {}
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         host = torch.from_numpy(array)
         if not self.pin:
             return host if self.device.type == "cpu" else host.to(self.device)
-        staging = self._staging.get(host.dtype)
-        if staging is None or staging.numel() < host.numel():
-            staging = torch.empty(max(host.numel(), 2 * (staging.numel() if staging is not None else 0), 4096),
-                                  dtype=host.dtype, pin_memory=True)
-            self._staging[host.dtype] = staging
-        staging[: host.numel()].copy_(host)
-        return staging[: host.numel()].to(self.device, non_blocking=True)
+        n, dtype = host.numel(), host.dtype
+        turn = self._turn.get(dtype, 0)
+        self._turn[dtype] = (turn + 1) % STAGING_BUFFERS
+        slot = self._staging.setdefault(dtype, [_Staging() for _ in range(STAGING_BUFFERS)])[turn]
+        if slot.copied is not None:
+            slot.copied.synchronize()  # the copy that last read this buffer has run: it may be overwritten
+        if slot.buffer is None or slot.buffer.numel() < n:
+            old = slot.buffer.numel() if slot.buffer is not None else 0
+            slot.buffer = torch.empty(max(n, 2 * old, 4096), dtype=dtype, pin_memory=True)
+        slot.buffer[:n].copy_(host)
+        out = slot.buffer[:n].to(self.device, non_blocking=True)
+        if slot.copied is None:
+            slot.copied = torch.cuda.Event()
+        slot.copied.record(torch.cuda.current_stream(self.device))
+        return out
 
     def pack(self, output: SchedulerOutput, block_table_width: int | None = None) -> StepInputs:
         rows = output.scheduled

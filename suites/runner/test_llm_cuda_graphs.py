@@ -1,7 +1,8 @@
 """Decode CUDA graphs, the parts that run without a GPU: the static buffers' fill (step rows, then padding
 rows that store nothing and attend to nothing), the next-size-up choice against the capture sizes, and the
-eager fallback (always on CPU); and the warm-up step the CUDA KV sizing measures. Capture, replay and the
-measurement itself need CUDA: the W1 bench exercises them."""
+eager fallback (always on CPU); the replay branch with fake graphs (what a capture records, re-run on the
+buffers); and the warm-up step the CUDA KV sizing measures. Real capture and replay need CUDA:
+suites/runner/test_llm_gpu.py compares graph and eager tokens there."""
 
 from __future__ import annotations
 
@@ -82,3 +83,66 @@ def test_kv_sizing_warm_up_batch_is_a_valid_prefill():
     for name in ("slot_mapping", "block_table", "seq_lens", "cu_seqlens_q", "logits_indices"):
         assert getattr(batch, name).tolist() == getattr(want, name).tolist(), name
     assert not batch.is_decode
+
+
+class _FakeGraph:
+    """Stands in for a captured torch.cuda.CUDAGraph of `size`: replay runs what the capture recorded (the
+    forward over the static buffers' first `size` rows, into the shared hidden buffer)."""
+
+    def __init__(self, graphs: DecodeGraphs, size: int):
+        self.graphs, self.size, self.replays = graphs, size, 0
+
+    def replay(self) -> None:
+        g, n = self.graphs, self.size
+        g.hidden[:n] = g.forward(g.buffers.input_ids[:n], g.buffers.positions[:n], g.buffers.batch(n, g.make_batch))
+        self.replays += 1
+
+
+def _row_forward(seen: list):
+    """hidden row i = (token, position, slot, seq_len, sum of the block-table row) of row i; notes each call's
+    batch size and whether it came from the static buffers."""
+
+    def forward(ids, pos, batch):
+        seen.append((ids.shape[0], batch.is_decode))
+        cols = (ids, pos, batch.slot_mapping, batch.seq_lens, batch.block_table.sum(1))
+        return torch.stack([c.to(torch.float32) for c in cols], dim=1)
+
+    return forward
+
+
+def _fake_captured(sizes: list[int], seen: list) -> DecodeGraphs:
+    """DecodeGraphs as capture() leaves it on CUDA (buffers, hidden, one graph a size), built on the CPU."""
+    graphs = DecodeGraphs(_row_forward(seen), AttentionBatch, sizes, max_blocks=4, hidden_size=5,
+                          dtype=torch.float32, device="cpu")
+    graphs.sizes = sorted(sizes)
+    graphs.buffers = StaticDecodeBuffers(graphs.sizes[-1], 4, "cpu")
+    graphs.hidden = torch.zeros(graphs.sizes[-1], 5)
+    graphs.graphs = {size: _FakeGraph(graphs, size) for size in graphs.sizes}
+    return graphs
+
+
+def _want(step: DecodeInputs) -> torch.Tensor:
+    return _row_forward([])(step.input_ids, step.positions, AttentionBatch(
+        slot_mapping=step.slot_mapping, block_table=step.block_table, seq_lens=step.seq_lens,
+        cu_seqlens_q=None, is_decode=True, logits_indices=None))
+
+
+def test_replay_pads_to_the_next_size_and_returns_only_the_real_rows():
+    """Batches 5 -> 3 -> 1 -> 9 over graphs of sizes 1, 2, 4, 8: 5 and 3 replay the 8 and 4 graphs with padding
+    rows (left by a larger step before: must be reset), 1 replays the 1 graph, 9 (> 8) goes eager."""
+    seen = []
+    graphs = _fake_captured([1, 2, 4, 8], seen)
+    for b, width, size in [(5, 4, 8), (3, 2, 4), (1, 3, 1)]:
+        step = _step(b, width)
+        before = {s: g.replays for s, g in graphs.graphs.items()}
+        out = graphs.run(step, lambda: pytest.fail("eager batch built for a batch a graph covers"))
+        assert {s: g.replays - before[s] for s, g in graphs.graphs.items()} == {s: int(s == size) for s in before}
+        assert out.shape == (b, 5) and torch.equal(out, _want(step))
+        pad = graphs.hidden[b:size]  # what the forward saw in the padding rows: token 0 at 0, slot -1, length 0
+        assert torch.equal(pad, torch.tensor([[0.0, 0.0, -1.0, 0.0, 0.0]]).expand(size - b, 5))
+    assert [n for n, _ in seen] == [8, 4, 1]
+    big = _step(9, 2)
+    out = graphs.run(big, lambda: AttentionBatch(slot_mapping=big.slot_mapping, block_table=big.block_table,
+                                                 seq_lens=big.seq_lens, cu_seqlens_q=None, is_decode=True,
+                                                 logits_indices=None))
+    assert seen[-1] == (9, True) and torch.equal(out, _want(big))

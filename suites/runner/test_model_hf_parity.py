@@ -3,6 +3,8 @@ tokens equal for 8 chat prompts x 32 new tokens, fp32, CPU; first-step logits cl
 un-permutes q/k itself (transformers' GGUF loader), so equality also proves our loader's permutation, name
 mapping and tied head, and the model's RoPE/RMSNorm/GQA/paged attention against an independent
 implementation. HF runs the 8 prompts as one left-padded batch (its positions come from the attention mask).
+The whole engine (`LLM(loaded=...)`: scheduler, step packing, sampler, one batched prefill then decodes) gives
+the same greedy tokens as well, checked in the same test against the same cached HF result.
 
 Measured (this file's load + generation, 2 busy cores): our load ~19 s with the tokenizer, HF load ~19 s,
 each generation 6-8 s; the first-step logits differ by at most 5.5e-5 (max |logit| 35).
@@ -59,9 +61,11 @@ def our_greedy(smollm2, prompts) -> tuple[list[list[int]], torch.Tensor]:
         return greedy(model, prompts, NEW_TOKENS)
 
 
-def test_default_model_matches_hf(smollm2, our_greedy, hf_greedy):
+def test_default_model_matches_hf(smollm2, prompts, our_greedy, hf_greedy):
     """One test on purpose: under pytest-xdist every worker that runs a test of this module loads both models
     (~40 s); one test keeps that to one worker."""
+    from runner import LLM, SamplingParams
+
     _, tok, config = smollm2
     assert config == MODELS["smollm2-135m-instruct"].config  # the GGUF metadata is the registered shape
     assert (tok.bos_token_id, tok.eos_token_id) == (config.bos_token_id, config.eos_token_id) == (1, 2)
@@ -74,3 +78,9 @@ def test_default_model_matches_hf(smollm2, our_greedy, hf_greedy):
     for q, a, b in zip(QUESTIONS, our_greedy[0], hf_greedy[0], strict=True):
         assert len(a) == NEW_TOKENS
         assert a == b, f"{q!r}: ours {tok.decode(a)!r}\n   HF {tok.decode(b)!r}"
+
+    with one_thread():
+        outs = LLM(device="cpu", loaded=smollm2).generate(
+            prompts, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True), use_tqdm=False)
+    for q, out, b in zip(QUESTIONS, outs, hf_greedy[0], strict=True):
+        assert out.token_ids == b, f"{q!r}: engine {tok.decode(out.token_ids)!r}\n   HF {tok.decode(b)!r}"

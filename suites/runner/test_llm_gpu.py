@@ -1,0 +1,118 @@
+"""Runner checks that need a real GPU (`--device cuda`; skipped on the interpreter tier): the attention kernels
+compile once for every step shape a serving loop gives them; decode through CUDA graphs gives the eager
+tokens (padded and shrinking batches); KV sizing leaves room for the graph pool and the sampler; the step
+packer's pinned staging is never overwritten under a pending copy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+
+def _compiled(kernel) -> int:
+    """Compiled variants of a @triton.jit kernel on the current device (its runtime cache)."""
+    return len(kernel.device_caches[torch.cuda.current_device()][0])
+
+
+@pytest.mark.gpu_only(reason="counts the CUDA kernels Triton compiled")
+def test_paged_kernels_compile_once_for_any_batch_and_table_width(device):
+    """Batch sizes and block-table widths of a serving loop (1, % 16 == 0, other: Triton's integer
+    specializations) and 1 or 3 decode splits: no new compile after the first call."""
+    from kernels import paged_decode as decode
+    from kernels import paged_prefill as prefill
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    block, hkv, group, head = 16, 3, 3, 64
+    k_cache = torch.randn((40, block, hkv, head), generator=gen, device=device).bfloat16()
+    v_cache = torch.randn((40, block, hkv, head), generator=gen, device=device).bfloat16()
+    counts = []
+    for batch, width, splits in [(3, 17, 1), (1, 1, 3), (16, 32, 1), (5, 16, 3), (2, 7, 1)]:
+        table = torch.randint(1, 40, (batch, width), generator=gen, device=device, dtype=torch.int32)
+        lens = torch.randint(1, width * block + 1, (batch,), generator=gen, device=device, dtype=torch.int32)
+        q = torch.randn((batch, hkv * group, head), generator=gen, device=device).bfloat16()
+        decode.paged_decode(q, k_cache, v_cache, table, lens, scale=0.125, num_splits=splits)
+        new = torch.minimum(lens, torch.full_like(lens, 5))
+        cu = torch.nn.functional.pad(new.cumsum(0), (1, 0)).to(torch.int32)
+        q = torch.randn((int(cu[-1]), hkv * group, head), generator=gen, device=device).bfloat16()
+        prefill.paged_prefill(q, k_cache, v_cache, table, lens, cu, scale=0.125)
+        counts.append((_compiled(decode._split_kernel), _compiled(decode._combine_kernel),
+                       _compiled(prefill._prefill_kernel)))
+    assert counts == [counts[0]] * len(counts)
+
+
+@pytest.mark.gpu_only(reason="needs pinned memory and asynchronous host-to-device copies")
+def test_packer_staging_is_not_overwritten_before_its_copy_ran(device):
+    """The stream is held busy (torch.cuda._sleep), so every copy is still pending when the next pack writes its
+    staging: with one reused buffer the first packs' device tensors would read the last pack's values."""
+    from runner.engine.step_tensors import STAGING_BUFFERS, StepPacker
+
+    packer = StepPacker(device)
+    packer._to_device(np.zeros(8, dtype=np.int64))  # the buffers and events exist before the timed part
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time queued ahead of the copies
+    arrays = [np.full(8, i, dtype=np.int64) for i in range(STAGING_BUFFERS + 2)]
+    outs = [packer._to_device(a) for a in arrays]
+    torch.cuda.synchronize()
+    assert [o.tolist() for o in outs] == [a.tolist() for a in arrays]
+
+
+@pytest.mark.gpu_only(reason="measures CUDA memory of a real engine with decode graphs")
+def test_engine_stays_under_its_memory_fraction_with_graphs_and_sampling(device):
+    """KV sizing leaves room for the decode graphs' pool and the sampler's temporaries: a full batch of
+    top-k/top-p requests keeps the process's peak allocation (plus what others hold) within the fraction."""
+    import gc
+
+    from runner import LLM, SamplingParams
+
+    gc.collect()
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    others = total - free - torch.cuda.memory_reserved()
+    seqs, max_model_len = 64, 1024
+    fraction = (others + 2 * 2**30) / total  # ~2 GiB for this process: the KV budget binds, not the block cap
+    llm = LLM("smollm2-135m", load_format="dummy", device=device, max_num_seqs=seqs, max_num_batched_tokens=2048,
+              max_model_len=max_model_len, gpu_memory_utilization=fraction)
+    assert llm.engine.runner.graphs.graphs  # graphs captured: their pool is part of what is measured
+    assert llm.engine.scheduler.config.num_blocks < seqs * max_model_len // 16 + 1  # sized by memory
+    torch.cuda.reset_peak_memory_stats()
+    prompts = [[(7 * i + j) % 1000 + 5 for j in range(200)] for i in range(seqs)]
+    params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, max_tokens=8, ignore_eos=True, seed=1)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    assert all(len(o.token_ids) == 8 for o in outs)
+    assert others + torch.cuda.max_memory_allocated() <= fraction * total
+
+
+@pytest.mark.gpu_only(reason="captures and replays CUDA graphs")
+def test_graph_decode_gives_the_eager_tokens(device):
+    """A tiny dummy Llama in bf16: decode through CUDA graphs (capture sizes 1, 2, 4, 8) gives the tokens of
+    enforce_eager. The batch goes 5 -> 3 -> 2 -> 1 as requests finish: 5 and 3 replay padded graphs (8 and 4),
+    and after the 5-row steps the 4 graph's padding row is a stale row of a finished request (must be reset)."""
+    from runner import LLM, SamplingParams
+    from runner.model.config import LlamaConfig
+    from runner.model.llama import LlamaForCausalLM
+    from runner.model.weights import dummy_weights
+
+    config = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=64, rope_theta=10_000.0,
+                         tie_word_embeddings=True, max_position_embeddings=256)
+    model = LlamaForCausalLM(config, torch.bfloat16, device)
+    model.load_weights(dummy_weights(config, seed=0, device=device, dtype=torch.bfloat16))
+    prompts = [[(11 * i + 3 * j) % 500 + 1 for j in range(5 + 3 * i)] for i in range(5)]
+    params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (16, 12, 8, 4, 4)]
+    tokens, replays = {}, {}
+    for eager in (True, False):
+        llm = LLM(device=device, loaded=(model, None, config), dtype=torch.bfloat16, max_num_seqs=8,
+                  max_num_batched_tokens=64, max_model_len=128, num_kv_blocks=64, enforce_eager=eager)
+        graphs = llm.engine.runner.graphs.graphs
+        assert sorted(graphs) == ([] if eager else [1, 2, 4, 8])
+        for size, graph in graphs.items():
+            def counted(real=graph.replay, size=size):
+                replays[size] = replays.get(size, 0) + 1
+                real()
+            graph.replay = counted
+        tokens[eager] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert [len(t) for t in tokens[True]] == [16, 12, 8, 4, 4]
+    assert len({t for row in tokens[True] for t in row}) > 5  # not a degenerate model
+    assert tokens[False] == tokens[True]
+    assert replays == {8: 3, 4: 4, 2: 4, 1: 4}
