@@ -54,9 +54,19 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", 1.0 / (base ** exponents), persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.apply_rotary(q, k, *self.cos_sin(positions, q.dtype))
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, 1, D] of the tokens' angles, in `dtype`. The model computes them once a step for all
+        its layers (the same numbers in every layer): 7 ops a step instead of 7 a layer (210 for SmolLM2's 30
+        layers), each a kernel in a decode graph."""
         angles = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2], fp32
         angles = torch.cat((angles, angles), dim=-1)[:, None, :]  # [T, 1, D]
-        cos, sin = angles.cos().to(q.dtype), angles.sin().to(q.dtype)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+    @staticmethod
+    def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                     sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 

@@ -44,16 +44,16 @@ class LlamaAttention(nn.Module):
         self.scale = self.head_dim ** -0.5
         self.qkv_proj = QKVLinear(config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, dtype, device)
         self.o_proj = Linear(config.q_size, config.hidden_size, dtype, device)
-        self.rotary_emb = RotaryEmbedding(self.head_dim, config.rope_theta, device)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, batch: AttentionBatch,
+    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, batch: AttentionBatch,
                 kv_cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """rope: the step's (cos, sin) from LlamaModel.rotary_emb.cos_sin."""
         tokens = x.shape[0]
         q, k, v = self.qkv_proj.split(self.qkv_proj(x))
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary_emb(positions, q, k)
+        q, k = RotaryEmbedding.apply_rotary(q, k, *rope)
         out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], batch, self.scale)
         return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
 
@@ -77,8 +77,8 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         self.mlp = LlamaMLP(config, dtype, device)
 
-    def forward(self, positions, h, batch, kv_cache) -> torch.Tensor:
-        h = h + self.self_attn(positions, self.input_layernorm(h), batch, kv_cache)
+    def forward(self, rope, h, batch, kv_cache) -> torch.Tensor:
+        h = h + self.self_attn(rope, self.input_layernorm(h), batch, kv_cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -88,6 +88,7 @@ class LlamaModel(nn.Module):
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype, device)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype, device) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, device)  # shared by every layer
 
 
 class LlamaForCausalLM(nn.Module):
@@ -111,8 +112,9 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"input_ids, positions: must both be [T], got {tuple(input_ids.shape)} and "
                              f"{tuple(positions.shape)}")
         h = self.model.embed_tokens(input_ids)
+        rope = self.model.rotary_emb.cos_sin(positions, h.dtype)
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            h = layer(positions, h, batch, kv_cache)
+            h = layer(rope, h, batch, kv_cache)
         return self.model.norm(h)
 
     @torch.inference_mode()
