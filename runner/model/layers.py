@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from reference.norm.rms_norm import rms_norm
+
 
 def default_weight_loader(param: nn.Parameter, tensor: torch.Tensor) -> None:
     """Copy a checkpoint tensor into a parameter of the same shape (any dtype/device: converted on copy)."""
@@ -40,9 +42,7 @@ class RMSNorm(nn.Module):
         self.weight = _param((size,), dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        wide = x.float()
-        wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * wide.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)  # the definition the Triton norm kernels are checked against
 
 
 class RotaryEmbedding(nn.Module):

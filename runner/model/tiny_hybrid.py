@@ -30,6 +30,7 @@ import torch
 from reference.mamba.conv1d import causal_conv1d, causal_conv1d_update
 from reference.mamba.ssd import ssd_chunked_scan
 from reference.mamba.state_update import selective_state_update
+from reference.norm.rms_norm import rms_norm
 
 LAYER_TYPES = ("attention", "mamba")
 
@@ -98,10 +99,6 @@ def _randn(g: torch.Generator, *shape: int, scale: float = 1.0) -> torch.Tensor:
 
 def _uniform(g: torch.Generator, n: int, lo: float, hi: float) -> torch.Tensor:
     return lo + (hi - lo) * torch.rand(n, generator=g, dtype=torch.float32)
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
 class TinyHybridModel:
@@ -239,12 +236,12 @@ class TinyHybridModel:
         h = self.embed[tokens]
         new = []
         for t, w, s in zip(self.config.layer_types, self.layers, states.layers, strict=True):
-            u = _rms_norm(h, w["norm"], self.config.norm_eps)
+            u = rms_norm(h, w["norm"], self.config.norm_eps)
             out, s = (self._attention(w, u, s, states.num_tokens) if t == "attention"
                       else self._mamba_prefill(w, u, s))
             h = h + out
             new.append(s)
-        logits = _rms_norm(h, self.final_norm, self.config.norm_eps) @ self.lm_head.T
+        logits = rms_norm(h, self.final_norm, self.config.norm_eps) @ self.lm_head.T
         return logits, HybridStates(states.num_tokens + tokens.shape[1], tuple(new))
 
     def decode(self, token: torch.Tensor, states: HybridStates) -> tuple[torch.Tensor, HybridStates]:
@@ -254,7 +251,7 @@ class TinyHybridModel:
         h = self.embed[token]
         new = []
         for t, w, s in zip(self.config.layer_types, self.layers, states.layers, strict=True):
-            u = _rms_norm(h, w["norm"], self.config.norm_eps)
+            u = rms_norm(h, w["norm"], self.config.norm_eps)
             if t == "attention":
                 out, s = self._attention(w, u[:, None], s, states.num_tokens)
                 out = out[:, 0]
@@ -262,7 +259,7 @@ class TinyHybridModel:
                 out, s = self._mamba_decode(w, u, s)
             h = h + out
             new.append(s)
-        logits = _rms_norm(h, self.final_norm, self.config.norm_eps) @ self.lm_head.T
+        logits = rms_norm(h, self.final_norm, self.config.norm_eps) @ self.lm_head.T
         return logits, HybridStates(states.num_tokens + 1, tuple(new))
 
 
