@@ -173,7 +173,6 @@ LOSSY: dict[tuple[str, torch.dtype], LossyBound] = {
 }
 
 
-
 @dataclasses.dataclass(frozen=True)
 class AgreementBound:
     """Two evaluation orders of the same reference math (no kernel, no quantization): max |got - want| <=
@@ -219,6 +218,7 @@ def assert_agree(family: str, got: torch.Tensor, want: torch.Tensor, what: str =
     err = float((got - want).abs().max()) if want.numel() else 0.0
     assert err <= bound.max_rel * scale, (
         f"{what} ({family}, {got.dtype}): max |diff| {err:.3g} > {bound.max_rel:g} x {scale:.3g}")
+
 
 @dataclasses.dataclass(frozen=True)
 class LossyMetrics:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 
 from bench.correctness import lossy_check
-from bench.mamba.state_update import CHECKED_REQUESTS
+from bench.mamba.state_update import updater
 from bench.mamba.state_update_inputs import DSTATE, HEAD_DIM, NGROUPS, NHEADS
 from bench.quant.sweeps import kernel, triton_skip
 from bench.registry import Case, Impl, OpBench, register
@@ -66,34 +66,16 @@ def compiled_update() -> Callable:
     return torch.compile(_compiled_math, dynamic=True)
 
 
-def updater(get_fn: Callable[[], Callable]):
-    def factory(problem: dict) -> Callable[[], object]:
-        fn = get_fn()
-        args = dict(problem, conv_state=problem["conv_state"].clone())  # untimed: each impl its own state
-        checked = problem["state_indices"][:CHECKED_REQUESTS].long()
-        first = [True]
-
-        def call():
-            out = fn(**args)
-            if first[0]:  # the runner's correctness call: a snapshot, before timing advances the state
-                first[0] = False
-                return args["conv_state"][checked].clone(), out
-            return out
-
-        return call
-
-    return factory
-
-
 OP = register(OpBench(
     name="mamba_conv1d_update", area="mamba", dtype="bfloat16", x_name="batch",
     sweeps={"small": [Case(f"B{b}", float(b), (b,)) for b in SMALL_BATCHES],
             "full": [Case(f"B{b}", float(b), (b,)) for b in FULL_BATCHES]},
     make_inputs=lambda case, torch_device: make_problem(case.shape[0], torch_device),
     impls=(
-        Impl("reference-mirror", updater(lambda: causal_conv1d_update)),
-        Impl("reference-compiled", updater(compiled_update), gated=False),
-        Impl("triton", updater(lambda: kernel("kernels.mamba_conv1d_update", "causal_conv1d_update")), triton_skip),
+        Impl("reference-mirror", updater(lambda: causal_conv1d_update, "conv_state")),
+        Impl("reference-compiled", updater(compiled_update, "conv_state"), gated=False),
+        Impl("triton", updater(lambda: kernel("kernels.mamba_conv1d_update", "causal_conv1d_update"), "conv_state"),
+             triton_skip),
     ),
     bytes_model=lambda case: moved_bytes(case.shape[0]), flops_model=lambda case: 0,
     roof="memcpy", baselines=("reference-mirror",), compare_to="reference-compiled",

@@ -50,10 +50,13 @@ def compiled_update() -> Callable:
     return torch.compile(_compiled_update, dynamic=True)
 
 
-def updater(get_fn: Callable[[], Callable]):
+def updater(get_fn: Callable[[], Callable], state: str = "state"):
+    """Impl factory of an in-place slot-state update (this op's `state`, the conv1d update's `conv_state`): each
+    impl advances its own copy; the first call returns the first CHECKED_REQUESTS slots' new state and out."""
+
     def factory(problem: dict) -> Callable[[], object]:
         fn = get_fn()
-        args = dict(problem, state=problem["state"].clone())  # untimed: each impl advances its own state
+        args = dict(problem, **{state: problem[state].clone()})  # untimed: each impl advances its own state
         checked = problem["state_indices"][:CHECKED_REQUESTS].long()
         first = [True]
 
@@ -61,7 +64,7 @@ def updater(get_fn: Callable[[], Callable]):
             out = fn(**args)
             if first[0]:  # the runner's correctness call: a snapshot, before timing advances the state
                 first[0] = False
-                return args["state"][checked].clone(), out
+                return args[state][checked].clone(), out
             return out
 
         return call
