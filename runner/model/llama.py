@@ -77,9 +77,18 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         self.mlp = LlamaMLP(config, dtype, device)
 
-    def forward(self, rope, h, batch, kv_cache) -> torch.Tensor:
-        h = h + self.self_attn(rope, self.input_layernorm(h), batch, kv_cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def forward(self, rope, x: torch.Tensor, residual: torch.Tensor | None, batch,
+                kv_cache) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream h is carried as (x, residual) with h = x + residual (residual None: h = x), so
+        each residual add fuses into the norm after it: h = h + attn(norm(h)); h = h + mlp(norm(h)), with the
+        same roundings (one per add)."""
+        if residual is None:
+            x, residual = self.input_layernorm(x), x
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(rope, x, batch, kv_cache)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class LlamaModel(nn.Module):
@@ -113,9 +122,10 @@ class LlamaForCausalLM(nn.Module):
                              f"{tuple(positions.shape)}")
         h = self.model.embed_tokens(input_ids)
         rope = self.model.rotary_emb.cos_sin(positions, h.dtype)
+        residual = None
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            h = layer(rope, h, batch, kv_cache)
-        return self.model.norm(h)
+            h, residual = layer(rope, h, residual, batch, kv_cache)
+        return self.model.norm(h, residual)[0]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
