@@ -232,9 +232,18 @@ class Scheduler:
                     return False
             return True
 
-        decodes = [s for s in self.running if s.num_uncomputed_tokens == 1]
-        prefills = [s for s in self.running if s.num_uncomputed_tokens > 1]
-        for seq in decodes + prefills:
+        decodes, prefills = [], []
+        for seq in self.running:
+            (decodes if len(seq.token_ids) - seq.num_computed_tokens == 1 else prefills).append(seq)
+        bs = cfg.block_size
+        for seq in decodes:  # max_num_seqs <= budget: every decode fits
+            # Fast path (most decode steps of a request): its last block still has a free slot, so there is
+            # nothing to allocate and nothing to preempt. A preempted request is no longer RUNNING.
+            if seq.status is SequenceStatus.RUNNING and (
+                    seq.num_computed_tokens < len(seq.block_ids) * bs or allocate(seq, 1)):
+                plan[seq] = 1
+                budget -= 1
+        for seq in prefills:
             n = min(seq.num_uncomputed_tokens, budget)
             if n == 0:
                 break
@@ -262,15 +271,20 @@ class Scheduler:
             budget -= n
 
         scheduled = [self._entry(seq, n) for seq, n in plan.items()]
+        tables, width = self.tables, 0
         for seq in plan:
-            self.tables.sync(seq)
-        width = max((len(seq.block_ids) for seq in plan), default=0)
+            if seq.table_synced != len(seq.block_ids):
+                tables.sync(seq)
+            width = max(width, seq.table_synced)
         table = self.tables.gather(list(plan), width)
         self._pending = SchedulerOutput(scheduled, preempted, cfg.max_num_batched_tokens - budget, table)
         return self._pending
 
     def _entry(self, seq: Sequence, n: int) -> ScheduledSequence:
         start, bs, ids = seq.num_computed_tokens, self.config.block_size, seq.block_ids
+        if n == 1:  # a decode token: no slices or comprehensions (256 rows a step)
+            return ScheduledSequence(seq, start, 1, [seq.token_ids[start]], [ids[start // bs] * bs + start % bs],
+                                     start + 1 == len(seq.token_ids))
         return ScheduledSequence(
             seq=seq, start=start, num_new_tokens=n, token_ids=seq.token_ids[start:start + n],
             slot_mapping=[ids[p // bs] * bs + p % bs for p in range(start, start + n)],
