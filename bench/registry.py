@@ -34,6 +34,7 @@ SWEEPS = ("small", "full")
 FAMILY_MODULES = (
     "bench.quant.mxfp4", "bench.quant.fp8", "bench.quant.nvfp4", "bench.gemm.w4a16_mxfp4", "bench.kv.zeroer",
     "bench.mamba.state_update", "bench.mamba.conv1d_update", "bench.norm.rms_norm",
+    "bench.rotary.rope",
     "bench.attention.paged_decode",
     "bench.attention.paged_prefill",
     "bench.gemm.block_fp8",

@@ -1,0 +1,114 @@
+"""RoPE benchmarks (issue 6: the runner's decode step rotates q and k once per layer, 30 layers of SmolLM2-135M):
+tokens 1..4096 (decode batch to prefill) for SmolLM2-135M heads (q 9, kv 3, head_dim 64) and Llama-8B heads
+(q 32, kv 8, head_dim 128), bf16, q and k as views into a fused qkv buffer (the runner's layout).
+
+Bandwidth-bound, measured against the same-run memcpy roof. Bytes per call (compulsory): q and k read and
+written (4 * T * (Hq + Hkv) * D bytes), the positions (8 T) and the tokens' fp32 table rows (4 T D).
+Implementations:
+- reference-eager: reference.rotary.rope.apply_rope (the mirror every row is checked against, bit-exact; it
+  checks the positions' range on the host, so it is timed without a CUDA graph);
+- runner-eager (ungated peer): runner/model/layers.py RotaryEmbedding.apply_rotary with the step's cos/sin
+  [T, 1, D] bf16 computed once outside the timed call (the runner computes them once a step for all layers),
+  i.e. the ~10 kernels a layer the op replaces. It rounds cos/sin and every intermediate to bf16, so its
+  outputs differ from the fp32 mirror by an ulp in places: its verdict is recorded, not gated;
+- runner-compiled (ungated peer): torch.compile of that same apply_rotary;
+- triton: kernels.rope.rope_, in place on its own copy of the buffer (copied untimed). The timed calls keep
+  rotating the same q and k, so the first (untimed) call returns a snapshot of q and k for the check.
+Timing: CUDA-graph replays (`cuda_graph=True`): a decode-sized rotation runs for a few microseconds.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from bench.quant.sweeps import compiled, kernel, triton_skip
+from bench.registry import Case, Impl, OpBench, register
+from reference.rotary.rope import apply_rope, rope_cos_sin_cache
+
+BASE = 10000.0
+MAX_POSITIONS = 8192  # SmolLM2-135M's context
+HEADS = ((9, 3, 64), (32, 8, 128))  # (q heads, kv heads, head_dim): SmolLM2-135M, Llama-3-8B
+FULL_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+SMALL_TOKENS = (1, 4, 32)
+
+
+def _sweeps(hq: int, hkv: int, d: int) -> dict[str, list[Case]]:
+    return {sweep: [Case(f"T{t}", float(t), (t, hq, hkv, d)) for t in tokens]
+            for sweep, tokens in (("small", SMALL_TOKENS), ("full", FULL_TOKENS))}
+
+
+def _inputs(case: Case, torch_device: str) -> dict:
+    t, hq, hkv, d = case.shape
+    g = torch.Generator(device=torch_device).manual_seed(0)
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, dtype=torch.bfloat16, device=torch_device, generator=g)
+    positions = torch.randint(0, MAX_POSITIONS, (t,), device=torch_device, generator=g)
+    return dict(qkv=qkv, heads=(hq, hkv, d), positions=positions,
+                table=rope_cos_sin_cache(d, BASE, MAX_POSITIONS, device=torch_device))
+
+
+def views(qkv: torch.Tensor, heads: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, Hq, D] and k [T, Hkv, D]: views into the fused qkv buffer, as the runner splits it."""
+    hq, hkv, d = heads
+    t = qkv.shape[0]
+    return qkv[:, :hq * d].view(t, hq, d), qkv[:, hq * d:(hq + hkv) * d].view(t, hkv, d)
+
+
+def _reference(inputs: dict):
+    q, k = views(inputs["qkv"], inputs["heads"])
+    return lambda: apply_rope(q, k, inputs["positions"], inputs["table"])
+
+
+def _runner(compile_it: bool):
+    def factory(inputs: dict):
+        from runner.model.layers import RotaryEmbedding
+
+        d = inputs["heads"][2]
+        q, k = views(inputs["qkv"], inputs["heads"])
+        emb = RotaryEmbedding(d, BASE, q.device)
+        cos, sin = emb.cos_sin(inputs["positions"], q.dtype)  # once a step in the runner: untimed
+        rotate = compiled(RotaryEmbedding.apply_rotary) if compile_it else RotaryEmbedding.apply_rotary
+        return lambda: rotate(q, k, cos, sin)
+
+    return factory
+
+
+def _triton(inputs: dict):
+    rope_ = kernel("kernels.rope", "rope_")
+    qkv = inputs["qkv"].clone()  # untimed: the in-place op rotates its own copy
+    q, k = views(qkv, inputs["heads"])
+    positions, table = inputs["positions"], inputs["table"]
+    first = [True]
+
+    def call():
+        rope_(q, k, positions, table)
+        if first[0]:  # the runner's correctness call: a snapshot, before timing rotates q and k again
+            first[0] = False
+            return q.clone(), k.clone()
+        return None
+
+    return call
+
+
+def moved_bytes(case: Case) -> int:
+    t, hq, hkv, d = case.shape
+    return 2 * t * (hq + hkv) * d * 2 + 8 * t + 4 * t * d
+
+
+def _op(hq: int, hkv: int, d: int) -> OpBench:
+    return OpBench(
+        name=f"rope_q{hq}_kv{hkv}_d{d}", area="rotary", dtype="bfloat16", x_name="tokens",
+        sweeps=_sweeps(hq, hkv, d), make_inputs=_inputs,
+        impls=(
+            Impl("reference-eager", _reference),
+            Impl("runner-eager", _runner(False), gated=False),
+            Impl("runner-compiled", _runner(True), gated=False),
+            Impl("triton", _triton, triton_skip),
+        ),
+        bytes_model=moved_bytes, flops_model=lambda case: 6 * case.shape[0] * (case.shape[1] + case.shape[2]) * d,
+        roof="memcpy", baselines=("reference-eager",), compare_to="runner-eager",
+        headline=(("triton", "runner-eager"), ("triton", "runner-compiled"), ("triton", "memcpy")),
+        cuda_graph=True,
+    )
+
+
+OPS = [register(_op(*heads)) for heads in HEADS]

@@ -1,0 +1,80 @@
+"""Sweep the RoPE kernel's launch shape on a GPU: time, GB/s, ratio to memcpy and to the runner's eager rotation.
+
+    python -m bench.rotary.rope_launch_sweep
+
+This is how `_GPU_LAUNCH` in kernels/rope.py (tokens a program, half-head tile elements, warps) is to be chosen
+(it is untuned until this has run on the H200). Every config is timed as a CUDA-graph replay (decode-sized
+calls run for microseconds; launch cost would hide them) on q and k views into a fused bf16 qkv buffer, and
+checked bit for bit against the reference on a fresh copy. GPU only.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import sys
+
+import torch
+import triton
+from triton.testing import do_bench_cudagraph
+
+from bench.launch_sweep import gpu_args, line, memcpy_gbps, parser
+from bench.rotary.rope import BASE, HEADS, MAX_POSITIONS, views
+from kernels import rope as kernel
+from reference.rotary.rope import apply_rope, rope_cos_sin_cache
+from runner.model.layers import RotaryEmbedding
+
+TOKENS = (1, 64, 256, 4096)
+TOKENS_PER_PROGRAM = (1, 2, 4, 8, 16)
+TILE_ELEMENTS = (1024, 2048, 4096)
+WARPS = (1, 2, 4)
+
+
+def graphed_ms(fn) -> float:
+    fn()
+    return do_bench_cudagraph(fn, rep=200, return_mode="median")
+
+
+def launcher(qkv, heads, positions, table, block_t, tile_elements, warps):
+    """The kernel's launch for one config, as kernels.rope.launch_rope builds it from its table."""
+    q, k = views(qkv, heads)
+    hq, hkv, d = heads
+    block_half = triton.next_power_of_2(d // 2)
+    cap = triton.next_power_of_2(max(1, tile_elements // (block_t * block_half)))
+    return functools.partial(
+        kernel._rope_kernel[(triton.cdiv(q.shape[0], block_t),)], q, k, positions, table, q.shape[0], q.stride(0),
+        q.stride(1), k.stride(0), k.stride(1), positions.stride(0), HQ=hq, HKV=hkv, HALF=d // 2, BLOCK_T=block_t,
+        BLOCK_HQ=min(triton.next_power_of_2(hq), cap), BLOCK_HKV=min(triton.next_power_of_2(hkv), cap),
+        BLOCK_HALF=block_half, FAULT=0, num_warps=warps, enable_fp_fusion=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = gpu_args(parser(__doc__), argv, "rope_launch_sweep")
+    del args
+    memcpy = memcpy_gbps(1 << 30)
+    for (hq, hkv, d), tokens in itertools.product(HEADS, TOKENS):
+        table = rope_cos_sin_cache(d, BASE, MAX_POSITIONS, device="cuda")
+        qkv = torch.randn(tokens, (hq + 2 * hkv) * d, device="cuda", dtype=torch.bfloat16)
+        positions = torch.randint(0, MAX_POSITIONS, (tokens,), device="cuda")
+        moved = 2 * tokens * (hq + hkv) * d * 2 + 8 * tokens + 4 * tokens * d
+        want_q, want_k = apply_rope(*views(qkv, (hq, hkv, d)), positions, table)
+        # the peer: the runner's eager rotation, with the step's cos/sin computed once outside the timed call
+        cos, sin = RotaryEmbedding(d, BASE, "cuda").cos_sin(positions, qkv.dtype)
+        eager = graphed_ms(functools.partial(RotaryEmbedding.apply_rotary, *views(qkv, (hq, hkv, d)), cos, sin))
+        for block_t, tile, warps in itertools.product(TOKENS_PER_PROGRAM, TILE_ELEMENTS, WARPS):
+            if block_t > triton.next_power_of_2(tokens):
+                continue
+            fresh = qkv.clone()
+            launcher(fresh, (hq, hkv, d), positions, table, block_t, tile, warps)()  # the checked call
+            got_q, got_k = views(fresh, (hq, hkv, d))
+            exact = torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+            ms = graphed_ms(launcher(fresh, (hq, hkv, d), positions, table, block_t, tile, warps))
+            gbps = moved / ms / 1e6
+            config = f"q{hq:2d} kv{hkv} d{d:3d} T={tokens:5d} tokens/prog={block_t:2d} tile={tile:5d} warps={warps}"
+            line(config, ms, f"{gbps:6.0f} GB/s", {"memcpy": gbps / memcpy, "eager-speedup": eager / ms},
+                 "exact" if exact else "MISMATCH")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""The RoPE benchmark definitions: sweeps, bytes model, the Triton impl's snapshot on the interpreter, and a CPU
+run of the harness (the runner's eager sequence against the mirror; Triton skipped on the CPU)."""
+
+from __future__ import annotations
+
+from bench.registry import FAMILY_MODULES, discover
+from bench.rotary import rope as bench_op
+from reference.rotary.rope import apply_rope
+from suites.bench_runs import cpu_verdicts
+from suites.tolerances import assert_exact
+
+
+def test_definitions():
+    ops = discover()
+    small, large = ops["rope_q9_kv3_d64"], ops["rope_q32_kv8_d128"]
+    full = {case.label: case for case in small.sweeps["full"]}
+    assert [case.x_value for case in full.values()] == [2**i for i in range(13)]
+    # T = 256: q and k (12 heads x 64) read + written in bf16, 8-byte positions, a 64-float table row a token
+    assert small.bytes_model(full["T256"]) == 256 * (4 * 12 * 64 + 8 + 4 * 64)
+    assert large.bytes_model(large.sweeps["full"][0]) == 4 * 40 * 128 + 8 + 4 * 128
+    assert small.roof == "memcpy" and small.cuda_graph and small.baselines == ("reference-eager",)
+    assert small.impl("triton").gated and not small.impl("runner-eager").gated
+    assert FAMILY_MODULES.index("bench.rotary.rope") < FAMILY_MODULES.index("bench.attention.paged_decode")
+
+
+def test_triton_impl_returns_a_snapshot_of_its_own_copy(device):
+    op = discover()["rope_q9_kv3_d64"]
+    inputs = bench_op._inputs(op.sweeps["small"][1], device)
+    before = inputs["qkv"].clone()
+    call = bench_op._triton(inputs)
+    q_out, k_out = call()
+    want_q, want_k = apply_rope(*bench_op.views(before.cpu(), inputs["heads"]), inputs["positions"].cpu(),
+                                inputs["table"].cpu())
+    assert_exact(q_out, want_q, "q")
+    assert_exact(k_out, want_k, "k")
+    assert call() is None
+    assert_exact(q_out, want_q, "the snapshot after a timed call")
+    assert_exact(inputs["qkv"], before, "the shared inputs")
+
+
+def test_cpu_run_records_the_runner_peer():
+    verdicts = cpu_verdicts("rope_q9_kv3_d64", "T4", ["reference-eager", "runner-eager", "triton"])
+    assert verdicts["reference-eager"] == "baseline"
+    # the runner rounds cos/sin and each op to bf16: an ulp off the fp32 mirror on ~38% of the outputs (ungated,
+    # recorded; its SQNR vs the fp64 ideal is ~51 dB against the mirror's ~56 dB at T = 256, SmolLM2 heads)
+    assert verdicts["runner-eager"].startswith("mismatch")
+    assert verdicts["triton"].startswith("skipped: Triton")
