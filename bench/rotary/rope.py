@@ -7,11 +7,11 @@ written (4 * T * (Hq + Hkv) * D bytes), the positions (8 T) and the tokens' fp32
 Implementations:
 - reference-eager: reference.rotary.rope.apply_rope (the mirror every row is checked against, bit-exact; it
   checks the positions' range on the host, so it is timed without a CUDA graph);
-- runner-eager (ungated peer): runner/model/layers.py RotaryEmbedding.apply_rotary with the step's cos/sin
-  [T, 1, D] bf16 computed once outside the timed call (the runner computes them once a step for all layers),
+- hf-eager (ungated peer): transformers' Llama `apply_rotary_pos_emb` (the eager sequence the runner ran before
+  this kernel) with the step's cos/sin [1, T, D] in q's dtype computed once outside the timed call,
   i.e. the ~10 kernels a layer the op replaces. It rounds cos/sin and every intermediate to bf16, so its
   outputs differ from the fp32 mirror by an ulp in places: its verdict is recorded, not gated;
-- runner-compiled (ungated peer): torch.compile of that same apply_rotary;
+- hf-compiled (ungated peer): torch.compile of that same apply_rotary_pos_emb;
 - triton: kernels.rope.rope_, in place on its own copy of the buffer (copied untimed). The timed calls keep
   rotating the same q and k, so the first (untimed) call returns a snapshot of q and k for the check.
 Timing: CUDA-graph replays (`cuda_graph=True`): a decode-sized rotation runs for a few microseconds.
@@ -58,16 +58,21 @@ def _reference(inputs: dict):
     return lambda: apply_rope(q, k, inputs["positions"], inputs["table"])
 
 
-def _runner(compile_it: bool):
+def hf_rotation(compile_it: bool):
     def factory(inputs: dict):
-        from runner.model.layers import RotaryEmbedding
+        from transformers import LlamaConfig
+        from transformers.models.llama import modeling_llama
 
         d = inputs["heads"][2]
         q, k = views(inputs["qkv"], inputs["heads"])
-        emb = RotaryEmbedding(d, BASE, q.device)
-        cos, sin = emb.cos_sin(inputs["positions"], q.dtype)  # once a step in the runner: untimed
-        rotate = compiled(RotaryEmbedding.apply_rotary) if compile_it else RotaryEmbedding.apply_rotary
-        return lambda: rotate(q, k, cos, sin)
+        config = LlamaConfig(hidden_size=4 * d, num_attention_heads=4, head_dim=d, rope_theta=BASE,
+                             max_position_embeddings=MAX_POSITIONS)
+        emb = modeling_llama.LlamaRotaryEmbedding(config, device=q.device)
+        # cos/sin once a step in HF (and in the runner before it had this kernel): untimed, in q's dtype
+        cos, sin = emb(q[None], inputs["positions"][None])
+        q4, k4 = q.transpose(0, 1)[None], k.transpose(0, 1)[None]  # HF's [1, H, T, D] views of the same bytes
+        rotate = compiled(modeling_llama.apply_rotary_pos_emb) if compile_it else modeling_llama.apply_rotary_pos_emb
+        return lambda: tuple(t[0].transpose(0, 1) for t in rotate(q4, k4, cos, sin))
 
     return factory
 
@@ -100,13 +105,13 @@ def _op(hq: int, hkv: int, d: int) -> OpBench:
         sweeps=_sweeps(hq, hkv, d), make_inputs=_inputs,
         impls=(
             Impl("reference-eager", _reference),
-            Impl("runner-eager", _runner(False), gated=False),
-            Impl("runner-compiled", _runner(True), gated=False),
+            Impl("hf-eager", hf_rotation(False), gated=False),
+            Impl("hf-compiled", hf_rotation(True), gated=False),
             Impl("triton", _triton, triton_skip),
         ),
         bytes_model=moved_bytes, flops_model=lambda case: 6 * case.shape[0] * (case.shape[1] + case.shape[2]) * d,
-        roof="memcpy", baselines=("reference-eager",), compare_to="runner-eager",
-        headline=(("triton", "runner-eager"), ("triton", "runner-compiled"), ("triton", "memcpy")),
+        roof="memcpy", baselines=("reference-eager",), compare_to="hf-eager",
+        headline=(("triton", "hf-eager"), ("triton", "hf-compiled"), ("triton", "memcpy")),
         cuda_graph=True,
     )
 

@@ -19,10 +19,9 @@ import triton
 from triton.testing import do_bench_cudagraph
 
 from bench.launch_sweep import gpu_args, line, memcpy_gbps, parser
-from bench.rotary.rope import BASE, HEADS, MAX_POSITIONS, views
+from bench.rotary.rope import BASE, HEADS, MAX_POSITIONS, hf_rotation, views
 from kernels import rope as kernel
 from reference.rotary.rope import apply_rope, rope_cos_sin_cache
-from runner.model.layers import RotaryEmbedding
 
 TOKENS = (1, 64, 256, 4096)
 TOKENS_PER_PROGRAM = (1, 2, 4, 8, 16)
@@ -58,9 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         positions = torch.randint(0, MAX_POSITIONS, (tokens,), device="cuda")
         moved = 2 * tokens * (hq + hkv) * d * 2 + 8 * tokens + 4 * tokens * d
         want_q, want_k = apply_rope(*views(qkv, (hq, hkv, d)), positions, table)
-        # the peer: the runner's eager rotation, with the step's cos/sin computed once outside the timed call
-        cos, sin = RotaryEmbedding(d, BASE, "cuda").cos_sin(positions, qkv.dtype)
-        eager = graphed_ms(functools.partial(RotaryEmbedding.apply_rotary, *views(qkv, (hq, hkv, d)), cos, sin))
+        # the peer: HF's eager rotation (the runner's before this kernel), cos/sin computed outside the timed call
+        eager = graphed_ms(hf_rotation(False)(dict(qkv=qkv.clone(), heads=(hq, hkv, d), positions=positions)))
         for block_t, tile, warps in itertools.product(TOKENS_PER_PROGRAM, TILE_ELEMENTS, WARPS):
             if block_t > triton.next_power_of_2(tokens):
                 continue

@@ -8,8 +8,9 @@ place: the fused tensor is allocated once, with the model, and never rebuilt or 
 
 Numerics follow HF transformers' Llama (what the parity test compares against): RMSNorm in fp32 then rounded
 to the input dtype before the weight multiplies; RoPE frequencies inv_freq = 1 / base^(2i/d) in fp32, angles
-position * inv_freq in fp32, cos/sin rounded to the activation dtype, "rotate half" pairing (dim i with
-i + d/2).
+position * inv_freq in fp32, "rotate half" pairing (dim i with i + d/2); the rotation itself is computed in
+fp32 and rounded once (HF rounds cos/sin and each product to the activation dtype: the same bits in fp32,
+an ulp apart on some bf16 outputs).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference.norm.rms_norm import rms_norm
+from reference.rotary.rope import apply_rope, rope_cos_sin_cache
 from runner.model.attention import uses_kernels
 
 
@@ -55,34 +57,25 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotate q [T, Hq, D] and k [T, Hkv, D] by their tokens' positions [T] (int64)."""
+    """Rotate q [T, Hq, D] and k [T, Hkv, D] by their tokens' positions [T] (int64), HF-Llama "rotate half"
+    pairing, from one fp32 cos/sin table of `max_positions` rows built with the model (HF's op order: its rows
+    equal transformers' LlamaRotaryEmbedding cos/sin bit for bit, suites/rotary). On the GPU in bf16/fp16: the
+    Triton kernel, in place on q and k (views of the fused qkv output), one launch a layer where the eager
+    rotate-half sequence took ~10 (0.7 ms of a 5.6 ms W1 decode step on the H200); elsewhere the reference:
+    fp32 products, rounded once (for fp32 activations: HF's result bit for bit)."""
 
-    def __init__(self, head_dim: int, base: float, device) -> None:
+    def __init__(self, head_dim: int, base: float, max_positions: int, device) -> None:
         super().__init__()
-        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
-        self.register_buffer("inv_freq", 1.0 / (base ** exponents), persistent=False)
+        self.register_buffer("cos_sin_cache", rope_cos_sin_cache(head_dim, base, max_positions, device=device),
+                             persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.apply_rotary(q, k, *self.cos_sin(positions, q.dtype))
+        if uses_kernels(q):
+            from kernels.rope import rope_
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [T, 1, D] of the tokens' angles, in `dtype`. The model computes them once a step for all
-        its layers (the same numbers in every layer): 7 ops a step instead of 7 a layer (210 for SmolLM2's 30
-        layers), each a kernel in a decode graph."""
-        angles = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2], fp32
-        angles = torch.cat((angles, angles), dim=-1)[:, None, :]  # [T, 1, D]
-        return angles.cos().to(dtype), angles.sin().to(dtype)
-
-    @staticmethod
-    def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
-                     sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+            rope_(q, k, positions, self.cos_sin_cache)
+            return q, k
+        return apply_rope(q, k, positions, self.cos_sin_cache)
 
 
 class SiluAndMul(nn.Module):

@@ -45,15 +45,15 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = QKVLinear(config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, dtype, device)
         self.o_proj = Linear(config.q_size, config.hidden_size, dtype, device)
 
-    def forward(self, rope: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor, batch: AttentionBatch,
+    def forward(self, rotary_emb: RotaryEmbedding, positions: torch.Tensor, x: torch.Tensor, batch: AttentionBatch,
                 kv_cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """rope: the step's (cos, sin) from LlamaModel.rotary_emb.cos_sin."""
+        """rotary_emb: the model's one RotaryEmbedding (its cos/sin table is shared by every layer)."""
         tokens = x.shape[0]
         q, k, v = self.qkv_proj.split(self.qkv_proj(x))
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        q, k = RotaryEmbedding.apply_rotary(q, k, *rope)
+        q, k = rotary_emb(positions, q, k)
         out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], batch, self.scale)
         return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
 
@@ -77,7 +77,7 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         self.mlp = LlamaMLP(config, dtype, device)
 
-    def forward(self, rope, x: torch.Tensor, residual: torch.Tensor | None, batch,
+    def forward(self, rotary_emb, positions, x: torch.Tensor, residual: torch.Tensor | None, batch,
                 kv_cache) -> tuple[torch.Tensor, torch.Tensor]:
         """The residual stream h is carried as (x, residual) with h = x + residual (residual None: h = x), so
         each residual add fuses into the norm after it: h = h + attn(norm(h)); h = h + mlp(norm(h)), with the
@@ -86,7 +86,7 @@ class LlamaDecoderLayer(nn.Module):
             x, residual = self.input_layernorm(x), x
         else:
             x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(rope, x, batch, kv_cache)
+        x = self.self_attn(rotary_emb, positions, x, batch, kv_cache)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
@@ -97,7 +97,8 @@ class LlamaModel(nn.Module):
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype, device)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype, device) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
-        self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, device)  # shared by every layer
+        self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position_embeddings,
+                                          device)  # shared by every layer
 
 
 class LlamaForCausalLM(nn.Module):
@@ -121,10 +122,9 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"input_ids, positions: must both be [T], got {tuple(input_ids.shape)} and "
                              f"{tuple(positions.shape)}")
         h = self.model.embed_tokens(input_ids)
-        rope = self.model.rotary_emb.cos_sin(positions, h.dtype)
         residual = None
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
-            h, residual = layer(rope, h, residual, batch, kv_cache)
+            h, residual = layer(self.model.rotary_emb, positions, h, residual, batch, kv_cache)
         return self.model.norm(h, residual)[0]
 
     @torch.inference_mode()

@@ -1,6 +1,6 @@
 """RoPE (rotate-half): the in-place Triton kernel against `reference.rotary.rope.apply_rope` (bit-exact: both
 compute in fp32 and round once), on strided q/k views into a fused qkv buffer whose v part and row padding
-must stay untouched; the reference against the runner's RotaryEmbedding (fp32, bit for bit); named cases
+must stay untouched; the reference against transformers' Llama RoPE (fp32, bit for bit); named cases
 with expected values; opcheck; a negative control (GPT-J pairing)."""
 
 from __future__ import annotations
@@ -77,30 +77,45 @@ def test_rope_matches_reference(p, device):
     check_rope(*make_problem(p), p, device)
 
 
-def test_cache_is_the_runners_cos_sin():
-    """fp32 table rows equal RotaryEmbedding.cos_sin bit for bit (same op order), at every position."""
-    from runner.model.layers import RotaryEmbedding
+def _hf_llama_rope(head_dim: int):
+    """transformers' own Llama rotary embedding (an independent implementation of the same spec)."""
+    pytest.importorskip("transformers", reason="the HF oracle needs transformers (the runner extra installs it)")
+    from transformers import LlamaConfig
+    from transformers.models.llama import modeling_llama
 
+    config = LlamaConfig(hidden_size=4 * head_dim, num_attention_heads=4, head_dim=head_dim, rope_theta=BASE,
+                         max_position_embeddings=MAX_POSITIONS)
+    return modeling_llama.LlamaRotaryEmbedding(config), modeling_llama.apply_rotary_pos_emb
+
+
+def test_cache_is_hf_llamas_cos_sin():
+    """fp32 table rows equal transformers' LlamaRotaryEmbedding cos/sin bit for bit, at every position."""
     for head_dim in (64, 128):
-        emb = RotaryEmbedding(head_dim, BASE, "cpu")
+        emb, _ = _hf_llama_rope(head_dim)
         positions = torch.arange(MAX_POSITIONS)
-        cos, sin = emb.cos_sin(positions, torch.float32)
+        cos, sin = emb(torch.zeros(1, MAX_POSITIONS, head_dim), positions[None])
         table, half = cache(head_dim), head_dim // 2
-        assert_exact(table[:, :half], cos[:, 0, :half], "cos half")
-        assert_exact(table[:, half:], sin[:, 0, half:], "sin half")
+        assert_exact(table[:, :half], cos[0, :, :half], "cos half")
+        assert_exact(table[:, half:], sin[0, :, half:], "sin half")
 
 
-def test_reference_is_the_runners_rope_in_fp32():
-    """For fp32 activations the mirror is the runner's current RotaryEmbedding result, bit for bit."""
+def test_reference_is_hf_llamas_rope_in_fp32():
+    """For fp32 activations the mirror is transformers' apply_rotary_pos_emb result, bit for bit (and so is the
+    runner's RotaryEmbedding on the CPU, which calls the mirror)."""
     from runner.model.layers import RotaryEmbedding
 
     p = dict(tokens=33, heads=(9, 3), head_dim=64, dtype=torch.float32, seed=3, pad=0, strided_positions=False)
     qkv, positions = make_problem(p)
     q, k = views(qkv, p)
-    want_q, want_k = RotaryEmbedding(64, BASE, "cpu")(positions, q, k)
+    emb, apply_hf = _hf_llama_rope(64)
+    cos, sin = emb(torch.zeros(1, len(positions), 64), positions[None])
+    want_q, want_k = apply_hf(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)  # HF: [1, H, T, D]
     got_q, got_k = ref.apply_rope(q, k, positions, cache(64))
-    assert_exact(got_q, want_q, "q")
-    assert_exact(got_k, want_k, "k")
+    assert_exact(got_q, want_q[0].transpose(0, 1), "q")
+    assert_exact(got_k, want_k[0].transpose(0, 1), "k")
+    runner_q, runner_k = RotaryEmbedding(64, BASE, MAX_POSITIONS, "cpu")(positions, q, k)
+    assert_exact(runner_q, got_q, "runner q")
+    assert_exact(runner_k, got_k, "runner k")
 
 
 def rope_both(q, k, positions, table, device):

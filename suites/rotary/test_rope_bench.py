@@ -1,5 +1,5 @@
 """The RoPE benchmark definitions: sweeps, bytes model, the Triton impl's snapshot on the interpreter, and a CPU
-run of the harness (the runner's eager sequence against the mirror; Triton skipped on the CPU)."""
+run of the harness (the HF's eager sequence against the mirror; Triton skipped on the CPU)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def test_definitions():
     assert small.bytes_model(full["T256"]) == 256 * (4 * 12 * 64 + 8 + 4 * 64)
     assert large.bytes_model(large.sweeps["full"][0]) == 4 * 40 * 128 + 8 + 4 * 128
     assert small.roof == "memcpy" and small.cuda_graph and small.baselines == ("reference-eager",)
-    assert small.impl("triton").gated and not small.impl("runner-eager").gated
+    assert small.impl("triton").gated and not small.impl("hf-eager").gated
     assert FAMILY_MODULES.index("bench.rotary.rope") < FAMILY_MODULES.index("bench.attention.paged_decode")
 
 
@@ -39,9 +39,9 @@ def test_triton_impl_returns_a_snapshot_of_its_own_copy(device):
 
 
 def test_cpu_run_records_the_runner_peer():
-    verdicts = cpu_verdicts("rope_q9_kv3_d64", "T4", ["reference-eager", "runner-eager", "triton"])
+    verdicts = cpu_verdicts("rope_q9_kv3_d64", "T4", ["reference-eager", "hf-eager", "triton"])
     assert verdicts["reference-eager"] == "baseline"
     # the runner rounds cos/sin and each op to bf16: an ulp off the fp32 mirror on ~38% of the outputs (ungated,
     # recorded; its SQNR vs the fp64 ideal is ~51 dB against the mirror's ~56 dB at T = 256, SmolLM2 heads)
-    assert verdicts["runner-eager"].startswith("mismatch")
+    assert verdicts["hf-eager"].startswith("mismatch")
     assert verdicts["triton"].startswith("skipped: Triton")

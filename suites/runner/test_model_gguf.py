@@ -41,12 +41,11 @@ def test_pair_rope_on_permuted_rows_is_rotate_half_on_hf_rows():
     gen = torch.Generator().manual_seed(0)
     w_hf, x = torch.randn((heads * d, hidden), generator=gen), torch.randn((tokens, hidden), generator=gen)
     positions = torch.arange(tokens) * 7
-    rope = RotaryEmbedding(d, 10_000.0, "cpu")
+    rope = RotaryEmbedding(d, 10_000.0, 64, "cpu")
     want, _ = rope(positions, (x @ w_hf.T).view(tokens, heads, d), torch.zeros(tokens, 1, d))
     y = (x @ permute_qk(w_hf, heads).T).view(tokens, heads, d // 2, 2)  # adjacent pairs (2i, 2i + 1)
-    angle = (positions.float()[:, None] * rope.inv_freq[None, :])[:, None, :]
-    pairs = torch.stack((y[..., 0] * angle.cos() - y[..., 1] * angle.sin(),
-                         y[..., 0] * angle.sin() + y[..., 1] * angle.cos()), dim=-1)
+    cos, sin = (rope.cos_sin_cache[positions][:, None, :d // 2], rope.cos_sin_cache[positions][:, None, d // 2:])
+    pairs = torch.stack((y[..., 0] * cos - y[..., 1] * sin, y[..., 0] * sin + y[..., 1] * cos), dim=-1)
     got = unpermute_qk(pairs.reshape(tokens * heads, d).T, 1)  # per head: pairs -> halves (columns = rows of T)
     torch.testing.assert_close(got.T.reshape(tokens, heads, d), want, rtol=1e-5, atol=1e-5)
 
