@@ -18,6 +18,8 @@ token-id prompts only and its outputs have empty text.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from collections.abc import Sequence as Seq
 
 import torch
@@ -135,7 +137,7 @@ class LLM:
         engine = self.engine
         order = [engine.add_request(p, sp, prompt=t).request_id for p, sp, t in zip(ids, per, texts, strict=True)]
         done: dict[int | str, RequestOutput] = {}
-        with tqdm(total=len(ids), desc="generate", unit="req", disable=not use_tqdm) as bar:
+        with _gc_paused(), tqdm(total=len(ids), desc="generate", unit="req", disable=not use_tqdm) as bar:
             while engine.has_unfinished:
                 for out in engine.step():
                     done[out.request_id] = out
@@ -152,6 +154,22 @@ class LLM:
                  for c in conversations]  # the template writes the special tokens itself
         ids = [self.tokenizer.encode(text, add_special_tokens=False) for text in texts]
         return self.generate(ids, params, use_tqdm=use_tqdm)
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """The cyclic garbage collector off for one generate call (reference counting still frees the per-step
+    objects, which hold no cycles). A full (generation 2) collection scans every live object, the model's and
+    torch's included: on the H200 it stalled W1's decode loop once for 129 ms, 5 % of the whole run
+    (.dev timeline: one step of 129 ms among steps of ~4 ms). Whatever cycles the call leaves are collected at
+    the next automatic collection after it."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def warmup_batch(block_size: int, max_tokens: int, max_model_len: int, device):
