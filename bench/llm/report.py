@@ -1,4 +1,7 @@
-"""Rows of the runner throughput benches, written as CSV + Markdown under reports/<backend>-<device>/."""
+"""Rows of the runner throughput benches, written as CSV + Markdown + PNG under reports/<backend>-<device>/.
+
+The PNG has two panels: output tok/s of every row (log scale: the runner and HF differ by ~45x on the H200),
+and where the runner's step time goes (seconds per phase, summed over the phase-timed rerun's steps)."""
 
 from __future__ import annotations
 
@@ -40,5 +43,41 @@ def write(out: pathlib.Path, env: Environment, name: str, rows: Sequence[dict], 
              f"git {env.git_sha} dirty={env.dirty}", "", f"`{common['command']}`", "",
              "| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
     lines += ["| " + " | ".join(row[col] for col in shown) + " |" for row in full]
+    lines += ["", f"![{name}]({name}.png)"]
     (folder / f"{name}.md").write_text("\n".join(lines) + "\n")
+    plot(folder / f"{name}.png", rows, headline)
     return folder
+
+
+PHASES = ("schedule_s", "prepare_s", "model_s", "sample_s", "postprocess_s")
+
+
+def plot(path: pathlib.Path, rows: Sequence[dict], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (rate, split) = plt.subplots(1, 2, figsize=(11, 3.2), gridspec_kw=dict(width_ratios=(3, 2)))
+    names = [row["impl"] for row in rows]
+    values = [row["output_tok_per_s"] for row in rows]
+    rate.barh(names, values, color=["tab:blue" if n == "touchstone" else "tab:gray" for n in names])
+    rate.set_xscale("log")
+    rate.invert_yaxis()
+    rate.set_xlabel("output tokens / s (log)")
+    for y, v in enumerate(values):
+        rate.text(v, y, f" {v:,.0f}", va="center")
+    ours = next((row for row in rows if all(p in row for p in PHASES)), None)
+    if ours is not None:
+        left = 0.0
+        for phase in PHASES:
+            split.barh([ours["impl"]], [ours[phase]], left=left, label=phase.removesuffix("_s"))
+            left += ours[phase]
+        split.set_xlabel(f"seconds over {ours.get('steps', '?')} steps (phase-timed rerun)")
+        split.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=3)
+    else:
+        split.axis("off")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
