@@ -58,11 +58,8 @@ class EventStream:
         if shape.chat:
             await chunk(shape.chunk(None, first=True))
         try:
-            async for delta in stream:
-                if delta.text or delta.finish_reason is None:
-                    await chunk(shape.chunk(delta.text))
-                if delta.finish_reason is not None:
-                    await chunk(shape.chunk("" if not shape.chat else None, delta.finish_reason))
+            async for delta in stream:  # one chunk per engine step that gave the request tokens
+                await chunk(shape.chunk(delta.text, delta.finish_reason))
             if self.job.include_usage:
                 await chunk(shape.usage_chunk(stream.prompt_tokens, stream.num_tokens))
         except APIError as err:

@@ -26,7 +26,7 @@ import time
 import httpx
 import pytest
 
-from suites.runner.conftest import missing_model_packages, require_model_packages
+from suites.runner.conftest import missing_model_packages, model_required, require_model_packages
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 600  # a model load takes 5-20 s on an idle 2-core box; a busy CI box is slower
@@ -43,6 +43,15 @@ def free_port() -> int:
 def serve_packages_missing() -> list[str]:
     return [n for n in ("starlette", "uvicorn", "openai", "prometheus_client", "httpx")
             if importlib.util.find_spec(n) is None]
+
+
+def require_serve_packages() -> None:
+    """Skip without the serve extra; under CI=true / TOUCHSTONE_REQUIRE_MODEL=1 fail instead (never a silent skip)."""
+    if missing := serve_packages_missing():
+        why = f"the server suites need {', '.join(missing)} (pip install -e .[serve])"
+        if model_required(os.environ):
+            pytest.fail(f"{why}; CI=true / TOUCHSTONE_REQUIRE_MODEL=1 forbids skipping them", pytrace=False)
+        pytest.skip(why)
 
 
 @dataclasses.dataclass
@@ -104,8 +113,7 @@ def server_args(backend: str) -> tuple[list[str], str, bool]:
 
 def start_server(backend: str, log_dir: pathlib.Path, *extra: str, faults: str = "") -> Server:
     """Start `touchstone serve` (not yet ready: call wait_ready)."""
-    if missing := serve_packages_missing():
-        pytest.skip(f"the server suites need {', '.join(missing)} (pip install -e .[serve])")
+    require_serve_packages()
     args, model, has_tokenizer = server_args(backend)
     port = free_port()
     log_path = log_dir / f"serve-{port}.log"

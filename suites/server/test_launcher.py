@@ -20,12 +20,15 @@ import time
 
 import pytest
 
-from suites.server.conftest import ROOT, serve_packages_missing
+from suites.server.conftest import ROOT, require_serve_packages
 
 PORT_IN_USE_BAR_S = 2.0  # issue 7: a port in use is reported within 2 s
 
-pytestmark = pytest.mark.skipif(bool(serve_packages_missing()),
-                                reason="needs the serve extra (pip install -e .[serve])")
+
+
+@pytest.fixture(autouse=True)
+def _serve_extra():
+    require_serve_packages()
 
 
 def _env() -> dict:
