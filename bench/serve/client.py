@@ -100,7 +100,7 @@ async def run_point(url: str, model: str, prompts: list[list[int]], output_len: 
 
 def random_prompts(count: int, input_len: int, seed: int, low: int = 1000, high: int = 20000) -> list[list[int]]:
     """Random token ids (vLLM's `random` dataset shape: fixed input length, ignore_eos). Ids in [1000, 20000):
-    inside any registered vocabulary, away from the special tokens at the start of SmolLM2's. Each prompt
-    differs from its first token, so no prompt hits another's prefix cache blocks."""
+    inside any registered vocabulary, away from the special tokens at the start of SmolLM2's. Random ids make a
+    block shared between two prompts (a prefix-cache hit) practically impossible."""
     rng = random.Random(seed)
     return [[rng.randrange(low, high) for _ in range(input_len)] for _ in range(count)]
