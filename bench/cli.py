@@ -5,6 +5,8 @@
     touchstone report [--out reports]
     touchstone list
     touchstone generate "prompt" [--max-tokens N] [--temperature T] [--seed S] [--chat]   (runner.cli)
+    touchstone serve [--port 8000] [--shutdown-timeout S]          OpenAI-compatible server (runner.server.cli)
+    touchstone bench serve [--concurrency 1,4,16] [--base-url URL]  serving benchmark (bench.serve.cli)
 
 Defaults: every registered op, the "full" sweep on a GPU and "small" on CPU, every impl. Output goes to
 <out>/<backend>-<device slug>/ (reports/cuda-h200/ on an H200). CSV rows are written after every
@@ -12,6 +14,9 @@ measurement, so a run cut short by a time limit keeps what it measured; --time-b
 remaining measurements once the budget is spent and still writes the Markdown and PNG reports.
 Exit status: 1 if any row of a gated implementation is a correctness mismatch or an error, else 0
 (peers such as torch.compile of the reference are measured and reported, not gated).
+
+`generate`, `serve` and `bench serve` parse their own options and are dispatched before anything imports
+torch: `touchstone serve` must report a port in use within 2 s.
 """
 
 from __future__ import annotations
@@ -21,14 +26,14 @@ import pathlib
 import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from bench import accuracy, report
-from bench.environment import Environment, collect, timestamp
 from bench.formatting import num, size, times
-from bench.registry import SWEEPS, discover
-from bench.roofs import Roofs, measure_roofs
 from bench.rows import Row, make_row, upsert_csv
-from bench.runner import Progress, RunConfig, count_measurements, failures, run_op
+
+if TYPE_CHECKING:
+    from bench.environment import Environment
+    from bench.roofs import Roofs
 
 
 def _names(values: Sequence[str] | None) -> list[str] | None:
@@ -38,6 +43,8 @@ def _names(values: Sequence[str] | None) -> list[str] | None:
 
 
 def parser() -> argparse.ArgumentParser:
+    from bench.registry import SWEEPS
+
     top = argparse.ArgumentParser(prog="touchstone", description="touchstone benchmarks and reports")
     commands = top.add_subparsers(dest="command", required=True)
     bench = commands.add_parser("bench", help="measure registered ops and write reports")
@@ -51,10 +58,14 @@ def parser() -> argparse.ArgumentParser:
     rebuild.add_argument("--out", default="reports", type=pathlib.Path, help="reports root or one folder")
     commands.add_parser("list", help="list registered ops, their impls and sweeps")
     commands.add_parser("generate", help="print a completion of the default model (see runner.cli)", add_help=False)
+    commands.add_parser("serve", help="OpenAI-compatible server on the default model (see runner.server.cli); "
+                        "`touchstone bench serve` benchmarks one (bench.serve.cli)", add_help=False)
     return top
 
 
 def roof_rows(roofs: Roofs, env: Environment) -> list[Row]:
+    from bench.environment import timestamp
+
     return [
         make_row(
             op=f"roof-{roof.name}", impl=roof.impl, dtype=roof.dtype, shape=roof.shape, x_name="",
@@ -68,6 +79,8 @@ def roof_rows(roofs: Roofs, env: Environment) -> list[Row]:
 
 def _compact_table(rows: Sequence[Row]) -> str:
     """Final summary for the tail of the GPU log: one line per (op, case), throughput per impl."""
+    from bench import report
+
     lines = []
     for op in dict.fromkeys(row["op"] for row in rows):
         mine = [row for row in rows if row["op"] == op]
@@ -88,6 +101,12 @@ def _compact_table(rows: Sequence[Row]) -> str:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    from bench import accuracy, report
+    from bench.environment import collect
+    from bench.registry import discover
+    from bench.roofs import measure_roofs
+    from bench.runner import Progress, RunConfig, count_measurements, failures, run_op
+
     started = time.monotonic()
     registry = discover()
     ops = _names(args.ops) or list(registry)
@@ -147,6 +166,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def run_list() -> int:
+    from bench.registry import SWEEPS, discover
+
     for name, op in discover().items():
         print(f"{name} [{op.area}, {op.dtype}, roof {op.roof}] impls: {', '.join(i.name for i in op.impls)}")
         for sweep in SWEEPS:
@@ -160,10 +181,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         from runner.cli import main as generate
 
         return generate(argv[1:])
+    if argv[:1] == ["serve"]:
+        from runner.server.cli import main as serve
+
+        return serve(argv[1:])
+    if argv[:2] == ["bench", "serve"]:
+        from bench.serve.cli import main as bench_serve
+
+        return bench_serve(argv[2:])
     args = parser().parse_args(argv)
     if args.command == "bench":
         return run_bench(args)
     if args.command == "report":
+        from bench import report
+
         folders = report.rebuild(args.out)
         print("rebuilt " + (", ".join(str(f) for f in folders) or f"nothing (no CSV under {args.out})"))
         return 0

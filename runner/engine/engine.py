@@ -42,6 +42,20 @@ class EngineStats(StepTimes):
     output_tokens: int = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class EngineLoad:
+    """A read-only snapshot for the API server's /metrics (runner.server): request counts, KV blocks and the
+    prefix cache's prompt-token counters. Blocks in use = usable - free (cached blocks nobody holds are free:
+    they sit in the free queue, evictable)."""
+
+    running: int
+    waiting: int
+    blocks_usable: int
+    blocks_free: int
+    prefix_queried_tokens: int
+    prefix_hit_tokens: int
+
+
 class LLMEngine:
     def __init__(self, scheduler: Scheduler, runner: ModelRunner, tokenizer, time_phases: bool = False):
         self.scheduler, self.runner, self.tokenizer = scheduler, runner, tokenizer
@@ -64,6 +78,19 @@ class LLMEngine:
     @property
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished
+
+    def abort(self, request_id: int | str) -> bool:
+        """Drop a request (waiting or running): its blocks go back to the free queue, its per-request state
+        here is forgotten. Call it between steps. False if no unfinished request has that id."""
+        seq = self.scheduler.abort(request_id)
+        self._prompts.pop(request_id, None)
+        self._detokenizers.pop(request_id, None)
+        return seq is not None
+
+    def load(self) -> EngineLoad:
+        s = self.scheduler
+        return EngineLoad(len(s.running), len(s.waiting), s.kv.num_usable_blocks, s.kv.pool.num_free_blocks,
+                          s.num_prompt_tokens_queried, s.num_prompt_tokens_hit)
 
     def _stop_checker(self, seq: Sequence) -> str | None:
         detok = self._detokenizers.get(seq.request_id)

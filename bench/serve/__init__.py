@@ -1,0 +1,1 @@
+"""`touchstone bench serve`: client-side serving benchmark of an OpenAI-compatible server (bench.serve.cli)."""

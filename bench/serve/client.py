@@ -1,0 +1,106 @@
+"""One benchmark point: streamed completions against the server, timed on the client (perf_counter).
+
+Per request, as `vllm bench serve` measures (serving-runner.md §6): TTFT = first token-bearing chunk - send;
+ITL = the gaps between consecutive token-bearing chunks (the server sends one chunk per engine step that gave
+the request tokens, the last one carrying the finish_reason); E2EL = the [DONE] - send; output tokens from the
+final usage chunk (`stream_options.include_usage`); TPOT = (E2EL - TTFT) / (output tokens - 1), only for
+requests with more than one token. Traffic: a fixed number of concurrent clients each sending its next request
+as soon as the previous one ended (`concurrency`), or Poisson arrivals at `rate` requests/s (`rate`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import random
+import time
+
+import httpx
+
+
+@dataclasses.dataclass
+class RequestResult:
+    ok: bool
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    ttft: float = 0.0
+    e2el: float = 0.0
+    itl: list[float] = dataclasses.field(default_factory=list)
+    error: str = ""
+
+    @property
+    def tpot(self) -> float | None:
+        return (self.e2el - self.ttft) / (self.output_tokens - 1) if self.output_tokens > 1 else None
+
+
+async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: list[int],
+                      output_len: int) -> RequestResult:
+    body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    out = RequestResult(ok=False)
+    last = None
+    try:
+        async with client.stream("POST", url, json=body) as response:
+            if response.status_code != 200:
+                out.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
+                return out
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                now = time.perf_counter()
+                if line == "data: [DONE]":
+                    out.e2el = now - start
+                    out.ok = out.output_tokens > 0
+                    break
+                data = json.loads(line[6:])
+                if "error" in data:
+                    out.error = str(data["error"].get("message"))
+                    return out
+                if data.get("usage"):
+                    out.prompt_tokens = data["usage"]["prompt_tokens"]
+                    out.output_tokens = data["usage"]["completion_tokens"]
+                if data.get("choices"):
+                    if last is None:
+                        out.ttft = now - start
+                    else:
+                        out.itl.append(now - last)
+                    last = now
+    except httpx.HTTPError as err:
+        out.error = f"{type(err).__name__}: {err}"
+    return out
+
+
+async def run_point(url: str, model: str, prompts: list[list[int]], output_len: int, *,
+                    concurrency: int | None = None, rate: float | None = None,
+                    seed: int = 0) -> tuple[list[RequestResult], float]:
+    """All prompts through the server at the given concurrency or arrival rate; (results, wall seconds)."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=30), limits=limits) as client:
+        started = time.perf_counter()
+        if concurrency is not None:
+            todo = iter(prompts)
+            results: list[RequestResult] = []
+
+            async def worker() -> None:
+                for prompt in todo:
+                    results.append(await one_request(client, url, model, prompt, output_len))
+
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+        else:
+            gaps = random.Random(seed)
+            tasks = []
+            for prompt in prompts:
+                tasks.append(asyncio.ensure_future(one_request(client, url, model, prompt, output_len)))
+                await asyncio.sleep(gaps.expovariate(rate))
+            results = list(await asyncio.gather(*tasks))
+        return results, time.perf_counter() - started
+
+
+def random_prompts(count: int, input_len: int, seed: int, low: int = 1000, high: int = 20000) -> list[list[int]]:
+    """Random token ids (vLLM's `random` dataset shape: fixed input length, ignore_eos). Ids in [1000, 20000):
+    inside any registered vocabulary, away from the special tokens at the start of SmolLM2's. Random ids make a
+    block shared between two prompts (a prefix-cache hit) practically impossible."""
+    rng = random.Random(seed)
+    return [[rng.randrange(low, high) for _ in range(input_len)] for _ in range(count)]

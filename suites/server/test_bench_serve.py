@@ -1,0 +1,32 @@
+"""`touchstone bench serve`'s client and summary against the shared server: every request completes, token
+counts come from the usage chunk, the timings are ordered as their definitions require (TTFT <= E2EL; one
+ITL gap per token after the first, as the server sends one chunk per step; TPOT = (E2EL - TTFT) / (n - 1))."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bench.serve.client import random_prompts, run_point
+from bench.serve.stats import summarize
+
+
+@pytest.mark.parametrize("mode", [{"concurrency": 2}, {"rate": 50.0}])
+def test_point_measures_every_request(server, mode):
+    prompts = random_prompts(3, 6, seed=1)
+    results, seconds = asyncio.run(run_point(server.base_url + "/v1/completions", server.model, prompts, 4, **mode))
+    assert [r.ok for r in results] == [True] * 3, [r.error for r in results]
+    for r in results:
+        assert r.prompt_tokens == 6 and r.output_tokens == 4
+        assert 0 < r.ttft <= r.e2el and len(r.itl) == 3
+        assert r.tpot == pytest.approx((r.e2el - r.ttft) / 3)
+    row = summarize(results, seconds)
+    assert row["completed"] == 3 and row["failed"] == 0 and row["output_tokens"] == 12
+    assert row["ttft_p50_ms"] <= row["ttft_p99_ms"] and row["itl_p50_ms"] <= row["itl_p99_ms"]
+    assert row["output_tok_per_s"] == pytest.approx(12 / seconds)
+
+
+def test_random_prompts_are_reproducible_and_distinct():
+    a, b = random_prompts(4, 8, seed=3), random_prompts(4, 8, seed=3)
+    assert a == b and len({tuple(p[:1]) for p in a}) == 4 and all(len(p) == 8 for p in a)
