@@ -4,7 +4,6 @@ ready when /health answers, stopped with SIGTERM (its drain) at the end."""
 from __future__ import annotations
 
 import contextlib
-import os
 import pathlib
 import signal
 import socket
@@ -14,7 +13,7 @@ import time
 
 import httpx
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from bench.serve.subprocess_env import ROOT, server_env
 
 
 def _free_port() -> int:
@@ -27,7 +26,7 @@ def _free_port() -> int:
 def launched(args: list[str], log_path: pathlib.Path, ready_timeout: float = 900):
     """Yields the base URL of a server started with `touchstone serve <args>`."""
     port = _free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = server_env()
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "bench.cli", "serve", "--host", "127.0.0.1", "--port",
                                  str(port), "--log-level", "warning", *args], cwd=ROOT, env=env, stdout=log,

@@ -25,6 +25,7 @@ import time
 
 import pytest
 
+from bench.serve.subprocess_env import server_env
 from suites.runner.conftest import missing_model_packages, model_required, require_model_packages
 
 # The `serve` extra. Where it is not installed (the H200 image, which installs nothing: `nox -s cuda`), the
@@ -131,8 +132,7 @@ def start_server(backend: str, log_dir: pathlib.Path, *extra: str, faults: str =
     args, model, has_tokenizer = server_args(backend)
     port = free_port()
     log_path = log_dir / f"serve-{port}.log"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TOUCHSTONE_SERVER_FAULTS=faults)
-    env.pop("TRITON_INTERPRET", None)  # the runner's CPU path is torch, never the interpreter
+    env = server_env(OMP_NUM_THREADS="1", TOUCHSTONE_SERVER_FAULTS=faults)
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "bench.cli", "serve", "--host", "127.0.0.1", "--port",
                                  str(port), "--max-model-len", str(MAX_MODEL_LEN), "--log-level", "warning",

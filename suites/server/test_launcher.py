@@ -12,7 +12,6 @@ exit, killing the probe).
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import time
 
 import pytest
 
+from bench.serve.subprocess_env import server_env
 from suites.server.conftest import ROOT, require_serve_packages
 
 PORT_IN_USE_BAR_S = 2.0  # issue 7: a port in use is reported within 2 s
@@ -32,9 +32,7 @@ def _serve_extra():
 
 
 def _env() -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    env.pop("TRITON_INTERPRET", None)
-    return env
+    return server_env()
 
 
 def _probe(mode: str) -> tuple[subprocess.CompletedProcess, dict]:
