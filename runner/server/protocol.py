@@ -231,6 +231,10 @@ def chat_input(body: dict, limits: Limits, tokenizer) -> GenerateInput:
             raise _bad(f"messages[{i}]: must be an object with role in {ROLES}", "messages")
         conversation.append({"role": message["role"], "content": _content(message, i)})
     if tokenizer is None:
+        # The request's own fields are checked first (as for a model with a template, with a 1-token prompt):
+        # a malformed field is named whatever the model, then the model's missing template is.
+        _stream_flags(body)
+        _sampling(body, 1, limits, None, "max_completion_tokens")
         raise _bad("messages: this model has no tokenizer and no chat template", "messages")
     try:  # the template writes the special tokens itself
         text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
