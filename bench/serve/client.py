@@ -18,6 +18,10 @@ import time
 
 import httpx
 
+# A stream silent this long is a hung server, not a slow one: the point fails instead of waiting forever
+# (the slowest legitimate gap is a CPU prefill of a whole batch, seconds).
+READ_TIMEOUT_S = 300.0
+
 
 @dataclasses.dataclass
 class RequestResult:
@@ -77,7 +81,7 @@ async def run_point(url: str, model: str, prompts: list[list[int]], output_len: 
                     seed: int = 0) -> tuple[list[RequestResult], float]:
     """All prompts through the server at the given concurrency or arrival rate; (results, wall seconds)."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=30), limits=limits) as client:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=30, read=READ_TIMEOUT_S), limits=limits) as client:
         started = time.perf_counter()
         if concurrency is not None:
             todo = iter(prompts)

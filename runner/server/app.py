@@ -46,11 +46,14 @@ def build_app(state: ServerState) -> Starlette:
         body = protocol.parse_json(await request.body())
         parse = protocol.chat_input if chat else protocol.completion_input
         job = parse(body, state.limits, state.tokenizer)
+        if state.draining:  # again: the body may have been uploading when the shutdown began
+            raise APIError(503, "the server is shutting down", kind="service_unavailable", code="shutting_down")
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         stream = state.bridge.submit(request_id, job.prompt_token_ids, job.params)
         try:
             await stream.accepted
         except BaseException:
+            state.bridge.abort(request_id)  # cancelled while waiting: the engine may have taken it already
             state.bridge.release(stream)
             raise
         shape = Shape(request_id, job.model, chat)

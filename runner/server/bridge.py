@@ -115,6 +115,9 @@ class AsyncEngine:
         self.active[request_id] = stream
         self._idle.clear()
         self._commands.put(("add", stream, prompt_token_ids, params))
+        if not self.alive:  # it died between the check and the put: nobody will ever accept the request
+            self.active.pop(request_id, None)
+            raise APIError(503, "the engine is not running", kind="service_unavailable", code="engine_dead")
         return stream
 
     def abort(self, request_id: str, error: APIError | None = None) -> None:
@@ -177,8 +180,10 @@ class AsyncEngine:
                 pending = []
                 if self.engine.has_unfinished:
                     self.engine.step()
+                    self.snapshot = self.engine.load()  # before the deltas: a client's next /metrics sees it
                     self._emit()
-                self.snapshot = self.engine.load()
+                else:
+                    self.snapshot = self.engine.load()
         except BaseException as err:
             self.error = err
             log.exception("engine thread died")
@@ -230,6 +235,8 @@ class AsyncEngine:
                 continue
             new = seq.output_token_ids[live.sent:]
             text = "".join(live.detok.add(t) for t in new) if live.detok is not None else ""
+            if live.detok is not None and seq.is_finished:
+                text += live.detok.flush()  # what was held back for a stop string that never matched
             if m is not None and new:
                 m.generation_tokens.inc(len(new))
                 gaps = len(new)

@@ -132,4 +132,6 @@ async def serve(app, sock: socket.socket, state, shutdown_timeout: float, log_le
     server.should_exit = True
     await serving
     state.bridge.stop()
+    if state.bridge.error is not None:  # it died during the drain: the exit still says so
+        status = ENGINE_DIED
     return status

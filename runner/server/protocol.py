@@ -73,6 +73,10 @@ def parse_json(raw: bytes) -> dict:
         body = json.loads(text)
     except json.JSONDecodeError as err:
         raise _bad(f"body: malformed JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
+    except RecursionError:
+        raise _bad("body: JSON nested too deeply") from None
+    except ValueError as err:  # e.g. an integer past Python's digit limit
+        raise _bad(f"body: unreadable JSON: {err}") from None
     if not isinstance(body, dict):
         raise _bad(f"body: must be a JSON object, got {type(body).__name__}")
     return body
@@ -181,7 +185,8 @@ def _sampling(body: dict, prompt_len: int, limits: Limits, default_max_tokens: i
 def _stream_flags(body: dict) -> tuple[bool, bool]:
     stream = _typed(body, "stream", bool, "a bool", False)
     options = _typed(body, "stream_options", dict, "an object", {})
-    include = options.get("include_usage", False)
+    include = options.get("include_usage")
+    include = False if include is None else include  # null = not asked
     if not isinstance(include, bool):
         raise _bad("stream_options.include_usage: must be a bool", "stream_options")
     if options and not stream:

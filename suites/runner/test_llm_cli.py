@@ -54,7 +54,9 @@ def test_stop_string_matches_across_tokens(smollm2, stop):
     tokenizer = smollm2[1]
     text = " Café naïve — 東京 🚀 done."
     detok = Detokenizer(tokenizer, [1], stop=[stop, "never"])
-    for token in tokenizer.encode(text, add_special_tokens=False):
-        detok.add(token)
+    emitted = "".join(detok.add(token) for token in tokenizer.encode(text, add_special_tokens=False))
     assert detok.stopped_by == stop and detok.text == text[:text.find(stop)]
+    # what was emitted piece by piece (what a stream sends) never included the part of a stop string that
+    # arrived before the rest of it: "é n" starts inside "Café", emitted before " n" arrives without the hold-back
+    assert emitted + detok.flush() == detok.text
 

@@ -29,6 +29,8 @@ def chat(**fields) -> dict:
 CASES = [
     ("malformed json", CMPL, b'{"model": "x", "prompt": ', 400, None),
     ("json not an object", CMPL, b"[1, 2, 3]", 400, None),
+    ("json nested too deep", CMPL, b"[" * 100_000, 400, None),  # RecursionError in the parser
+    ("json integer of 5000 digits", CMPL, b'{"model": "{model}", "prompt": [' + b"9" * 5000 + b"]}", 400, None),
     ("empty body", CMPL, b"", 400, None),
     ("non-utf8 bytes", CMPL, b'{"model": "\xff\xfe", "prompt": "a"}', 400, None),
     ("nan literal", CMPL, b'{"model": "{model}", "prompt": [1], "temperature": NaN}', 400, "temperature"),
@@ -60,6 +62,8 @@ CASES = [
     ("top_k below -1", CMPL, body(top_k=-5), 400, "top_k"),
     ("top_k float", CMPL, body(top_k=2.5), 400, "top_k"),
     ("seed string", CMPL, body(seed="abc"), 400, "seed"),
+    ("seed 2**64", CMPL, body(seed=2**64), 400, "seed"),  # torch.Generator would raise inside the engine
+    ("seed -2**64", CMPL, body(seed=-(2**64)), 400, "seed"),
     ("stop number", CMPL, body(stop=5), 400, "stop"),
     ("stop empty string", CMPL, body(stop=[""]), 400, "stop"),
     ("stream string", CMPL, body(stream="yes"), 400, "stream"),
