@@ -22,7 +22,6 @@ import contextlib
 import logging
 import signal
 import socket
-import sys
 
 import uvicorn
 
@@ -69,13 +68,6 @@ class Shutdown:
         (self.hurry if self.requested.is_set() else self.requested).set()
 
 
-# The engine thread and the event loop share one interpreter lock. A torch call on the engine thread releases
-# it, and getting it back from a busy loop (256 streams to write) waits up to the switch interval, 5 ms by
-# default, several times a step. 1 ms: TPOT p50 at 256 streams 17.0 -> 14.2 ms (real server and scheduler, a
-# fake 4 ms model step, 2-core host; 0.2 ms was worse again: 15.6 ms).
-GIL_SWITCH_S = 0.001
-
-
 async def serve(app, sock: socket.socket, state, shutdown_timeout: float, log_level: str = "info",
                 on_started=None) -> int:
     """Run `app` on `sock` until a signal or the engine's death; `state` is the app's ServerState (its bridge is
@@ -86,7 +78,6 @@ async def serve(app, sock: socket.socket, state, shutdown_timeout: float, log_le
     shutdown = Shutdown()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, shutdown, sig)
-    sys.setswitchinterval(GIL_SWITCH_S)
     state.bridge.start()
     config = uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5,
                             timeout_keep_alive=5)
