@@ -12,43 +12,20 @@ enough for the 64-client load test, small enough that two servers and pytest sha
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib.util
-import os
 import pathlib
-import signal
-import socket
 import subprocess
-import sys
 import time
 
 import pytest
 
-from bench.serve.subprocess_env import server_env
-from suites.runner.conftest import missing_model_packages, model_required, require_model_packages
+from bench.serve import server as serve_process
+from suites.runner.conftest import missing_model_packages, require_model_packages, skip_or_fail
 
-# The `serve` extra. Where it is not installed (the H200 image, which installs nothing: `nox -s cuda`), the
-# suite's modules are not collected and test_serve_packages.py skips, naming what is missing; under CI=true
-# (the CPU CI installs the extra) that test fails instead.
-SERVE_PACKAGES = ("starlette", "uvicorn", "openai", "prometheus_client", "httpx")
-MISSING_SERVE_PACKAGES = [name for name in SERVE_PACKAGES if importlib.util.find_spec(name) is None]
-if MISSING_SERVE_PACKAGES:
-    collect_ignore = [path.name for path in pathlib.Path(__file__).parent.glob("test_*.py")
-                      if path.name != "test_serve_packages.py"]
-else:
-    import httpx
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 600  # a model load takes 5-20 s on an idle 2-core box; a busy CI box is slower
 MAX_MODEL_LEN = 512
 KV_CACHE_BYTES = 64 * 2**20
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve_packages_missing() -> list[str]:
@@ -59,10 +36,15 @@ def serve_packages_missing() -> list[str]:
 def require_serve_packages() -> None:
     """Skip without the serve extra; under CI=true / TOUCHSTONE_REQUIRE_MODEL=1 fail instead (never a silent skip)."""
     if missing := serve_packages_missing():
-        why = f"the server suites need {', '.join(missing)} (pip install -e .[serve])"
-        if model_required(os.environ):
-            pytest.fail(f"{why}; CI=true / TOUCHSTONE_REQUIRE_MODEL=1 forbids skipping them", pytrace=False)
-        pytest.skip(why)
+        skip_or_fail(f"the server suites need {', '.join(missing)} (pip install -e .[serve])")
+
+
+# Where the serve extra is not installed (the H200 image, which installs nothing: `nox -s cuda`), the suite's
+# modules (which import it) are not collected; test_serve_packages.py then calls require_serve_packages, which
+# skips naming what is missing, or fails under CI=true (the CPU CI installs the extra).
+if serve_packages_missing():
+    collect_ignore = [path.name for path in pathlib.Path(__file__).parent.glob("test_*.py")
+                      if path.name != "test_serve_packages.py"]
 
 
 @dataclasses.dataclass
@@ -81,17 +63,12 @@ class Server:
         return self.log_path.read_text(errors="replace")[-tail:]
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> Server:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited with {self.proc.returncode} before it was ready:\n{self.log()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.base_url + "/health", timeout=2).status_code == 200:
-                    return self
-            time.sleep(0.2)
-        raise AssertionError(f"server not ready after {timeout} s:\n{self.log()}")
+        serve_process.wait_ready(self.proc, self.base_url, self.log_path, timeout)
+        return self
 
     def metrics(self) -> dict[str, float]:
+        import httpx
+
         from runner.server.metrics import parse
 
         return parse(httpx.get(self.base_url + "/metrics", timeout=30).text)
@@ -102,14 +79,7 @@ class Server:
         return OpenAI(base_url=self.base_url + "/v1", api_key="none", max_retries=0, **kwargs)
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return serve_process.stop(self.proc, 60)
 
 
 def server_args(backend: str) -> tuple[list[str], str, bool]:
@@ -130,13 +100,10 @@ def start_server(backend: str, log_dir: pathlib.Path, *extra: str, faults: str =
     """Start `touchstone serve` (not yet ready: call wait_ready)."""
     require_serve_packages()
     args, model, has_tokenizer = server_args(backend)
-    port = free_port()
+    port = serve_process.free_port()
     log_path = log_dir / f"serve-{port}.log"
-    env = server_env(OMP_NUM_THREADS="1", TOUCHSTONE_SERVER_FAULTS=faults)
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "bench.cli", "serve", "--host", "127.0.0.1", "--port",
-                                 str(port), "--max-model-len", str(MAX_MODEL_LEN), "--log-level", "warning",
-                                 *args, *extra], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = serve_process.start(["--max-model-len", str(MAX_MODEL_LEN), *args, *extra], port, log_path,
+                               OMP_NUM_THREADS="1", TOUCHSTONE_SERVER_FAULTS=faults)
     return Server(proc, port, model, has_tokenizer, log_path)
 
 

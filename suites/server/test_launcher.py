@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from bench.serve.subprocess_env import server_env
-from suites.server.conftest import ROOT, require_serve_packages
+from bench.serve.server import ROOT, server_env
+from suites.server.conftest import require_serve_packages
 
 PORT_IN_USE_BAR_S = 2.0  # issue 7: a port in use is reported within 2 s
 

@@ -4,19 +4,8 @@ and this test says so: a skip naming the missing packages, or a failure where th
 
 from __future__ import annotations
 
-import os
-
-import pytest
-
-from suites.runner.conftest import model_required
-from suites.server.conftest import MISSING_SERVE_PACKAGES
+from suites.server.conftest import require_serve_packages
 
 
 def test_serve_packages_installed():
-    if not MISSING_SERVE_PACKAGES:
-        return
-    why = (f"the server suites need {', '.join(MISSING_SERVE_PACKAGES)} (pip install -e .[serve]); their modules "
-           f"were not collected")
-    if model_required(os.environ):
-        pytest.fail(f"{why}; CI=true / TOUCHSTONE_REQUIRE_MODEL=1 forbids skipping them", pytrace=False)
-    pytest.skip(why)
+    require_serve_packages()
