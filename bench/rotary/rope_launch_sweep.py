@@ -35,43 +35,45 @@ def graphed_ms(fn) -> float:
 
 
 def launcher(qkv, heads, positions, table, block_t, tile_elements, warps):
-    """The kernel's launch for one config, as kernels.rope.launch_rope builds it from its table."""
-    q, k = views(qkv, heads)
-    hq, hkv, d = heads
-    block_half = triton.next_power_of_2(d // 2)
-    cap = triton.next_power_of_2(max(1, tile_elements // (block_t * block_half)))
-    return functools.partial(
-        kernel._rope_kernel[(triton.cdiv(q.shape[0], block_t),)], q, k, positions, table, q.shape[0], q.stride(0),
-        q.stride(1), k.stride(0), k.stride(1), positions.stride(0), HQ=hq, HKV=hkv, HALF=d // 2, BLOCK_T=block_t,
-        BLOCK_HQ=min(triton.next_power_of_2(hq), cap), BLOCK_HKV=min(triton.next_power_of_2(hkv), cap),
-        BLOCK_HALF=block_half, FAULT=0, num_warps=warps, enable_fp_fusion=False)
+    """The kernel's own launch (kernels.rope.launch_rope) with its GPU launch table set to one config."""
+    kernel._GPU_LAUNCH.update(tokens=block_t, tile_elements=tile_elements, warps=warps)
+    return functools.partial(kernel.launch_rope, *views(qkv, heads), positions, table)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = gpu_args(parser(__doc__), argv, "rope_launch_sweep")
     del args
     memcpy = memcpy_gbps(1 << 30)
-    for (hq, hkv, d), tokens in itertools.product(HEADS, TOKENS):
-        table = rope_cos_sin_cache(d, BASE, MAX_POSITIONS, device="cuda")
-        qkv = torch.randn(tokens, (hq + 2 * hkv) * d, device="cuda", dtype=torch.bfloat16)
-        positions = torch.randint(0, MAX_POSITIONS, (tokens,), device="cuda")
-        moved = 2 * tokens * (hq + hkv) * d * 2 + 8 * tokens + 4 * tokens * d
-        want_q, want_k = apply_rope(*views(qkv, (hq, hkv, d)), positions, table)
-        # the peer: HF's eager rotation (the runner's before this kernel), cos/sin computed outside the timed call
-        eager = graphed_ms(hf_rotation(False)(dict(qkv=qkv.clone(), heads=(hq, hkv, d), positions=positions)))
-        for block_t, tile, warps in itertools.product(TOKENS_PER_PROGRAM, TILE_ELEMENTS, WARPS):
-            if block_t > triton.next_power_of_2(tokens):
-                continue
-            fresh = qkv.clone()
-            launcher(fresh, (hq, hkv, d), positions, table, block_t, tile, warps)()  # the checked call
-            got_q, got_k = views(fresh, (hq, hkv, d))
-            exact = torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
-            ms = graphed_ms(launcher(fresh, (hq, hkv, d), positions, table, block_t, tile, warps))
-            gbps = moved / ms / 1e6
-            config = f"q{hq:2d} kv{hkv} d{d:3d} T={tokens:5d} tokens/prog={block_t:2d} tile={tile:5d} warps={warps}"
-            line(config, ms, f"{gbps:6.0f} GB/s", {"memcpy": gbps / memcpy, "eager-speedup": eager / ms},
-                 "exact" if exact else "MISMATCH")
+    saved = dict(kernel._GPU_LAUNCH)
+    try:
+        for (hq, hkv, d), tokens in itertools.product(HEADS, TOKENS):
+            sweep(hq, hkv, d, tokens, memcpy)
+    finally:
+        kernel._GPU_LAUNCH.update(saved)
     return 0
+
+
+def sweep(hq: int, hkv: int, d: int, tokens: int, memcpy: float) -> None:
+    """Every config at one head shape and token count, one line each."""
+    table = rope_cos_sin_cache(d, BASE, MAX_POSITIONS, device="cuda")
+    qkv = torch.randn(tokens, (hq + 2 * hkv) * d, device="cuda", dtype=torch.bfloat16)
+    positions = torch.randint(0, MAX_POSITIONS, (tokens,), device="cuda")
+    moved = 2 * tokens * (hq + hkv) * d * 2 + 8 * tokens + 4 * tokens * d
+    want_q, want_k = apply_rope(*views(qkv, (hq, hkv, d)), positions, table)
+    # the peer: HF's eager rotation (the runner's before this kernel), cos/sin computed outside the timed call
+    eager = graphed_ms(hf_rotation(False)(dict(qkv=qkv.clone(), heads=(hq, hkv, d), positions=positions)))
+    for block_t, tile, warps in itertools.product(TOKENS_PER_PROGRAM, TILE_ELEMENTS, WARPS):
+        if block_t > triton.next_power_of_2(tokens):
+            continue
+        fresh = qkv.clone()
+        launcher(fresh, (hq, hkv, d), positions, table, block_t, tile, warps)()  # the checked call
+        got_q, got_k = views(fresh, (hq, hkv, d))
+        exact = torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+        ms = graphed_ms(launcher(fresh, (hq, hkv, d), positions, table, block_t, tile, warps))
+        gbps = moved / ms / 1e6
+        config = f"q{hq:2d} kv{hkv} d{d:3d} T={tokens:5d} tokens/prog={block_t:2d} tile={tile:5d} warps={warps}"
+        line(config, ms, f"{gbps:6.0f} GB/s", {"memcpy": gbps / memcpy, "eager-speedup": eager / ms},
+             "exact" if exact else "MISMATCH")
 
 
 if __name__ == "__main__":
