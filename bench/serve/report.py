@@ -1,14 +1,13 @@
-"""Serving-benchmark rows -> reports/<backend>-<device>/serve_<name>.csv, .md and .png (the layout of
-bench/llm/report.py: CSV with the environment on every row, a Markdown table with a headline, a self-describing
-figure: TTFT / TPOT / ITL p50 and p99 and output tok/s against the swept concurrency or rate)."""
+"""Serving-benchmark rows -> reports/<backend>-<device>/serve_<name>.csv and .md (bench.tidy_tables: CSV with the
+environment on every row, a Markdown table with a headline) and .png, a self-describing figure: TTFT / TPOT / ITL
+p50 and p99 and output tok/s against the swept concurrency or rate."""
 
 from __future__ import annotations
 
-import csv
-import math
 import pathlib
 from collections.abc import Sequence
 
+from bench import tidy_tables
 from bench.environment import Environment
 
 SHOWN = ("mode", "value", "completed", "failed", "duration_s", "output_tok_per_s", "req_per_s", "ttft_p50_ms",
@@ -17,28 +16,10 @@ COLUMNS = (*SHOWN, "requests", "input_len", "output_len", "input_tokens", "outpu
            "server", "first_error", "device", "torch", "triton", "git_sha", "dirty", "command")
 
 
-def _fmt(value: object) -> str:
-    if isinstance(value, float):
-        return "nan" if math.isnan(value) else f"{value:.4g}"
-    return str(value)
-
-
 def write(out: pathlib.Path, env: Environment, name: str, rows: Sequence[dict], headline: str,
           common: dict) -> pathlib.Path:
-    folder = out / f"{env.backend}-{env.slug}"
-    folder.mkdir(parents=True, exist_ok=True)
-    base = dict(device=env.device, torch=env.torch, triton=env.triton, git_sha=env.git_sha, dirty=env.dirty,
-                **common)
-    full = [{col: _fmt(row.get(col, base.get(col, ""))) for col in COLUMNS} for row in rows]
-    with open(folder / f"{name}.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(full)
-    lines = [f"# {name}", "", headline, "", f"{env.device}; torch {env.torch}, triton {env.triton}; git "
-             f"{env.git_sha} dirty={env.dirty}", "", f"server: {common['server']}", "", f"`{common['command']}`", "",
-             "| " + " | ".join(SHOWN) + " |", "|" + "---|" * len(SHOWN)]
-    lines += ["| " + " | ".join(row[col] for col in SHOWN) + " |" for row in full]
-    (folder / f"{name}.md").write_text("\n".join(lines) + "\n")
+    folder = tidy_tables.write(out, env, name, rows, COLUMNS, SHOWN, headline, common,
+                               [f"server: {common['server']}", f"`{common['command']}`"])
     _plot(rows, folder / f"{name}.png", f"{name}: {env.device}, git {env.git_sha[:10]}")
     return folder
 
