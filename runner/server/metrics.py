@@ -70,10 +70,13 @@ class Metrics:
 
 
 def parse(text: str) -> dict[str, float]:
-    """{sample name (labels appended as name{k="v"}): value} from the text format (tests, the bench)."""
+    """{sample name (labels appended as name{k="v"}): value} from the text format (tests, the bench), read with
+    prometheus_client's own parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sample.labels.items())
+            out[sample.name + (f"{{{labels}}}" if labels else "")] = sample.value
     return out
