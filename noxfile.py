@@ -67,8 +67,12 @@ def _hardware(session: nox.Session, backend: str) -> None:
     python = sys.executable
     session.run(python, "-m", "kernels.platform", "--require", backend)
     if backend == "cuda":
-        session.run("nvidia-smi", "--query-gpu=name,driver_version,clocks.sm,clocks.mem,power.limit",
-                    "--format=csv", external=True)
+        session.run(
+            "nvidia-smi",
+            "--query-gpu=name,driver_version,clocks.sm,clocks.mem,power.limit",
+            "--format=csv",
+            external=True,
+        )
     elif backend == "rocm":
         session.run("rocm-smi", "--showproductname", "--showclocks", external=True, success_codes=[0, 1, 2])
     session.env.update(TOUCHSTONE_REQUIRE_BACKEND=backend, HYPOTHESIS_PROFILE="ci")

@@ -61,8 +61,10 @@ def markdown(name: str, rows: Sequence[dict[str, str]]) -> str:
     header = list(rows[0]) if rows else []
     parts += [md_table(header, [[row[key] for key in header] for row in rows]), ""]
     if report:
-        parts += [f"Recompute: `touchstone bench --ops {','.join(report.ops)}`; rebuild this page: "
-                  "`touchstone report`.", ""]
+        parts += [
+            f"Recompute: `touchstone bench --ops {','.join(report.ops)}`; rebuild this page: `touchstone report`.",
+            "",
+        ]
     return "\n".join(parts)
 
 

@@ -58,8 +58,12 @@ def parser() -> argparse.ArgumentParser:
     rebuild.add_argument("--out", default="reports", type=pathlib.Path, help="reports root or one folder")
     commands.add_parser("list", help="list registered ops, their impls and sweeps")
     commands.add_parser("generate", help="print a completion of the default model (see runner.cli)", add_help=False)
-    commands.add_parser("serve", help="OpenAI-compatible server on the default model (see runner.server.cli); "
-                        "`touchstone bench serve` benchmarks one (bench.serve.cli)", add_help=False)
+    commands.add_parser(
+        "serve",
+        help="OpenAI-compatible server on the default model (see runner.server.cli); "
+        "`touchstone bench serve` benchmarks one (bench.serve.cli)",
+        add_help=False,
+    )
     return top
 
 
@@ -68,10 +72,21 @@ def roof_rows(roofs: Roofs, env: Environment) -> list[Row]:
 
     return [
         make_row(
-            op=f"roof-{roof.name}", impl=roof.impl, dtype=roof.dtype, shape=roof.shape, x_name="",
-            x_value=float("nan"), nbytes=roof.bytes, flops=roof.flops, roof_name=roof.name,
-            roof_value=roof.value, correctness="n/a", environment=env.row_fields(), timestamp=timestamp(),
-            repro_cmd="touchstone bench", timing=roof.timing,
+            op=f"roof-{roof.name}",
+            impl=roof.impl,
+            dtype=roof.dtype,
+            shape=roof.shape,
+            x_name="",
+            x_value=float("nan"),
+            nbytes=roof.bytes,
+            flops=roof.flops,
+            roof_name=roof.name,
+            roof_value=roof.value,
+            correctness="n/a",
+            environment=env.row_fields(),
+            timestamp=timestamp(),
+            repro_cmd="touchstone bench",
+            timing=roof.timing,
         )
         for roof in roofs
     ]
@@ -131,9 +146,12 @@ def run_bench(args: argparse.Namespace) -> int:
         print(f"{err.args[0]}; see `touchstone list`", file=sys.stderr)
         return 2
     folder = args.out / f"{env.backend}-{env.slug}"
-    print(f"touchstone bench: {env.device} ({env.backend} {env.arch}), driver {env.driver}, "
-          f"clocks at start: {env.clocks_at_start}; torch {env.torch}, triton {env.triton}; "
-          f"git {env.git_sha} dirty={env.dirty}; sweep {sweep}; writing {folder}", flush=True)
+    print(
+        f"touchstone bench: {env.device} ({env.backend} {env.arch}), driver {env.driver}, "
+        f"clocks at start: {env.clocks_at_start}; torch {env.torch}, triton {env.triton}; "
+        f"git {env.git_sha} dirty={env.dirty}; sweep {sweep}; writing {folder}",
+        flush=True,
+    )
     roofs = measure_roofs(env.torch_device, log=lambda line: print(line, flush=True))
     upsert_csv(folder / report.ROOFS_CSV, roof_rows(roofs, env))
     progress = Progress(total)
@@ -160,8 +178,11 @@ def run_bench(args: argparse.Namespace) -> int:
     peers = {(op.name, impl.name) for op in selected for impl in op.impls if not impl.gated}
     found = failures(all_rows)
     bad = [row for row in found if (row["op"], row["impl"]) not in peers]
-    print(f"wrote {folder}/ ({len(all_rows)} rows, {len(bad)} mismatches/errors, "
-          f"{len(found) - len(bad)} in ungated peers) in {time.monotonic() - started:.0f} s", flush=True)
+    print(
+        f"wrote {folder}/ ({len(all_rows)} rows, {len(bad)} mismatches/errors, "
+        f"{len(found) - len(bad)} in ungated peers) in {time.monotonic() - started:.0f} s",
+        flush=True,
+    )
     return 1 if bad else 0
 
 

@@ -71,8 +71,10 @@ def lossy_check(family: str):
             o, r = o.detach().cpu()[finite], r.detach().cpu()[finite]
             metrics = lossy_metrics(o, r, r)
             if not (metrics.max_rel <= bound.max_rel and metrics.rms_rel <= bound.rms_rel):
-                return f"mismatch: max_rel {metrics.max_rel:.3g} (bound {bound.max_rel:g}), " \
-                       f"rms_rel {metrics.rms_rel:.3g} (bound {bound.rms_rel:g})"
+                return (
+                    f"mismatch: max_rel {metrics.max_rel:.3g} (bound {bound.max_rel:g}), "
+                    f"rms_rel {metrics.rms_rel:.3g} (bound {bound.rms_rel:g})"
+                )
             worst.append(metrics.max_rel)
         return f"close (max_rel {max(worst):.2g})"
 

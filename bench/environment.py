@@ -22,8 +22,14 @@ from kernels.platform import Platform, detect_platform
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 # The clock/power/temperature fields the brief asks for (read-only queries), named as they appear in rows.
-CLOCK_FIELDS = {"clocks.sm": "sm", "clocks.mem": "mem", "clocks.max.sm": "max_sm", "clocks.max.mem": "max_mem",
-                "power.limit": "power_limit", "temperature.gpu": "temp_c"}
+CLOCK_FIELDS = {
+    "clocks.sm": "sm",
+    "clocks.mem": "mem",
+    "clocks.max.sm": "max_sm",
+    "clocks.max.mem": "max_mem",
+    "power.limit": "power_limit",
+    "temperature.gpu": "temp_c",
+}
 # First choice adds the bus id (to find torch's GPU among several) and the driver; if this nvidia-smi
 # rejects a field, the clock fields alone are queried.
 NVIDIA_SMI_QUERIES = (("pci.bus_id", "driver_version", *CLOCK_FIELDS), tuple(CLOCK_FIELDS))
@@ -72,8 +78,11 @@ def parse_nvidia_smi(text: str, fields: tuple[str, ...], bus_id: tuple[int, int,
     Picks the line whose PCI bus id (domain, bus, device) matches torch's device; else the first line,
     flagged when there are several, since CUDA_VISIBLE_DEVICES may renumber GPUs.
     """
-    gpus = [dict(zip(fields, (v.strip() for v in line.split(",")), strict=False))
-            for line in text.splitlines() if line.strip()]
+    gpus = [
+        dict(zip(fields, (v.strip() for v in line.split(",")), strict=False))
+        for line in text.splitlines()
+        if line.strip()
+    ]
     if not gpus:
         return "unknown", "unknown"
     matched = [gpu for gpu in gpus if bus_id is not None and _bus_id(gpu.get("pci.bus_id", "")) == bus_id]

@@ -30,7 +30,6 @@ def times(value: float | None) -> str:
 def md_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
     """GitHub Markdown table; columns whose cells all start with a number are right-aligned."""
     align = [
-        "---:" if body and all(_NUMERIC.match(str(line[i])) for line in body) else "---"
-        for i in range(len(header))
+        "---:" if body and all(_NUMERIC.match(str(line[i])) for line in body) else "---" for i in range(len(header))
     ]
     return "\n".join("| " + " | ".join(str(cell) for cell in line) + " |" for line in [header, align, *body])

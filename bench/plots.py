@@ -56,8 +56,9 @@ def plot_op(rows: Sequence[Row], impls: Sequence[str], path: pathlib.Path) -> No
     ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xlabel(rows[0]["x_name"])
     ax.set_ylabel(f"{unit} at p50 (bars: p20-p80)")
-    shas = ", ".join(dict.fromkeys(f"{row['git_sha'][:10]}{'+dirty' if row['dirty'] == 'true' else ''}"
-                                   for row in rows))
+    shas = ", ".join(
+        dict.fromkeys(f"{row['git_sha'][:10]}{'+dirty' if row['dirty'] == 'true' else ''}" for row in rows)
+    )
     ax.set_title(
         f"{rows[0]['op']} ({_unique(rows, 'dtype')}) on {_unique(rows, 'device')}\n"
         f"{_unique(rows, 'backend')} {_unique(rows, 'arch')}, git {shas}",

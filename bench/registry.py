@@ -32,8 +32,14 @@ SWEEPS = ("small", "full")
 # The order is the run order: the many DeepSeek-V3 block-FP8 shapes go last, so that a bench cut short by a
 # time budget has measured the other families.
 FAMILY_MODULES = (
-    "bench.quant.mxfp4", "bench.quant.fp8", "bench.quant.nvfp4", "bench.gemm.w4a16_mxfp4", "bench.kv.zeroer",
-    "bench.mamba.state_update", "bench.mamba.conv1d_update", "bench.norm.rms_norm",
+    "bench.quant.mxfp4",
+    "bench.quant.fp8",
+    "bench.quant.nvfp4",
+    "bench.gemm.w4a16_mxfp4",
+    "bench.kv.zeroer",
+    "bench.mamba.state_update",
+    "bench.mamba.conv1d_update",
+    "bench.norm.rms_norm",
     "bench.rotary.rope",
     "bench.attention.paged_decode",
     "bench.attention.paged_prefill",

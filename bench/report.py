@@ -21,8 +21,18 @@ from bench.registry import discover
 from bench.rows import Row, read_csv
 
 ROOFS_CSV = "roofs.csv"
-ENV_COLUMNS = ("device", "backend", "arch", "driver", "clocks_at_start", "torch", "triton", "python",
-               "git_sha", "dirty")
+ENV_COLUMNS = (
+    "device",
+    "backend",
+    "arch",
+    "driver",
+    "clocks_at_start",
+    "torch",
+    "triton",
+    "python",
+    "git_sha",
+    "dirty",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,8 +92,10 @@ def headline(rows: Sequence[Row], view: View) -> list[str]:
             out.append(f"{impl} vs {other}: not measured")
             continue
         geomean = math.exp(sum(math.log(r) for _, r in pairs) / len(pairs))
-        out.append(f"{impl} vs {other}: {times(pairs[-1][1])} at {size(pairs[-1][0])} {rows[0]['x_name']} "
-                   f"(geomean {times(geomean)} over {len(pairs)} sizes)")
+        out.append(
+            f"{impl} vs {other}: {times(pairs[-1][1])} at {size(pairs[-1][0])} {rows[0]['x_name']} "
+            f"(geomean {times(geomean)} over {len(pairs)} sizes)"
+        )
     return out
 
 
@@ -108,15 +120,17 @@ def op_markdown(rows: Sequence[Row], view: View) -> str:
     shape_of = {row["x_value"]: (row["shape"], num(row["bytes"] / 1e6)) for row in rows}
 
     def table(cell, extra: bool = False) -> str:
-        body = [[size(x), *(shape_of[x] if extra else ()), *(cell(cells.get((i, x))) for i in impls)]
-                for x in xs]
+        body = [[size(x), *(shape_of[x] if extra else ()), *(cell(cells.get((i, x))) for i in impls)] for x in xs]
         header = [x_name, *(("shape", "MB moved") if extra else ()), *impls]
         return md_table(header, body)
 
     roofs = ", ".join(f"{num(v)} {unit}" for v in dict.fromkeys(row["roof_value"] for row in rows))
     parts = [f"# {op} ({_unique(rows, 'dtype')}) on {_unique(rows, 'device')}", ""]
-    parts += [f"Measured against the same-run **{roof_name}** roof: **{roofs}**. Bytes per call = compulsory "
-              "bytes read + written; p50 of the timed samples (cold L2 on GPUs).", ""]
+    parts += [
+        f"Measured against the same-run **{roof_name}** roof: **{roofs}**. Bytes per call = compulsory "
+        "bytes read + written; p50 of the timed samples (cold L2 on GPUs).",
+        "",
+    ]
     parts += [f"- {line}" for line in headline(rows, view)] + [""]
     parts += [f"## {unit} at p50 (fraction of {roof_name})", "", table(_throughput_cell, extra=True), ""]
     parts += ["## Latency p50 [p20, p80] in ms (samples)", "", table(_latency_cell), ""]
@@ -169,8 +183,16 @@ def index_markdown(folder: pathlib.Path) -> str:
         timed = [row for row in rows if row["p50"] is not None]
         best = max(timed, key=lambda row: (row["x_value"], throughput(row) or 0)) if timed else None
         best_text = f"{best['impl']}: {_throughput_cell(best)}" if best else "—"
-        body.append([f"[{op}]({op}.md)", _unique(rows, "dtype"), _unique(rows, "roof_name"), best_text,
-                     "; ".join(headline(rows, view)) or "—", _unique(rows, "git_sha")])
+        body.append(
+            [
+                f"[{op}]({op}.md)",
+                _unique(rows, "dtype"),
+                _unique(rows, "roof_name"),
+                best_text,
+                "; ".join(headline(rows, view)) or "—",
+                _unique(rows, "git_sha"),
+            ]
+        )
     header = ["op", "dtype", "roof", "fastest at the largest size (throughput, x roof)", "headline", "git"]
     parts += [md_table(header, body), ""]
     if tables := accuracy.names_in(folder):
@@ -179,10 +201,22 @@ def index_markdown(folder: pathlib.Path) -> str:
     if (folder / ROOFS_CSV).exists():
         roofs = _read(folder / ROOFS_CSV)
         parts += ["## Roofs (measured in the bench run)", ""]
-        parts += [md_table(["roof", "what", "shape", "value", "measured"], [
-            [row["roof_name"], f"{row['impl']} ({row['dtype']})", row["shape"],
-             f"{num(row['roof_value'])} {'GB/s' if row['roof_name'] == 'memcpy' else 'TFLOP/s'}",
-             row["timestamp"]] for row in roofs]), ""]
+        parts += [
+            md_table(
+                ["roof", "what", "shape", "value", "measured"],
+                [
+                    [
+                        row["roof_name"],
+                        f"{row['impl']} ({row['dtype']})",
+                        row["shape"],
+                        f"{num(row['roof_value'])} {'GB/s' if row['roof_name'] == 'memcpy' else 'TFLOP/s'}",
+                        row["timestamp"],
+                    ]
+                    for row in roofs
+                ],
+            ),
+            "",
+        ]
     return "\n".join(parts)
 
 

@@ -18,10 +18,38 @@ from collections.abc import Iterable
 from typing import Any
 
 COLUMNS = (
-    "op", "impl", "dtype", "shape", "x_name", "x_value", "metric", "unit", "p20", "p50", "p80", "n_samples",
-    "bytes", "flops", "gbps", "tflops", "roof_name", "roof_value", "fraction_of_roof", "correctness",
-    "device", "backend", "arch", "driver", "clocks_at_start", "torch", "triton", "python", "git_sha", "dirty",
-    "timestamp", "repro_cmd",
+    "op",
+    "impl",
+    "dtype",
+    "shape",
+    "x_name",
+    "x_value",
+    "metric",
+    "unit",
+    "p20",
+    "p50",
+    "p80",
+    "n_samples",
+    "bytes",
+    "flops",
+    "gbps",
+    "tflops",
+    "roof_name",
+    "roof_value",
+    "fraction_of_roof",
+    "correctness",
+    "device",
+    "backend",
+    "arch",
+    "driver",
+    "clocks_at_start",
+    "torch",
+    "triton",
+    "python",
+    "git_sha",
+    "dirty",
+    "timestamp",
+    "repro_cmd",
 )
 FLOAT_COLUMNS = ("x_value", "p20", "p50", "p80", "gbps", "tflops", "roof_value", "fraction_of_roof")
 INT_COLUMNS = ("n_samples", "bytes", "flops")
@@ -60,9 +88,21 @@ def make_row(
     row: Row = dict.fromkeys(COLUMNS)
     row.update(environment)
     row.update(
-        op=op, impl=impl, dtype=dtype, shape=json.dumps(list(shape)), x_name=x_name, x_value=float(x_value),
-        metric="latency", unit="ms", bytes=int(nbytes), flops=int(flops), roof_name=roof_name,
-        roof_value=float(roof_value), correctness=correctness, timestamp=timestamp, repro_cmd=repro_cmd,
+        op=op,
+        impl=impl,
+        dtype=dtype,
+        shape=json.dumps(list(shape)),
+        x_name=x_name,
+        x_value=float(x_value),
+        metric="latency",
+        unit="ms",
+        bytes=int(nbytes),
+        flops=int(flops),
+        roof_name=roof_name,
+        roof_value=float(roof_value),
+        correctness=correctness,
+        timestamp=timestamp,
+        repro_cmd=repro_cmd,
     )
     if timing is not None:
         seconds = timing.p50 * 1e-3

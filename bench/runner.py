@@ -76,8 +76,17 @@ def _short(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0][:200] if text else ''}".rstrip(": ")
 
 
-def _attempt(op: OpBench, impl: Impl, case: Case, inputs: Any, env: Environment, config: RunConfig,
-             baseline: tuple[str, Any] | None, timed: bool, broken: dict[str, str]) -> _Outcome:
+def _attempt(
+    op: OpBench,
+    impl: Impl,
+    case: Case,
+    inputs: Any,
+    env: Environment,
+    config: RunConfig,
+    baseline: tuple[str, Any] | None,
+    timed: bool,
+    broken: dict[str, str],
+) -> _Outcome:
     reason = impl.skip_reason(case, env.backend) or broken.get(impl.name)
     if reason:
         return _Outcome(f"skipped: {reason}")
@@ -99,8 +108,9 @@ def _attempt(op: OpBench, impl: Impl, case: Case, inputs: Any, env: Environment,
             outcome.verdict, outcome.output = "unchecked: no baseline ran", None
         del output
         if timed:
-            outcome.timing = bench(fn, env.torch_device, warmup_ms=config.warmup_ms, rep_ms=config.rep_ms,
-                                   cuda_graph=op.cuda_graph)
+            outcome.timing = bench(
+                fn, env.torch_device, warmup_ms=config.warmup_ms, rep_ms=config.rep_ms, cuda_graph=op.cuda_graph
+            )
             if outcome.timing.note:
                 outcome.verdict += f" [{outcome.timing.note}]"
         return outcome
@@ -133,8 +143,14 @@ def _progress_text(op: OpBench, impl: str, case: Case, row: Row, first_call_s: f
     return text + (f"  (first call {first_call_s:.1f} s)" if first_call_s >= 1.0 else "")
 
 
-def run_op(op: OpBench, env: Environment, roofs: Roofs, config: RunConfig, progress: Progress,
-           on_row: Callable[[Row], None] = lambda row: None) -> list[Row]:
+def run_op(
+    op: OpBench,
+    env: Environment,
+    roofs: Roofs,
+    config: RunConfig,
+    progress: Progress,
+    on_row: Callable[[Row], None] = lambda row: None,
+) -> list[Row]:
     rows: list[Row] = []
     impls = selected_impls(op, config.impls)
     roof = roofs[op.roof]
@@ -165,10 +181,20 @@ def run_op(op: OpBench, env: Environment, roofs: Roofs, config: RunConfig, progr
             if baseline is None and outcome.output is not None:
                 baseline = (impl.name, outcome.output)
             row = make_row(
-                op=op.name, impl=impl.name, dtype=op.dtype, shape=case.shape, x_name=op.x_name,
-                x_value=case.x_value, nbytes=op.bytes_model(case), flops=op.flops_model(case),
-                roof_name=roof.name, roof_value=roof.value, correctness=outcome.verdict,
-                environment=env.row_fields(), timestamp=timestamp(), timing=outcome.timing,
+                op=op.name,
+                impl=impl.name,
+                dtype=op.dtype,
+                shape=case.shape,
+                x_name=op.x_name,
+                x_value=case.x_value,
+                nbytes=op.bytes_model(case),
+                flops=op.flops_model(case),
+                roof_name=roof.name,
+                roof_value=roof.value,
+                correctness=outcome.verdict,
+                environment=env.row_fields(),
+                timestamp=timestamp(),
+                timing=outcome.timing,
                 repro_cmd=repro_command(op.name, config.sweep, impl.name, case.label),
             )
             rows.append(row)

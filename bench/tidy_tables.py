@@ -19,14 +19,22 @@ def cell(value: object) -> str:
     return str(value)
 
 
-def write(out: pathlib.Path, env: Environment, name: str, rows: Sequence[dict], columns: Sequence[str],
-          shown: Sequence[str], headline: str, common: dict, intro: Sequence[str] = ()) -> pathlib.Path:
+def write(
+    out: pathlib.Path,
+    env: Environment,
+    name: str,
+    rows: Sequence[dict],
+    columns: Sequence[str],
+    shown: Sequence[str],
+    headline: str,
+    common: dict,
+    intro: Sequence[str] = (),
+) -> pathlib.Path:
     """<out>/<backend>-<slug>/<name>.csv (`columns`; a row's missing value comes from `common`, then the
     environment) and <name>.md (links <name>.png, which the caller draws); returns the folder."""
     folder = out / f"{env.backend}-{env.slug}"
     folder.mkdir(parents=True, exist_ok=True)
-    base = dict(device=env.device, torch=env.torch, triton=env.triton, git_sha=env.git_sha, dirty=env.dirty,
-                **common)
+    base = dict(device=env.device, torch=env.torch, triton=env.triton, git_sha=env.git_sha, dirty=env.dirty, **common)
     full = [{col: cell(row.get(col, base.get(col, ""))) for col in columns} for row in rows]
     with open(folder / f"{name}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=columns)

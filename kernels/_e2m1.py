@@ -54,5 +54,6 @@ def e2m1_code_of_clamped(bits, tag):
     """
     biased_exponent = tl.maximum(bits, 0x3F800000) >> 23  # 127 + E
     base = biased_exponent * 0x800002 + tag  # (127 + E) << 23 | 254 + 2E + tag: one IMAD
-    return tl.fma(bits.to(tl.float32, bitcast=True), 2.0**-22, base.to(tl.float32, bitcast=True)).to(tl.uint32,
-                                                                                                      bitcast=True)
+    return tl.fma(bits.to(tl.float32, bitcast=True), 2.0**-22, base.to(tl.float32, bitcast=True)).to(
+        tl.uint32, bitcast=True
+    )

@@ -21,8 +21,7 @@ def block_offsets(block, blocks_per_row, row_stride, per_block, CONTIGUOUS: tl.c
 
 
 @triton.jit
-def load_block_words(x_ptr, block, n_blocks, blocks_per_row, row_stride, WORDS: tl.constexpr,
-                     CONTIGUOUS: tl.constexpr):
+def load_block_words(x_ptr, block, n_blocks, blocks_per_row, row_stride, WORDS: tl.constexpr, CONTIGUOUS: tl.constexpr):
     """[blocks, WORDS] words of each block of a quantizer's input, read as words that hold one element pair
     (2i, 2i+1), the pair that shares one output byte: bf16/fp16 pairs in int32 words, fp32 pairs in int64
     words. Blocks past n_blocks read 0."""
@@ -55,7 +54,8 @@ def packed_rows(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor
     runs of rows (the kernels' CONTIGUOUS: block offsets without a division)."""
     code_rows, scale_rows = as_rows(codes, "codes"), as_rows(scales, "scales")
     contiguous = scale_rows.shape[0] == 1 or (
-        code_rows.stride(0) == codes.shape[-1] and scale_rows.stride(0) == scales.shape[-1])
+        code_rows.stride(0) == codes.shape[-1] and scale_rows.stride(0) == scales.shape[-1]
+    )
     return code_rows, scale_rows, contiguous
 
 

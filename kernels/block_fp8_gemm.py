@@ -105,9 +105,31 @@ def _tile_coords(tile, num_m, num_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _gemm_tile(a_desc, b_desc, c_ptr, as_ptr, bs_ptr, pid_m, pid_n, split, M, N, k_blocks, k_per_split,
-               stride_cs, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FAULT: tl.constexpr):
+def _gemm_tile(
+    a_desc,
+    b_desc,
+    c_ptr,
+    as_ptr,
+    bs_ptr,
+    pid_m,
+    pid_n,
+    split,
+    M,
+    N,
+    k_blocks,
+    k_per_split,
+    stride_cs,
+    stride_cm,
+    stride_cn,
+    stride_asm,
+    stride_ask,
+    stride_bsn,
+    stride_bsk,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+    FAULT: tl.constexpr,
+):
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     k_lo = split * k_per_split
@@ -140,39 +162,112 @@ def _gemm_tile(a_desc, b_desc, c_ptr, as_ptr, bs_ptr, pid_m, pid_n, split, M, N,
 
 @triton.jit
 def _block_fp8_gemm_kernel(
-    a_desc, b_desc, c_ptr, as_ptr, bs_ptr, M, N, k_blocks, k_per_split, num_programs,
-    stride_cs, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, SPLIT_K: tl.constexpr,
-    PERSISTENT: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, FAULT: tl.constexpr,
+    a_desc,
+    b_desc,
+    c_ptr,
+    as_ptr,
+    bs_ptr,
+    M,
+    N,
+    k_blocks,
+    k_per_split,
+    num_programs,
+    stride_cs,
+    stride_cm,
+    stride_cn,
+    stride_asm,
+    stride_ask,
+    stride_bsn,
+    stride_bsk,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    PERSISTENT: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+    FAULT: tl.constexpr,
 ):
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     if PERSISTENT:
         for tile in tl.range(tl.program_id(0), num_m * num_n * SPLIT_K, num_programs, flatten=True):
             pid_m, pid_n, split = _tile_coords(tile, num_m, num_n, GROUP_M)
-            _gemm_tile(a_desc, b_desc, c_ptr, as_ptr, bs_ptr, pid_m, pid_n, split, M, N, k_blocks, k_per_split,
-                       stride_cs, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk,
-                       BLOCK_M, BLOCK_N, WARP_SPECIALIZE, FAULT)
+            _gemm_tile(
+                a_desc,
+                b_desc,
+                c_ptr,
+                as_ptr,
+                bs_ptr,
+                pid_m,
+                pid_n,
+                split,
+                M,
+                N,
+                k_blocks,
+                k_per_split,
+                stride_cs,
+                stride_cm,
+                stride_cn,
+                stride_asm,
+                stride_ask,
+                stride_bsn,
+                stride_bsk,
+                BLOCK_M,
+                BLOCK_N,
+                WARP_SPECIALIZE,
+                FAULT,
+            )
     else:
         pid_m, pid_n, split = _tile_coords(tl.program_id(0), num_m, num_n, GROUP_M)
-        _gemm_tile(a_desc, b_desc, c_ptr, as_ptr, bs_ptr, pid_m, pid_n, split, M, N, k_blocks, k_per_split,
-                   stride_cs, stride_cm, stride_cn, stride_asm, stride_ask, stride_bsn, stride_bsk,
-                   BLOCK_M, BLOCK_N, WARP_SPECIALIZE, FAULT)
+        _gemm_tile(
+            a_desc,
+            b_desc,
+            c_ptr,
+            as_ptr,
+            bs_ptr,
+            pid_m,
+            pid_n,
+            split,
+            M,
+            N,
+            k_blocks,
+            k_per_split,
+            stride_cs,
+            stride_cm,
+            stride_cn,
+            stride_asm,
+            stride_ask,
+            stride_bsn,
+            stride_bsk,
+            BLOCK_M,
+            BLOCK_N,
+            WARP_SPECIALIZE,
+            FAULT,
+        )
 
 
 def _check_tma_operand(name: str, t: torch.Tensor) -> None:
     """TMA reads rows of a 2-D tensor: unit stride along K, 16-byte aligned base and row stride."""
     if t.stride(1) != 1:
-        raise ValueError(f"{name}: K must be the contiguous dim (stride 1), got strides {t.stride()}; "
-                         f"call .contiguous()")
+        raise ValueError(
+            f"{name}: K must be the contiguous dim (stride 1), got strides {t.stride()}; call .contiguous()"
+        )
     if t.stride(0) % 16 or t.data_ptr() % 16:
-        raise ValueError(f"{name}: TMA needs a 16-byte aligned base and row stride, got data_ptr % 16 = "
-                         f"{t.data_ptr() % 16}, row stride {t.stride(0)}; call .clone()")
+        raise ValueError(
+            f"{name}: TMA needs a 16-byte aligned base and row stride, got data_ptr % 16 = "
+            f"{t.data_ptr() % 16}, row stride {t.stride(0)}; call .clone()"
+        )
 
 
-def launch_block_fp8_gemm(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor,
-                          out_dtype: torch.dtype = torch.bfloat16, config: LaunchConfig | None = None,
-                          fault: str = "none") -> torch.Tensor:
+def launch_block_fp8_gemm(
+    a: torch.Tensor,
+    a_scales: torch.Tensor,
+    b: torch.Tensor,
+    b_scales: torch.Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
+    config: LaunchConfig | None = None,
+    fault: str = "none",
+) -> torch.Tensor:
     """Validate, allocate and launch; `config` overrides the launch table (sweeps, tests), `fault` plants a
     named bug (negative controls only)."""
     check_block_fp8_gemm_args(a, a_scales, b, b_scales, out_dtype)
@@ -202,11 +297,28 @@ def launch_block_fp8_gemm(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tens
     if cfg.persistent:
         programs = min(tiles, _device_sms(device))
     _block_fp8_gemm_kernel[(programs,)](
-        a_desc, b_desc, target, a_scales, b_scales, m, n, k_blocks, k_per_split, programs,
-        *c_strides, *a_scales.stride(), *b_scales.stride(),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, GROUP_M=cfg.group_m, SPLIT_K=split,
-        PERSISTENT=cfg.persistent, WARP_SPECIALIZE=cfg.warp_specialize, FAULT=FAULTS[fault],
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        a_desc,
+        b_desc,
+        target,
+        a_scales,
+        b_scales,
+        m,
+        n,
+        k_blocks,
+        k_per_split,
+        programs,
+        *c_strides,
+        *a_scales.stride(),
+        *b_scales.stride(),
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        GROUP_M=cfg.group_m,
+        SPLIT_K=split,
+        PERSISTENT=cfg.persistent,
+        WARP_SPECIALIZE=cfg.warp_specialize,
+        FAULT=FAULTS[fault],
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     if split > 1:
         out.copy_(target.sum(dim=0))  # deterministic fp32 sum of the K ranges (no atomics), then one rounding
@@ -214,8 +326,9 @@ def launch_block_fp8_gemm(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tens
 
 
 @torch.library.custom_op("touchstone::block_fp8_gemm", mutates_args=())
-def _block_fp8_gemm_op(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor,
-                       out_dtype: torch.dtype) -> torch.Tensor:
+def _block_fp8_gemm_op(
+    a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
     return launch_block_fp8_gemm(a, a_scales, b, b_scales, out_dtype)
 
 
@@ -225,7 +338,12 @@ def _(a, a_scales, b, b_scales, out_dtype):
     return a.new_empty(a.shape[0], b.shape[0], dtype=out_dtype)
 
 
-def block_fp8_gemm(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor,
-                   out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def block_fp8_gemm(
+    a: torch.Tensor,
+    a_scales: torch.Tensor,
+    b: torch.Tensor,
+    b_scales: torch.Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
     """Kernel twin of `reference.gemm.block_fp8.block_fp8_gemm_mirror` (same arguments)."""
     return torch.ops.touchstone.block_fp8_gemm(a, a_scales, b, b_scales, out_dtype)

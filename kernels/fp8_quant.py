@@ -68,9 +68,23 @@ def _amax_bits_kernel(x_ptr, amax_ptr, n_rows, row_len, x_row_stride, BLOCK_R: t
 
 @triton.jit
 def _quantize_fp8_kernel(
-    x_ptr, q_ptr, scale_ptr, source_ptr, n_groups, groups_per_row, group_len, x_row_stride, eps_bits,
-    BLOCK_G: tl.constexpr, GROUP: tl.constexpr, FMT: tl.constexpr, FP8_MAX: tl.constexpr,
-    UE8M0: tl.constexpr, SOURCE: tl.constexpr, CONTIGUOUS: tl.constexpr, FAULT: tl.constexpr,
+    x_ptr,
+    q_ptr,
+    scale_ptr,
+    source_ptr,
+    n_groups,
+    groups_per_row,
+    group_len,
+    x_row_stride,
+    eps_bits,
+    BLOCK_G: tl.constexpr,
+    GROUP: tl.constexpr,
+    FMT: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    UE8M0: tl.constexpr,
+    SOURCE: tl.constexpr,
+    CONTIGUOUS: tl.constexpr,
+    FAULT: tl.constexpr,
 ):
     group = tl.program_id(0).to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
     lane = tl.arange(0, GROUP)
@@ -132,8 +146,10 @@ def launch_quantize_fp8(x, granularity, group_size, fmt, eps, ue8m0, static_scal
     rows = as_rows(x, "x")
     k = x.shape[-1]
     if granularity != "group" and k > MAX_ROW:
-        raise ValueError(f"x: rows of {k} elements are longer than the kernel's {MAX_ROW} for per-{granularity} "
-                         f"scales; quantize per group")
+        raise ValueError(
+            f"x: rows of {k} elements are longer than the kernel's {MAX_ROW} for per-{granularity} "
+            f"scales; quantize per group"
+        )
     fp8_dtype, fp8_max = FP8_FORMATS[fmt]
     q = torch.empty(x.shape, dtype=fp8_dtype, device=x.device)
     group_len = group_size if granularity == "group" else k
@@ -153,20 +169,40 @@ def launch_quantize_fp8(x, granularity, group_size, fmt, eps, ue8m0, static_scal
             block_k = min(triton.next_power_of_2(k), 1024)
             block_r = max(1, 4096 // block_k)
             _amax_bits_kernel[(triton.cdiv(rows.shape[0], block_r),)](
-                rows, source, rows.shape[0], k, rows.stride(0), BLOCK_R=block_r, BLOCK_K=block_k)
+                rows, source, rows.shape[0], k, rows.stride(0), BLOCK_R=block_r, BLOCK_K=block_k
+            )
     block_g, group, warps = _tile(group_len, n_groups, x.device)
     _quantize_fp8_kernel[(triton.cdiv(n_groups, block_g),)](
-        rows, q.view(torch.uint8), scales, source, n_groups, groups_per_row, group_len, rows.stride(0),
+        rows,
+        q.view(torch.uint8),
+        scales,
+        source,
+        n_groups,
+        groups_per_row,
+        group_len,
+        rows.stride(0),
         f32_bits(eps),
-        BLOCK_G=block_g, GROUP=group, FMT=_FMT_ID[fmt], FP8_MAX=fp8_max, UE8M0=ue8m0, SOURCE=source_id,
-        CONTIGUOUS=rows.shape[0] == 1 or rows.stride(0) == k, FAULT=FAULTS[fault], num_warps=warps,
+        BLOCK_G=block_g,
+        GROUP=group,
+        FMT=_FMT_ID[fmt],
+        FP8_MAX=fp8_max,
+        UE8M0=ue8m0,
+        SOURCE=source_id,
+        CONTIGUOUS=rows.shape[0] == 1 or rows.stride(0) == k,
+        FAULT=FAULTS[fault],
+        num_warps=warps,
     )
     return q, scales
 
 
 @torch.library.custom_op("touchstone::quantize_fp8", mutates_args=())
 def _quantize_fp8_op(
-    x: torch.Tensor, granularity: str, group_size: int, fmt: str, eps: float, ue8m0: bool,
+    x: torch.Tensor,
+    granularity: str,
+    group_size: int,
+    fmt: str,
+    eps: float,
+    ue8m0: bool,
     static_scale: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return launch_quantize_fp8(x, granularity, group_size, fmt, eps, ue8m0, static_scale)
@@ -175,8 +211,10 @@ def _quantize_fp8_op(
 @_quantize_fp8_op.register_fake
 def _(x, granularity, group_size, fmt, eps, ue8m0, static_scale):
     check_quantize_fp8_args(x, granularity, group_size, fmt, eps, static_scale)
-    return (x.new_empty(x.shape, dtype=FP8_FORMATS[fmt][0]),
-            x.new_empty(scale_shape(x, granularity, group_size), dtype=torch.float32))
+    return (
+        x.new_empty(x.shape, dtype=FP8_FORMATS[fmt][0]),
+        x.new_empty(scale_shape(x, granularity, group_size), dtype=torch.float32),
+    )
 
 
 def quantize_fp8(

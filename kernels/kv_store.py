@@ -80,8 +80,19 @@ def _e4m3_bytes(x, scale):
 
 
 @triton.jit
-def _store_heads(src_ptr, src_head_stride, dst_ptr, dst_head_stride, scale_ptr, scale_head_stride, heads, row_mask,
-                 eps_bits, HEAD: tl.constexpr, FP8: tl.constexpr):
+def _store_heads(
+    src_ptr,
+    src_head_stride,
+    dst_ptr,
+    dst_head_stride,
+    scale_ptr,
+    scale_head_stride,
+    heads,
+    row_mask,
+    eps_bits,
+    HEAD: tl.constexpr,
+    FP8: tl.constexpr,
+):
     """Rows `heads` of one token ([heads, HEAD] at src) into their cache rows; FP8 also writes the scales.
     HEAD is a constexpr: for a power-of-two head size the lane mask folds away and accesses vectorize."""
     lane = tl.arange(0, triton.next_power_of_2(HEAD))
@@ -99,33 +110,93 @@ def _store_heads(src_ptr, src_head_stride, dst_ptr, dst_head_stride, scale_ptr, 
 
 @triton.jit
 def _store_kv_kernel(
-    key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, slot_ptr,
-    num_heads, block_size, num_slots, eps_bits,
-    key_token_stride, key_head_stride, value_token_stride, value_head_stride,
-    kc_block_stride, kc_pos_stride, kc_head_stride, vc_block_stride, vc_pos_stride, vc_head_stride,
-    ks_block_stride, ks_pos_stride, ks_head_stride, vs_block_stride, vs_pos_stride, vs_head_stride,
-    HEAD_K: tl.constexpr, HEAD_V: tl.constexpr, BLOCK_H: tl.constexpr, FP8: tl.constexpr, FAULT: tl.constexpr,
+    key_ptr,
+    value_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    slot_ptr,
+    num_heads,
+    block_size,
+    num_slots,
+    eps_bits,
+    key_token_stride,
+    key_head_stride,
+    value_token_stride,
+    value_head_stride,
+    kc_block_stride,
+    kc_pos_stride,
+    kc_head_stride,
+    vc_block_stride,
+    vc_pos_stride,
+    vc_head_stride,
+    ks_block_stride,
+    ks_pos_stride,
+    ks_head_stride,
+    vs_block_stride,
+    vs_pos_stride,
+    vs_head_stride,
+    HEAD_K: tl.constexpr,
+    HEAD_V: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    FP8: tl.constexpr,
+    FAULT: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     valid, block, pos = _slot(slot_ptr, token, block_size, num_slots, FAULT)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     rows = (heads < num_heads) & valid
-    _store_heads(key_ptr + token * key_token_stride, key_head_stride,
-                 k_cache_ptr + block * kc_block_stride + pos * kc_pos_stride, kc_head_stride,
-                 k_scale_ptr + block * ks_block_stride + pos * ks_pos_stride, ks_head_stride,
-                 heads, rows, eps_bits, HEAD_K, FP8)
-    _store_heads(value_ptr + token * value_token_stride, value_head_stride,
-                 v_cache_ptr + block * vc_block_stride + pos * vc_pos_stride, vc_head_stride,
-                 v_scale_ptr + block * vs_block_stride + pos * vs_pos_stride, vs_head_stride,
-                 heads, rows, eps_bits, HEAD_V, FP8)
+    _store_heads(
+        key_ptr + token * key_token_stride,
+        key_head_stride,
+        k_cache_ptr + block * kc_block_stride + pos * kc_pos_stride,
+        kc_head_stride,
+        k_scale_ptr + block * ks_block_stride + pos * ks_pos_stride,
+        ks_head_stride,
+        heads,
+        rows,
+        eps_bits,
+        HEAD_K,
+        FP8,
+    )
+    _store_heads(
+        value_ptr + token * value_token_stride,
+        value_head_stride,
+        v_cache_ptr + block * vc_block_stride + pos * vc_pos_stride,
+        vc_head_stride,
+        v_scale_ptr + block * vs_block_stride + pos * vs_pos_stride,
+        vs_head_stride,
+        heads,
+        rows,
+        eps_bits,
+        HEAD_V,
+        FP8,
+    )
 
 
 @triton.jit
 def _store_packed_mla_kernel(
-    latent_ptr, data_ptr, scale_ptr, slot_ptr, block_size, num_slots, eps_bits, latent_token_stride,
-    data_block_stride, data_pos_stride, scale_block_stride, scale_pos_stride,
-    NOPE: tl.constexpr, TILE: tl.constexpr, TILES: tl.constexpr, SCALE_SLOTS: tl.constexpr,
-    ROPE: tl.constexpr, ROPE_AT: tl.constexpr, UE8M0: tl.constexpr, FAULT: tl.constexpr,
+    latent_ptr,
+    data_ptr,
+    scale_ptr,
+    slot_ptr,
+    block_size,
+    num_slots,
+    eps_bits,
+    latent_token_stride,
+    data_block_stride,
+    data_pos_stride,
+    scale_block_stride,
+    scale_pos_stride,
+    NOPE: tl.constexpr,
+    TILE: tl.constexpr,
+    TILES: tl.constexpr,
+    SCALE_SLOTS: tl.constexpr,
+    ROPE: tl.constexpr,
+    ROPE_AT: tl.constexpr,
+    UE8M0: tl.constexpr,
+    FAULT: tl.constexpr,
 ):
     """One token: NoPE codes at data[0, NOPE), RoPE bytes at data[ROPE_AT, ROPE_AT + 2 ROPE); scales at
     scale_ptr's row (fp32 bytes, or UE8M0 bytes and zero pad bytes up to SCALE_SLOTS)."""
@@ -150,8 +221,9 @@ def _store_packed_mla_kernel(
     else:  # fp32, little-endian
         byte = tl.arange(0, 4)
         parts = (scale_bits[:, None] >> (8 * byte)[None, :]) & 0xFF
-        tl.store(scale_row + tile[:, None] * 4 + byte[None, :], parts.to(tl.uint8),
-                 mask=(tile < TILES)[:, None] & valid)
+        tl.store(
+            scale_row + tile[:, None] * 4 + byte[None, :], parts.to(tl.uint8), mask=(tile < TILES)[:, None] & valid
+        )
 
     rope = tl.arange(0, 2 * ROPE)  # the bf16 RoPE values' bytes, copied
     src_bytes = (src + NOPE).to(tl.pointer_type(tl.uint8), bitcast=True)
@@ -160,14 +232,16 @@ def _store_packed_mla_kernel(
 
 def _strides(cache: torch.Tensor, layout: str) -> tuple[int, int, int]:
     """(block, position, head) element strides of an NHD or HND view (or of its [.., .., ..] scale tensor)."""
-    return (cache.stride(0), cache.stride(1), cache.stride(2)) if layout == "NHD" else (
-        cache.stride(0), cache.stride(2), cache.stride(1))
+    return (
+        (cache.stride(0), cache.stride(1), cache.stride(2))
+        if layout == "NHD"
+        else (cache.stride(0), cache.stride(2), cache.stride(1))
+    )
 
 
 def launch_store_kv(key, value, k_cache, v_cache, slot_mapping, layout, k_scale, v_scale, fault="none"):
     """Validate and launch; `fault` plants a named bug (negative controls only)."""
-    num_blocks, block_size = check_store_kv_args(key, value, k_cache, v_cache, slot_mapping, layout, k_scale,
-                                                 v_scale)
+    num_blocks, block_size = check_store_kv_args(key, value, k_cache, v_cache, slot_mapping, layout, k_scale, v_scale)
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     tensors = dict(key=key, value=value, k_cache=k_cache, v_cache=v_cache, slot_mapping=slot_mapping)
     if fp8:
@@ -183,14 +257,36 @@ def launch_store_kv(key, value, k_cache, v_cache, slot_mapping, layout, k_scale,
     else:
         k_scale = v_scale = slot_mapping  # never read: FP8 is a constexpr
         ks = vs = (0, 0, 0)
-    block_h = triton.next_power_of_2(heads) if runs_interpreted(device) else min(
-        _GPU["heads_per_program"], triton.next_power_of_2(heads))
+    block_h = (
+        triton.next_power_of_2(heads)
+        if runs_interpreted(device)
+        else min(_GPU["heads_per_program"], triton.next_power_of_2(heads))
+    )
     _store_kv_kernel[(num_tokens, triton.cdiv(heads, block_h))](
-        key, value, k_cache, v_cache, k_scale, v_scale, slot_mapping,
-        heads, block_size, num_blocks * block_size, f32_bits(DEFAULT_EPS),
-        key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        *_strides(k_cache, layout), *_strides(v_cache, layout), *ks, *vs,
-        HEAD_K=key.shape[2], HEAD_V=value.shape[2], BLOCK_H=block_h, FP8=fp8, FAULT=FAULTS[fault],
+        key,
+        value,
+        k_cache,
+        v_cache,
+        k_scale,
+        v_scale,
+        slot_mapping,
+        heads,
+        block_size,
+        num_blocks * block_size,
+        f32_bits(DEFAULT_EPS),
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        *_strides(k_cache, layout),
+        *_strides(v_cache, layout),
+        *ks,
+        *vs,
+        HEAD_K=key.shape[2],
+        HEAD_V=value.shape[2],
+        BLOCK_H=block_h,
+        FP8=fp8,
+        FAULT=FAULTS[fault],
         num_warps=_GPU["kv_warps"],
     )
 
@@ -205,11 +301,27 @@ def _launch_packed(latent, data, scales, slot_mapping, num_blocks, block_size, f
     else:  # data row [codes | RoPE], scale row [7 UE8M0 | pad]
         nope, tile, scale_offset, rope_at = DSV4_NOPE, DSV4_TILE, 0, DSV4_NOPE
     _store_packed_mla_kernel[(latent.shape[0],)](
-        latent, data, scales[..., scale_offset:], slot_mapping, block_size, num_blocks * block_size,
-        f32_bits(AMAX_EPS), latent.stride(0), data.stride(0), data.stride(1), scales.stride(0), scales.stride(1),
-        NOPE=nope, TILE=tile, TILES=nope // tile, SCALE_SLOTS=triton.next_power_of_2(nope // tile), ROPE=ROPE_DIM,
+        latent,
+        data,
+        scales[..., scale_offset:],
+        slot_mapping,
+        block_size,
+        num_blocks * block_size,
+        f32_bits(AMAX_EPS),
+        latent.stride(0),
+        data.stride(0),
+        data.stride(1),
+        scales.stride(0),
+        scales.stride(1),
+        NOPE=nope,
+        TILE=tile,
+        TILES=nope // tile,
+        SCALE_SLOTS=triton.next_power_of_2(nope // tile),
+        ROPE=ROPE_DIM,
         ROPE_AT=rope_at,
-        UE8M0=fmt == "dsv4", FAULT=FAULTS[fault], num_warps=_GPU["mla_warps"],
+        UE8M0=fmt == "dsv4",
+        FAULT=FAULTS[fault],
+        num_warps=_GPU["mla_warps"],
     )
 
 
@@ -224,9 +336,16 @@ def launch_store_dsv4(latent, data, scales, slot_mapping, fault="none"):
 
 
 @torch.library.custom_op("touchstone::store_kv", mutates_args=("k_cache", "v_cache", "k_scale", "v_scale"))
-def _store_kv_op(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor, layout: str, k_scale: torch.Tensor | None,
-                 v_scale: torch.Tensor | None) -> None:
+def _store_kv_op(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    layout: str,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+) -> None:
     launch_store_kv(key, value, k_cache, v_cache, slot_mapping, layout, k_scale, v_scale)
 
 
@@ -255,9 +374,17 @@ def _(latent, data, scales, slot_mapping):
     check_store_dsv4_args(latent, data, scales, slot_mapping)
 
 
-def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor, *, layout: str = "NHD", k_scale: torch.Tensor | None = None,
-             v_scale: torch.Tensor | None = None) -> None:
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    layout: str = "NHD",
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> None:
     """Kernel twin of `reference.kv.store.store_kv` (same arguments, same bytes)."""
     torch.ops.touchstone.store_kv(key, value, k_cache, v_cache, slot_mapping, layout, k_scale, v_scale)
 

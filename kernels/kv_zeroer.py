@@ -52,8 +52,16 @@ MAX_ROWS = 65535  # grid axis 1
 
 
 @triton.jit
-def _zero_kv_blocks_kernel(base_ptr, table_ptr, block_ids_ptr, n_chunks, WORD: tl.constexpr, VEC: tl.constexpr,
-                           CHUNK: tl.constexpr, FAULT: tl.constexpr):
+def _zero_kv_blocks_kernel(
+    base_ptr,
+    table_ptr,
+    block_ids_ptr,
+    n_chunks,
+    WORD: tl.constexpr,
+    VEC: tl.constexpr,
+    CHUNK: tl.constexpr,
+    FAULT: tl.constexpr,
+):
     pid = tl.program_id(0)
     row = tl.program_id(1).to(tl.int64)
     i = pid // n_chunks
@@ -93,8 +101,9 @@ def plan(buffers, table):
     starts = [addresses[r.buffer] - addresses[base] + r.offset for r in rows]
     align = math.gcd(MAX_ALIGN, addresses[base], *starts, *(r.block_stride for r in rows), *(r.nbytes for r in rows))
     word = min(align, 4)
-    words = tuple((s // word, r.block_stride // word, r.nbytes // word, r.num_blocks)
-                  for s, r in zip(starts, rows, strict=True))
+    words = tuple(
+        (s // word, r.block_stride // word, r.nbytes // word, r.num_blocks) for s, r in zip(starts, rows, strict=True)
+    )
     return buffers[base], words, word, align // word
 
 
@@ -115,8 +124,16 @@ def launch_zero_kv_blocks(buffers, table, block_ids, fault="none", chunk_bytes=N
     if block_ids.numel() * n_chunks >= 2**31:
         raise ValueError(f"block_ids: {block_ids.numel()} blocks x {n_chunks} chunks overflow the launch grid")
     _zero_kv_blocks_kernel[(block_ids.numel() * n_chunks, len(words))](
-        base, _device_table(words, device), block_ids, n_chunks, WORD=word, VEC=vec, CHUNK=chunk,
-        FAULT=FAULTS[fault], num_warps=num_warps or launch["num_warps"])
+        base,
+        _device_table(words, device),
+        block_ids,
+        n_chunks,
+        WORD=word,
+        VEC=vec,
+        CHUNK=chunk,
+        FAULT=FAULTS[fault],
+        num_warps=num_warps or launch["num_warps"],
+    )
 
 
 @torch.library.custom_op("touchstone::zero_kv_blocks", mutates_args=("buffers",))

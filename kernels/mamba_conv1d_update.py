@@ -36,10 +36,31 @@ _GPU = {"block_c": 256, "warps": 4}
 
 @triton.jit
 def _causal_conv1d_update_kernel(
-    x_ptr, state_ptr, w_ptr, bias_ptr, idx_ptr, out_ptr, num_slots, pad_slot_id, dim,
-    x_b, x_c, s_slot, s_row, s_c, w_c, w_k, bias_c, out_b, out_c,
-    WIDTH: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
-    HAS_INDICES: tl.constexpr, FAULT: tl.constexpr,
+    x_ptr,
+    state_ptr,
+    w_ptr,
+    bias_ptr,
+    idx_ptr,
+    out_ptr,
+    num_slots,
+    pad_slot_id,
+    dim,
+    x_b,
+    x_c,
+    s_slot,
+    s_row,
+    s_c,
+    w_c,
+    w_k,
+    bias_c,
+    out_b,
+    out_c,
+    WIDTH: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SILU: tl.constexpr,
+    HAS_INDICES: tl.constexpr,
+    FAULT: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     valid, slot = request_slot(idx_ptr, row, num_slots, pad_slot_id, HAS_INDICES, FAULT)
@@ -68,34 +89,60 @@ def _causal_conv1d_update_kernel(
     tl.store(out_ptr + row * out_b + c * out_c, acc.to(out_ptr.dtype.element_ty), mask=c_mask)
 
 
-def launch_causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, state_indices=None,
-                                pad_slot_id=-1, fault="none", config=None):
+def launch_causal_conv1d_update(
+    x, conv_state, weight, bias=None, activation=None, state_indices=None, pad_slot_id=-1, fault="none", config=None
+):
     """Validate and launch; returns out. `fault` plants a named bug (negative controls only); `config`
     overrides the GPU launch shape."""
-    num_slots, batch, dim, width = check_causal_conv1d_update_args(x, conv_state, weight, bias, activation,
-                                                                   state_indices)
+    num_slots, batch, dim, width = check_causal_conv1d_update_args(
+        x, conv_state, weight, bias, activation, state_indices
+    )
     optional = {name: t for name, t in (("bias", bias), ("state_indices", state_indices)) if t is not None}
     device = check_device(x=x, conv_state=conv_state, weight=weight, **optional)
     out = torch.empty(x.shape, dtype=x.dtype, device=device)
     if out.numel() == 0:
         return out
     cfg = dict(_GPU, **(config or {}))
-    block_c = triton.next_power_of_2(dim) if runs_interpreted(device) else min(cfg["block_c"],
-                                                                              triton.next_power_of_2(dim))
+    block_c = (
+        triton.next_power_of_2(dim) if runs_interpreted(device) else min(cfg["block_c"], triton.next_power_of_2(dim))
+    )
     _causal_conv1d_update_kernel[(batch, triton.cdiv(dim, block_c))](
-        x, conv_state, weight, x if bias is None else bias, x if state_indices is None else state_indices, out,
-        num_slots, pad_slot_id, dim, *x.stride(), *conv_state.stride(), *weight.stride(),
-        0 if bias is None else bias.stride(0), *out.stride(),
-        WIDTH=width, BLOCK_C=block_c, HAS_BIAS=bias is not None, SILU=activation == "silu",
-        HAS_INDICES=state_indices is not None, FAULT=FAULTS[fault], num_warps=cfg["warps"], enable_fp_fusion=False,
+        x,
+        conv_state,
+        weight,
+        x if bias is None else bias,
+        x if state_indices is None else state_indices,
+        out,
+        num_slots,
+        pad_slot_id,
+        dim,
+        *x.stride(),
+        *conv_state.stride(),
+        *weight.stride(),
+        0 if bias is None else bias.stride(0),
+        *out.stride(),
+        WIDTH=width,
+        BLOCK_C=block_c,
+        HAS_BIAS=bias is not None,
+        SILU=activation == "silu",
+        HAS_INDICES=state_indices is not None,
+        FAULT=FAULTS[fault],
+        num_warps=cfg["warps"],
+        enable_fp_fusion=False,
     )
     return out
 
 
 @torch.library.custom_op("touchstone::causal_conv1d_update", mutates_args=("conv_state",))
-def _causal_conv1d_update_op(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
-                             bias: torch.Tensor | None, activation: str | None, state_indices: torch.Tensor | None,
-                             pad_slot_id: int) -> torch.Tensor:
+def _causal_conv1d_update_op(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    activation: str | None,
+    state_indices: torch.Tensor | None,
+    pad_slot_id: int,
+) -> torch.Tensor:
     return launch_causal_conv1d_update(x, conv_state, weight, bias, activation, state_indices, pad_slot_id)
 
 
@@ -105,9 +152,16 @@ def _(x, conv_state, weight, bias, activation, state_indices, pad_slot_id):
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
-                         bias: torch.Tensor | None = None, activation: str | None = None,
-                         state_indices: torch.Tensor | None = None, pad_slot_id: int = -1) -> torch.Tensor:
+def causal_conv1d_update(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    state_indices: torch.Tensor | None = None,
+    pad_slot_id: int = -1,
+) -> torch.Tensor:
     """Kernel twin of `reference.mamba.conv1d.causal_conv1d_update` (same arguments; conv_state in place)."""
-    return torch.ops.touchstone.causal_conv1d_update(x, conv_state, weight, bias, activation, state_indices,
-                                                      pad_slot_id)
+    return torch.ops.touchstone.causal_conv1d_update(
+        x, conv_state, weight, bias, activation, state_indices, pad_slot_id
+    )

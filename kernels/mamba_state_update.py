@@ -33,21 +33,64 @@ from reference.mamba.state_update import SOFTPLUS_THRESHOLD, check_selective_sta
 # 16 rows at 4 warps, 0.87x in the bench); bf16 state, 16 rows at 1 warp: 157 us = 0.848x (8 rows 0.839x; 16
 # rows at 4 warps 0.755x). More warps than the tile needs only lose (8 warps: 0.18-0.82x). The kernel has no
 # loop: stages 1 and 2 measure the same.
-_GPU = {torch.float32: {"block_d": 64, "warps": 2, "stages": 1},
-        torch.bfloat16: {"block_d": 16, "warps": 1, "stages": 1}}
+_GPU = {
+    torch.float32: {"block_d": 64, "warps": 2, "stages": 1},
+    torch.bfloat16: {"block_d": 16, "warps": 1, "stages": 1},
+}
 _STATE_TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16}
 
 
 @triton.jit
 def _selective_state_update_kernel(
-    state_ptr, x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, z_ptr, dt_bias_ptr, idx_ptr, out_ptr,
-    num_slots, pad_slot_id, head_dim, dstate, heads_per_group,
-    s_slot, s_head, s_dim, s_state,
-    x_b, x_h, x_d, dt_b, dt_h, A_h, B_b, B_g, B_n, C_b, C_g, C_n, D_h, z_b, z_h, z_d, dt_bias_h,
-    out_b, out_h, out_d,
-    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_D: tl.constexpr, HAS_Z: tl.constexpr,
-    HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr, HAS_INDICES: tl.constexpr,
-    SOFTPLUS_AT: tl.constexpr, FAULT: tl.constexpr,
+    state_ptr,
+    x_ptr,
+    dt_ptr,
+    A_ptr,
+    B_ptr,
+    C_ptr,
+    D_ptr,
+    z_ptr,
+    dt_bias_ptr,
+    idx_ptr,
+    out_ptr,
+    num_slots,
+    pad_slot_id,
+    head_dim,
+    dstate,
+    heads_per_group,
+    s_slot,
+    s_head,
+    s_dim,
+    s_state,
+    x_b,
+    x_h,
+    x_d,
+    dt_b,
+    dt_h,
+    A_h,
+    B_b,
+    B_g,
+    B_n,
+    C_b,
+    C_g,
+    C_n,
+    D_h,
+    z_b,
+    z_h,
+    z_d,
+    dt_bias_h,
+    out_b,
+    out_h,
+    out_d,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_D: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr,
+    HAS_INDICES: tl.constexpr,
+    SOFTPLUS_AT: tl.constexpr,
+    FAULT: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -88,43 +131,102 @@ def _strides(t: torch.Tensor | None, dims: int) -> tuple[int, ...]:
     return (0,) * dims if t is None else tuple(t.stride())
 
 
-def launch_selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
-                                  state_indices=None, pad_slot_id=-1, fault="none", config=None):
+def launch_selective_state_update(
+    state,
+    x,
+    dt,
+    A,
+    B,
+    C,
+    D=None,
+    z=None,
+    dt_bias=None,
+    dt_softplus=False,
+    state_indices=None,
+    pad_slot_id=-1,
+    fault="none",
+    config=None,
+):
     """Validate and launch; returns out. `fault` plants a named bug (negative controls only); `config`
     overrides the GPU launch shape (the launch sweep)."""
     num_slots, batch, nheads, head_dim, dstate, ngroups = check_selective_state_update_args(
-        state, x, dt, A, B, C, D, z, dt_bias, state_indices)
-    optional = {name: t for name, t in (("D", D), ("z", z), ("dt_bias", dt_bias), ("state_indices", state_indices))
-                if t is not None}
+        state, x, dt, A, B, C, D, z, dt_bias, state_indices
+    )
+    optional = {
+        name: t
+        for name, t in (("D", D), ("z", z), ("dt_bias", dt_bias), ("state_indices", state_indices))
+        if t is not None
+    }
     device = check_device(state=state, x=x, dt=dt, A=A, B=B, C=C, **optional)
     out = torch.empty(x.shape, dtype=x.dtype, device=device)
     if out.numel() == 0:
         return out
     cfg = dict(_GPU[state.dtype], **(config or {}))
-    block_d = triton.next_power_of_2(head_dim) if runs_interpreted(device) else min(
-        cfg["block_d"], triton.next_power_of_2(head_dim))
+    block_d = (
+        triton.next_power_of_2(head_dim)
+        if runs_interpreted(device)
+        else min(cfg["block_d"], triton.next_power_of_2(head_dim))
+    )
     never_read = x  # stands in for absent optional tensors: their HAS_* constexpr is False
     _selective_state_update_kernel[(batch, nheads, triton.cdiv(head_dim, block_d))](
-        state, x, dt, A, B, C, never_read if D is None else D, never_read if z is None else z,
-        never_read if dt_bias is None else dt_bias, never_read if state_indices is None else state_indices, out,
-        num_slots, pad_slot_id, head_dim, dstate, nheads // ngroups,
-        *state.stride(), *x.stride(), *dt.stride(), *A.stride(), *B.stride(), *C.stride(), *_strides(D, 1),
-        *_strides(z, 3), *_strides(dt_bias, 1), *out.stride(),
-        BLOCK_D=block_d, BLOCK_N=triton.next_power_of_2(dstate), HAS_D=D is not None, HAS_Z=z is not None,
-        HAS_DT_BIAS=dt_bias is not None, DT_SOFTPLUS=bool(dt_softplus), HAS_INDICES=state_indices is not None,
-        SOFTPLUS_AT=SOFTPLUS_THRESHOLD, FAULT=FAULTS[fault],
-        num_warps=cfg["warps"], num_stages=cfg["stages"], enable_fp_fusion=False,
+        state,
+        x,
+        dt,
+        A,
+        B,
+        C,
+        never_read if D is None else D,
+        never_read if z is None else z,
+        never_read if dt_bias is None else dt_bias,
+        never_read if state_indices is None else state_indices,
+        out,
+        num_slots,
+        pad_slot_id,
+        head_dim,
+        dstate,
+        nheads // ngroups,
+        *state.stride(),
+        *x.stride(),
+        *dt.stride(),
+        *A.stride(),
+        *B.stride(),
+        *C.stride(),
+        *_strides(D, 1),
+        *_strides(z, 3),
+        *_strides(dt_bias, 1),
+        *out.stride(),
+        BLOCK_D=block_d,
+        BLOCK_N=triton.next_power_of_2(dstate),
+        HAS_D=D is not None,
+        HAS_Z=z is not None,
+        HAS_DT_BIAS=dt_bias is not None,
+        DT_SOFTPLUS=bool(dt_softplus),
+        HAS_INDICES=state_indices is not None,
+        SOFTPLUS_AT=SOFTPLUS_THRESHOLD,
+        FAULT=FAULTS[fault],
+        num_warps=cfg["warps"],
+        num_stages=cfg["stages"],
+        enable_fp_fusion=False,
     )
     return out
 
 
 @torch.library.custom_op("touchstone::selective_state_update", mutates_args=("state",))
-def _selective_state_update_op(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
-                               B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None,
-                               dt_bias: torch.Tensor | None, dt_softplus: bool, state_indices: torch.Tensor | None,
-                               pad_slot_id: int) -> torch.Tensor:
-    return launch_selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_indices,
-                                         pad_slot_id)
+def _selective_state_update_op(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None,
+    z: torch.Tensor | None,
+    dt_bias: torch.Tensor | None,
+    dt_softplus: bool,
+    state_indices: torch.Tensor | None,
+    pad_slot_id: int,
+) -> torch.Tensor:
+    return launch_selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_indices, pad_slot_id)
 
 
 @_selective_state_update_op.register_fake
@@ -133,10 +235,21 @@ def _(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_indices, pad_slot
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                           C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
-                           dt_bias: torch.Tensor | None = None, dt_softplus: bool = False,
-                           state_indices: torch.Tensor | None = None, pad_slot_id: int = -1) -> torch.Tensor:
+def selective_state_update(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    state_indices: torch.Tensor | None = None,
+    pad_slot_id: int = -1,
+) -> torch.Tensor:
     """Kernel twin of `reference.mamba.state_update.selective_state_update` (same arguments; state in place)."""
-    return torch.ops.touchstone.selective_state_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus,
-                                                        state_indices, pad_slot_id)
+    return torch.ops.touchstone.selective_state_update(
+        state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_indices, pad_slot_id
+    )

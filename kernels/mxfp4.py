@@ -63,9 +63,18 @@ _INTERPRETER = (2048, 1, 1)
 
 @triton.jit
 def _quantize_mxfp4_kernel(
-    x_ptr, codes_ptr, scales_ptr, n_blocks, blocks_per_row, x_row_stride,
-    BLOCKS: tl.constexpr, TILES: tl.constexpr, INPUT: tl.constexpr, SCALE_MODE: tl.constexpr,
-    CONTIGUOUS: tl.constexpr, FAULT: tl.constexpr,
+    x_ptr,
+    codes_ptr,
+    scales_ptr,
+    n_blocks,
+    blocks_per_row,
+    x_row_stride,
+    BLOCKS: tl.constexpr,
+    TILES: tl.constexpr,
+    INPUT: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    CONTIGUOUS: tl.constexpr,
+    FAULT: tl.constexpr,
 ):
     # Each program quantizes TILES consecutive tiles of BLOCKS blocks, loading tile t + 1 before it
     # computes tile t, so every warp keeps a tile's loads in flight while its ALUs work.
@@ -80,8 +89,9 @@ def _quantize_mxfp4_kernel(
 
 
 @triton.jit
-def _quantize_tile(words, block, n_blocks, codes_ptr, scales_ptr,
-                   INPUT: tl.constexpr, SCALE_MODE: tl.constexpr, FAULT: tl.constexpr):
+def _quantize_tile(
+    words, block, n_blocks, codes_ptr, scales_ptr, INPUT: tl.constexpr, SCALE_MODE: tl.constexpr, FAULT: tl.constexpr
+):
     # INPUT 0: bf16, 1: fp16, 2: fp32.
     in_range = block < n_blocks
     if INPUT == 0:
@@ -177,8 +187,16 @@ def _e2m1_bits(code, scale_value, OUTPUT: tl.constexpr):
 
 @triton.jit
 def _dequantize_mxfp4_kernel(
-    codes_ptr, scales_ptr, out_ptr, n_blocks, blocks_per_row, codes_row_stride, scales_row_stride,
-    BLOCKS: tl.constexpr, OUTPUT: tl.constexpr, CONTIGUOUS: tl.constexpr,
+    codes_ptr,
+    scales_ptr,
+    out_ptr,
+    n_blocks,
+    blocks_per_row,
+    codes_row_stride,
+    scales_row_stride,
+    BLOCKS: tl.constexpr,
+    OUTPUT: tl.constexpr,
+    CONTIGUOUS: tl.constexpr,
 ):
     # The output is written as words holding one element pair: OUTPUT 0 bf16 / 1 fp16 pairs in int32
     # words, 2 fp32 pairs in int64 words; word j of a block is exactly code byte j's two nibbles.
@@ -208,9 +226,19 @@ def launch_quantize(x: torch.Tensor, block_size: int, scale_mode: str, fault: st
         words = word_rows(rows)
         blocks, tiles, warps = _INTERPRETER if runs_interpreted(x.device) else _QUANTIZE_GPU[x.dtype]
         _quantize_mxfp4_kernel[(triton.cdiv(n_blocks, blocks * tiles),)](
-            words, codes, scales, n_blocks, k // MX_BLOCK_SIZE, words.stride(0),
-            BLOCKS=blocks, TILES=tiles, INPUT=_DTYPE_ID[x.dtype], SCALE_MODE=_MODE_ID[scale_mode],
-            CONTIGUOUS=rows.shape[0] == 1 or words.stride(0) == k // 2, FAULT=FAULTS[fault], num_warps=warps,
+            words,
+            codes,
+            scales,
+            n_blocks,
+            k // MX_BLOCK_SIZE,
+            words.stride(0),
+            BLOCKS=blocks,
+            TILES=tiles,
+            INPUT=_DTYPE_ID[x.dtype],
+            SCALE_MODE=_MODE_ID[scale_mode],
+            CONTIGUOUS=rows.shape[0] == 1 or words.stride(0) == k // 2,
+            FAULT=FAULTS[fault],
+            num_warps=warps,
         )
     return codes, scales
 
@@ -225,9 +253,17 @@ def launch_dequantize(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
     if n_blocks:
         blocks, _, warps = _INTERPRETER if runs_interpreted(codes.device) else _DEQUANTIZE_GPU
         _dequantize_mxfp4_kernel[(triton.cdiv(n_blocks, blocks),)](
-            code_rows, scale_rows, word_rows(out.view(-1, out.shape[-1])), n_blocks, blocks_per_row,
-            code_rows.stride(0), scale_rows.stride(0),
-            BLOCKS=blocks, OUTPUT=_DTYPE_ID[dtype], CONTIGUOUS=contiguous, num_warps=warps,
+            code_rows,
+            scale_rows,
+            word_rows(out.view(-1, out.shape[-1])),
+            n_blocks,
+            blocks_per_row,
+            code_rows.stride(0),
+            scale_rows.stride(0),
+            BLOCKS=blocks,
+            OUTPUT=_DTYPE_ID[dtype],
+            CONTIGUOUS=contiguous,
+            num_warps=warps,
         )
     return out
 
@@ -241,8 +277,10 @@ def _quantize_op(x: torch.Tensor, block_size: int, scale_mode: str) -> tuple[tor
 def _(x, block_size, scale_mode):
     check_quantize_args(x, block_size, scale_mode)
     k = x.shape[-1]
-    return (x.new_empty(*x.shape[:-1], k // 2, dtype=torch.uint8),
-            x.new_empty(*x.shape[:-1], k // MX_BLOCK_SIZE, dtype=torch.uint8))
+    return (
+        x.new_empty(*x.shape[:-1], k // 2, dtype=torch.uint8),
+        x.new_empty(*x.shape[:-1], k // MX_BLOCK_SIZE, dtype=torch.uint8),
+    )
 
 
 @torch.library.custom_op("touchstone::dequantize_mxfp4", mutates_args=())
@@ -264,7 +302,10 @@ def quantize_mxfp4(
 
 
 def dequantize_mxfp4(
-    codes: torch.Tensor, scales: torch.Tensor, *, dtype: torch.dtype = torch.bfloat16,
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    *,
+    dtype: torch.dtype = torch.bfloat16,
     block_size: int = MX_BLOCK_SIZE,
 ) -> torch.Tensor:
     """Kernel twin of `reference.quant.mxfp4.dequantize_mxfp4`."""

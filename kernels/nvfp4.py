@@ -141,8 +141,19 @@ def _code(magnitude, multiplier, limit, tag, FAULT: tl.constexpr):
 
 
 @triton.jit
-def _quantize_tile(words, block, n_blocks, codes_ptr, scales_ptr, multipliers_ptr, s, q,
-                   INPUT: tl.constexpr, TABLE: tl.constexpr, FAULT: tl.constexpr):
+def _quantize_tile(
+    words,
+    block,
+    n_blocks,
+    codes_ptr,
+    scales_ptr,
+    multipliers_ptr,
+    s,
+    q,
+    INPUT: tl.constexpr,
+    TABLE: tl.constexpr,
+    FAULT: tl.constexpr,
+):
     in_range = block < n_blocks
     low, high = _magnitudes(words, INPUT)
     amax_bits = tl.max(tl.maximum(low, high), axis=1)  # NaN and Inf have the largest patterns
@@ -168,9 +179,20 @@ def _quantize_tile(words, block, n_blocks, codes_ptr, scales_ptr, multipliers_pt
 
 @triton.jit
 def _quantize_nvfp4_kernel(
-    x_ptr, codes_ptr, scales_ptr, encode_ptr, multipliers_ptr, n_blocks, blocks_per_row, x_row_stride,
-    BLOCKS: tl.constexpr, TILES: tl.constexpr, INPUT: tl.constexpr, CONTIGUOUS: tl.constexpr,
-    TABLE: tl.constexpr, FAULT: tl.constexpr,
+    x_ptr,
+    codes_ptr,
+    scales_ptr,
+    encode_ptr,
+    multipliers_ptr,
+    n_blocks,
+    blocks_per_row,
+    x_row_stride,
+    BLOCKS: tl.constexpr,
+    TILES: tl.constexpr,
+    INPUT: tl.constexpr,
+    CONTIGUOUS: tl.constexpr,
+    TABLE: tl.constexpr,
+    FAULT: tl.constexpr,
 ):
     # Each program quantizes TILES consecutive tiles of BLOCKS blocks, loading tile t + 1 before it
     # computes tile t, so every warp keeps a tile's loads in flight while its ALUs work.
@@ -179,8 +201,7 @@ def _quantize_nvfp4_kernel(
     block = tl.program_id(0).to(tl.int64) * (BLOCKS * TILES) + tl.arange(0, BLOCKS)
     words = load_block_words(x_ptr, block, n_blocks, blocks_per_row, x_row_stride, WORDS, CONTIGUOUS)
     for _ in tl.static_range(TILES - 1):
-        next_words = load_block_words(x_ptr, block + BLOCKS, n_blocks, blocks_per_row, x_row_stride, WORDS,
-                                      CONTIGUOUS)
+        next_words = load_block_words(x_ptr, block + BLOCKS, n_blocks, blocks_per_row, x_row_stride, WORDS, CONTIGUOUS)
         _quantize_tile(words, block, n_blocks, codes_ptr, scales_ptr, multipliers_ptr, s, q, INPUT, TABLE, FAULT)
         block += BLOCKS
         words = next_words
@@ -211,8 +232,17 @@ def _element_bits(code, block_scale, OUTPUT: tl.constexpr):
 
 @triton.jit
 def _dequantize_nvfp4_kernel(
-    codes_ptr, scales_ptr, decode_ptr, out_ptr, n_blocks, blocks_per_row, codes_row_stride, scales_row_stride,
-    BLOCKS: tl.constexpr, OUTPUT: tl.constexpr, CONTIGUOUS: tl.constexpr,
+    codes_ptr,
+    scales_ptr,
+    decode_ptr,
+    out_ptr,
+    n_blocks,
+    blocks_per_row,
+    codes_row_stride,
+    scales_row_stride,
+    BLOCKS: tl.constexpr,
+    OUTPUT: tl.constexpr,
+    CONTIGUOUS: tl.constexpr,
 ):
     # The output is written as words holding one element pair: OUTPUT 0 bf16 / 1 fp16 pairs in int32
     # words, 2 fp32 pairs in int64 words; word j of a block is exactly code byte j's two nibbles.
@@ -221,8 +251,7 @@ def _dequantize_nvfp4_kernel(
     in_range = block < n_blocks
     code_offset = block_offsets(block, blocks_per_row, codes_row_stride, WORDS, CONTIGUOUS)
     scale_offset = block_offsets(block, blocks_per_row, scales_row_stride, 1, CONTIGUOUS)
-    packed = tl.load(codes_ptr + code_offset[:, None] + tl.arange(0, WORDS)[None, :], mask=in_range[:, None],
-                     other=0)
+    packed = tl.load(codes_ptr + code_offset[:, None] + tl.arange(0, WORDS)[None, :], mask=in_range[:, None], other=0)
     packed = packed.to(tl.uint32)
     scale = tl.load(scales_ptr + scale_offset, mask=in_range, other=0)
     block_scale = (scale.to(tl.float8e4nv, bitcast=True).to(tl.float32) * t)[:, None]
@@ -260,10 +289,22 @@ def launch_quantize(x: torch.Tensor, encode_scale: torch.Tensor, fault: str = "n
         blocks, tiles, warps = _INTERPRETER if runs_interpreted(x.device) else _QUANTIZE_GPU[x.dtype]
         table = multipliers(encode_scale) if _MULTIPLIER_TABLE else encode_scale  # (unread without TABLE)
         _quantize_nvfp4_kernel[(triton.cdiv(n_blocks, blocks * tiles),)](
-            words, codes, scales, encode_scale, table, n_blocks, k // NVFP4_BLOCK_SIZE, words.stride(0),
-            BLOCKS=blocks, TILES=tiles, INPUT=_DTYPE_ID[x.dtype],
-            CONTIGUOUS=rows.shape[0] == 1 or words.stride(0) == k // 2, TABLE=_MULTIPLIER_TABLE,
-            FAULT=FAULTS[fault], num_warps=warps, enable_fp_fusion=False,
+            words,
+            codes,
+            scales,
+            encode_scale,
+            table,
+            n_blocks,
+            k // NVFP4_BLOCK_SIZE,
+            words.stride(0),
+            BLOCKS=blocks,
+            TILES=tiles,
+            INPUT=_DTYPE_ID[x.dtype],
+            CONTIGUOUS=rows.shape[0] == 1 or words.stride(0) == k // 2,
+            TABLE=_MULTIPLIER_TABLE,
+            FAULT=FAULTS[fault],
+            num_warps=warps,
+            enable_fp_fusion=False,
         )
     return codes, scales
 
@@ -278,9 +319,19 @@ def launch_dequantize(codes: torch.Tensor, scales: torch.Tensor, decode_scale: t
     if n_blocks:
         blocks, _, warps = _INTERPRETER if runs_interpreted(codes.device) else _DEQUANTIZE_GPU
         _dequantize_nvfp4_kernel[(triton.cdiv(n_blocks, blocks),)](
-            code_rows, scale_rows, decode_scale, word_rows(out.view(-1, out.shape[-1])), n_blocks,
-            blocks_per_row, code_rows.stride(0), scale_rows.stride(0),
-            BLOCKS=blocks, OUTPUT=_DTYPE_ID[dtype], CONTIGUOUS=contiguous, num_warps=warps, enable_fp_fusion=False,
+            code_rows,
+            scale_rows,
+            decode_scale,
+            word_rows(out.view(-1, out.shape[-1])),
+            n_blocks,
+            blocks_per_row,
+            code_rows.stride(0),
+            scale_rows.stride(0),
+            BLOCKS=blocks,
+            OUTPUT=_DTYPE_ID[dtype],
+            CONTIGUOUS=contiguous,
+            num_warps=warps,
+            enable_fp_fusion=False,
         )
     return out
 
@@ -294,13 +345,16 @@ def _quantize_op(x: torch.Tensor, encode_scale: torch.Tensor) -> tuple[torch.Ten
 def _(x, encode_scale):
     check_quantize_args(x, EncodeScale(encode_scale))
     k = x.shape[-1]
-    return (x.new_empty(*x.shape[:-1], k // 2, dtype=torch.uint8),
-            x.new_empty(*x.shape[:-1], k // NVFP4_BLOCK_SIZE, dtype=torch.uint8))
+    return (
+        x.new_empty(*x.shape[:-1], k // 2, dtype=torch.uint8),
+        x.new_empty(*x.shape[:-1], k // NVFP4_BLOCK_SIZE, dtype=torch.uint8),
+    )
 
 
 @torch.library.custom_op("touchstone::dequantize_nvfp4", mutates_args=())
-def _dequantize_op(codes: torch.Tensor, scales: torch.Tensor, decode_scale: torch.Tensor,
-                   dtype: torch.dtype) -> torch.Tensor:
+def _dequantize_op(
+    codes: torch.Tensor, scales: torch.Tensor, decode_scale: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
     return launch_dequantize(codes, scales, decode_scale, dtype)
 
 
@@ -315,8 +369,9 @@ def quantize_nvfp4(x: torch.Tensor, global_scale: GlobalScale) -> tuple[torch.Te
     return torch.ops.touchstone.quantize_nvfp4(x, check_quantize_args(x, global_scale))
 
 
-def dequantize_nvfp4(codes: torch.Tensor, scales: torch.Tensor, global_scale: GlobalScale, *,
-                     dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def dequantize_nvfp4(
+    codes: torch.Tensor, scales: torch.Tensor, global_scale: GlobalScale, *, dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
     """Kernel twin of `reference.quant.nvfp4.dequantize_nvfp4`."""
     t = check_dequantize_args(codes, scales, global_scale, dtype)
     return torch.ops.touchstone.dequantize_nvfp4(codes, scales, t, dtype)

@@ -61,12 +61,44 @@ _PER_STEP = ("num_splits", "table_stride")
 
 @triton.jit(do_not_specialize=_PER_STEP)
 def _split_kernel(
-    q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, acc_ptr, ml_ptr, out_ptr, qk_scale, num_splits,
-    out_seq_stride, out_head_stride, q_seq_stride, q_head_stride, k_block_stride, k_pos_stride, k_head_stride,
-    v_block_stride, v_pos_stride, v_head_stride, table_stride,
-    ks_ptr, vs_ptr, ks_block_stride, ks_pos_stride, ks_head_stride, vs_block_stride, vs_pos_stride, vs_head_stride,
-    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD: tl.constexpr, HEAD_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, FP8: tl.constexpr, FAULT: tl.constexpr, DIRECT: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    table_ptr,
+    seq_lens_ptr,
+    acc_ptr,
+    ml_ptr,
+    out_ptr,
+    qk_scale,
+    num_splits,
+    out_seq_stride,
+    out_head_stride,
+    q_seq_stride,
+    q_head_stride,
+    k_block_stride,
+    k_pos_stride,
+    k_head_stride,
+    v_block_stride,
+    v_pos_stride,
+    v_head_stride,
+    table_stride,
+    ks_ptr,
+    vs_ptr,
+    ks_block_stride,
+    ks_pos_stride,
+    ks_head_stride,
+    vs_block_stride,
+    vs_pos_stride,
+    vs_head_stride,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    FP8: tl.constexpr,
+    FAULT: tl.constexpr,
+    DIRECT: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -81,8 +113,11 @@ def _split_kernel(
     d = tl.arange(0, HEAD_PAD)
     heads = kv_head * GROUP + g
     d_ok = d < HEAD
-    q = tl.load(q_ptr + seq * q_seq_stride + heads[:, None] * q_head_stride + d[None, :],
-                mask=(g < GROUP)[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + seq * q_seq_stride + heads[:, None] * q_head_stride + d[None, :],
+        mask=(g < GROUP)[:, None] & d_ok[None, :],
+        other=0.0,
+    )
 
     n = tl.arange(0, TILE_N)
     in_block = n % BLOCK_SIZE
@@ -103,8 +138,11 @@ def _split_kernel(
         k_rows = k_ptr + physical * k_block_stride + in_block * k_pos_stride + kv_head * k_head_stride
         k = tl.load(k_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
         if FP8:  # codes are exact in q's dtype; the scale multiplies the score, exact products as for bf16
-            k_sc = tl.load(ks_ptr + physical * ks_block_stride + in_block * ks_pos_stride + kv_head * ks_head_stride,
-                           mask=valid, other=0.0)
+            k_sc = tl.load(
+                ks_ptr + physical * ks_block_stride + in_block * ks_pos_stride + kv_head * ks_head_stride,
+                mask=valid,
+                other=0.0,
+            )
             s = tl.dot(q, tl.trans(k.to(q.dtype))) * k_sc[None, :] * qk_scale
         else:
             s = tl.dot(q, tl.trans(k)) * qk_scale  # [GROUP_PAD, TILE_N], log2 domain
@@ -116,8 +154,11 @@ def _split_kernel(
         v_rows = v_ptr + physical * v_block_stride + in_block * v_pos_stride + kv_head * v_head_stride
         v = tl.load(v_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
         if FP8:
-            v_sc = tl.load(vs_ptr + physical * vs_block_stride + in_block * vs_pos_stride + kv_head * vs_head_stride,
-                           mask=valid, other=0.0)
+            v_sc = tl.load(
+                vs_ptr + physical * vs_block_stride + in_block * vs_pos_stride + kv_head * vs_head_stride,
+                mask=valid,
+                other=0.0,
+            )
             v = (v.to(tl.float32) * v_sc[:, None]).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
@@ -125,8 +166,11 @@ def _split_kernel(
     g_ok = g < GROUP
     if DIRECT:  # one split: the combine's arithmetic with weight 2^0 = 1 (same bits), without its launch
         res = tl.where(l_i[:, None] == 0.0, 0.0, tl.div_rn(acc, tl.full(acc.shape, 1.0, tl.float32) * l_i[:, None]))
-        tl.store(out_ptr + seq * out_seq_stride + heads[:, None] * out_head_stride + d[None, :],
-                 res.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+        tl.store(
+            out_ptr + seq * out_seq_stride + heads[:, None] * out_head_stride + d[None, :],
+            res.to(out_ptr.dtype.element_ty),
+            mask=g_ok[:, None] & d_ok[None, :],
+        )
         return
     row = (seq * tl.num_programs(1) * GROUP + heads) * num_splits + split  # [B, Hq, num_splits] index
     tl.store(acc_ptr + row[:, None] * HEAD + d[None, :], acc, mask=g_ok[:, None] & d_ok[None, :])
@@ -135,8 +179,17 @@ def _split_kernel(
 
 
 @triton.jit(do_not_specialize=("num_splits",))
-def _combine_kernel(acc_ptr, ml_ptr, out_ptr, num_splits, out_seq_stride, out_head_stride,
-                    HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr):
+def _combine_kernel(
+    acc_ptr,
+    ml_ptr,
+    out_ptr,
+    num_splits,
+    out_seq_stride,
+    out_head_stride,
+    HEAD: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+):
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     row = (seq * tl.num_programs(1) + head) * num_splits
@@ -148,21 +201,22 @@ def _combine_kernel(acc_ptr, ml_ptr, out_ptr, num_splits, out_seq_stride, out_he
     big_m = tl.max(m, axis=0)
     big_m = tl.where(big_m == float("-inf"), 0.0, big_m)  # every split empty: weights 2^-inf = 0
     w = tl.exp2(m - big_m)
-    acc = tl.load(acc_ptr + (row + s)[:, None] * HEAD + d[None, :], mask=s_ok[:, None] & (d < HEAD)[None, :],
-                  other=0.0)
+    acc = tl.load(acc_ptr + (row + s)[:, None] * HEAD + d[None, :], mask=s_ok[:, None] & (d < HEAD)[None, :], other=0.0)
     num = tl.sum(w[:, None] * acc, axis=0)
     den = tl.sum(w * l_s, axis=0)
     out = tl.where(den == 0.0, 0.0, tl.div_rn(num, tl.full(num.shape, 1.0, tl.float32) * den))
-    tl.store(out_ptr + seq * out_seq_stride + head * out_head_stride + d, out.to(out_ptr.dtype.element_ty),
-             mask=d < HEAD)
+    tl.store(
+        out_ptr + seq * out_seq_stride + head * out_head_stride + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD
+    )
 
 
 def _config(device: torch.device) -> dict:
     return _INTERPRETER if runs_interpreted(device) else _GPU
 
 
-def launch_paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, k_scale=None, v_scale=None,
-                        fault="none"):
+def launch_paged_decode(
+    q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, k_scale=None, v_scale=None, fault="none"
+):
     """Validate and launch both kernels; `fault` plants a named bug (negative controls only)."""
     check_paged_args(q, k_cache, v_cache, block_table, seq_lens, None, scale, (k_scale, v_scale))
     check_num_splits(num_splits)
@@ -188,26 +242,72 @@ def launch_paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, num_s
     ks = k_scale.stride() if fp8 else (0, 0, 0)
     vs = v_scale.stride() if fp8 else (0, 0, 0)
     _split_kernel[(batch, hkv, num_splits)](
-        q, k_cache, v_cache, block_table, seq_lens, acc, ml, out, float(scale) * LOG2E, num_splits,
-        out.stride(0), out.stride(1), q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0), k_scale, v_scale, *ks, *vs,
-        GROUP=group, GROUP_PAD=max(MIN_DOT, triton.next_power_of_2(group)), HEAD=head, HEAD_PAD=head_pad,
-        BLOCK_SIZE=block_size, TILE_N=tile_n, FP8=fp8, FAULT=FAULTS[fault], DIRECT=direct, num_warps=cfg["warps"],
+        q,
+        k_cache,
+        v_cache,
+        block_table,
+        seq_lens,
+        acc,
+        ml,
+        out,
+        float(scale) * LOG2E,
+        num_splits,
+        out.stride(0),
+        out.stride(1),
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_table.stride(0),
+        k_scale,
+        v_scale,
+        *ks,
+        *vs,
+        GROUP=group,
+        GROUP_PAD=max(MIN_DOT, triton.next_power_of_2(group)),
+        HEAD=head,
+        HEAD_PAD=head_pad,
+        BLOCK_SIZE=block_size,
+        TILE_N=tile_n,
+        FP8=fp8,
+        FAULT=FAULTS[fault],
+        DIRECT=direct,
+        num_warps=cfg["warps"],
         num_stages=cfg["fp8_stages" if fp8 else "stages"],
     )
     if direct:
         return out
     _combine_kernel[(batch, hq)](
-        acc, ml, out, num_splits, out.stride(0), out.stride(1),
-        HEAD=head, HEAD_PAD=head_pad, SPLITS_PAD=triton.next_power_of_2(num_splits), num_warps=cfg["combine_warps"],
+        acc,
+        ml,
+        out,
+        num_splits,
+        out.stride(0),
+        out.stride(1),
+        HEAD=head,
+        HEAD_PAD=head_pad,
+        SPLITS_PAD=triton.next_power_of_2(num_splits),
+        num_warps=cfg["combine_warps"],
     )
     return out
 
 
 @torch.library.custom_op("touchstone::paged_decode", mutates_args=())
-def _paged_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                     seq_lens: torch.Tensor, scale: float, num_splits: int, k_scale: torch.Tensor | None = None,
-                     v_scale: torch.Tensor | None = None) -> torch.Tensor:
+def _paged_decode_op(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_splits: int,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     return launch_paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, k_scale, v_scale)
 
 
@@ -218,9 +318,19 @@ def _(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, k_scale=Non
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
-def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                 seq_lens: torch.Tensor, *, scale: float, num_splits: int = 1, k_scale: torch.Tensor | None = None,
-                 v_scale: torch.Tensor | None = None) -> torch.Tensor:
+def paged_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    scale: float,
+    num_splits: int = 1,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Kernel twin of `reference.attention.paged.paged_decode_mirror` (same arguments), [B, Hq, D]."""
-    return torch.ops.touchstone.paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits,
-                                             k_scale, v_scale)
+    return torch.ops.touchstone.paged_decode(
+        q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, k_scale, v_scale
+    )

@@ -46,9 +46,26 @@ _INTERPRETER = {"tile_m": 32, "tile_n": 32, "warps": 4, "stages": 1}
 
 
 @triton.jit
-def _kv_tile(k_ptr, v_ptr, table_row, start, end, kv_head, d, d_ok,
-             k_block_stride, k_pos_stride, k_head_stride, v_block_stride, v_pos_stride, v_head_stride,
-             BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, MASKED: tl.constexpr, FAULT: tl.constexpr):
+def _kv_tile(
+    k_ptr,
+    v_ptr,
+    table_row,
+    start,
+    end,
+    kv_head,
+    d,
+    d_ok,
+    k_block_stride,
+    k_pos_stride,
+    k_head_stride,
+    v_block_stride,
+    v_pos_stride,
+    v_head_stride,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    FAULT: tl.constexpr,
+):
     """K and V [TILE_N, HEAD_PAD] of positions start + arange(TILE_N), gathered through the block table;
     positions >= end (MASKED only) are neither looked up nor loaded (0)."""
     pos = start + tl.arange(0, TILE_N)
@@ -90,11 +107,33 @@ _PER_STEP = ("num_seqs", "table_stride")
 
 @triton.jit(do_not_specialize=_PER_STEP)
 def _prefill_kernel(
-    q_ptr, k_ptr, v_ptr, table_ptr, seq_lens_ptr, cu_ptr, out_ptr, qk_scale, num_seqs,
-    q_tok_stride, q_head_stride, k_block_stride, k_pos_stride, k_head_stride,
-    v_block_stride, v_pos_stride, v_head_stride, table_stride, out_tok_stride, out_head_stride,
-    GROUP: tl.constexpr, HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    TILE_M: tl.constexpr, TILE_N: tl.constexpr, FAULT: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    table_ptr,
+    seq_lens_ptr,
+    cu_ptr,
+    out_ptr,
+    qk_scale,
+    num_seqs,
+    q_tok_stride,
+    q_head_stride,
+    k_block_stride,
+    k_pos_stride,
+    k_head_stride,
+    v_block_stride,
+    v_pos_stride,
+    v_head_stride,
+    table_stride,
+    out_tok_stride,
+    out_head_stride,
+    GROUP: tl.constexpr,
+    HEAD: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_M: tl.constexpr,
+    TILE_N: tl.constexpr,
+    FAULT: tl.constexpr,
 ):
     head = tl.program_id(0)
     tile = tl.num_programs(1) - 1 - tl.program_id(1)
@@ -118,8 +157,11 @@ def _prefill_kernel(
         d_ok = d < HEAD
         row_ok = q_start + r < count
         rows = (first_row + q_start + r).to(tl.int64)
-        q = tl.load(q_ptr + rows[:, None] * q_tok_stride + head * q_head_stride + d[None, :],
-                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        q = tl.load(
+            q_ptr + rows[:, None] * q_tok_stride + head * q_head_stride + d[None, :],
+            mask=row_ok[:, None] & d_ok[None, :],
+            other=0.0,
+        )
         kv_head = head // GROUP
         table_row = table_ptr + seq.to(tl.int64) * table_stride
         pos_q = prefix + q_start + r
@@ -129,22 +171,59 @@ def _prefill_kernel(
         l_i = tl.zeros([TILE_M], tl.float32)
         acc = tl.zeros([TILE_M, HEAD_PAD], tl.float32)
         for start in range(0, full_end, TILE_N):
-            k, v = _kv_tile(k_ptr, v_ptr, table_row, start, end, kv_head, d, d_ok, k_block_stride, k_pos_stride,
-                            k_head_stride, v_block_stride, v_pos_stride, v_head_stride,
-                            BLOCK_SIZE, TILE_N, False, FAULT)
+            k, v = _kv_tile(
+                k_ptr,
+                v_ptr,
+                table_row,
+                start,
+                end,
+                kv_head,
+                d,
+                d_ok,
+                k_block_stride,
+                k_pos_stride,
+                k_head_stride,
+                v_block_stride,
+                v_pos_stride,
+                v_head_stride,
+                BLOCK_SIZE,
+                TILE_N,
+                False,
+                FAULT,
+            )
             s = tl.dot(q, tl.trans(k)) * qk_scale
             m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc)
         for start in range(full_end, end, TILE_N):
-            k, v = _kv_tile(k_ptr, v_ptr, table_row, start, end, kv_head, d, d_ok, k_block_stride, k_pos_stride,
-                            k_head_stride, v_block_stride, v_pos_stride, v_head_stride,
-                            BLOCK_SIZE, TILE_N, True, FAULT)
+            k, v = _kv_tile(
+                k_ptr,
+                v_ptr,
+                table_row,
+                start,
+                end,
+                kv_head,
+                d,
+                d_ok,
+                k_block_stride,
+                k_pos_stride,
+                k_head_stride,
+                v_block_stride,
+                v_pos_stride,
+                v_head_stride,
+                BLOCK_SIZE,
+                TILE_N,
+                True,
+                FAULT,
+            )
             pos_k = start + tl.arange(0, TILE_N)
             seen = (pos_k[None, :] <= pos_q[:, None]) & (pos_k < end)[None, :]
             s = tl.where(seen, tl.dot(q, tl.trans(k)) * qk_scale, float("-inf"))
             m_i, l_i, acc = _softmax_step(s, v, m_i, l_i, acc)
         out = tl.div_rn(acc, tl.full(acc.shape, 1.0, tl.float32) * l_i[:, None])
-        tl.store(out_ptr + rows[:, None] * out_tok_stride + head * out_head_stride + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+        tl.store(
+            out_ptr + rows[:, None] * out_tok_stride + head * out_head_stride + d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None] & d_ok[None, :],
+        )
 
 
 def _config(device: torch.device) -> dict:
@@ -161,8 +240,9 @@ def launch_paged_prefill(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens,
     if cu_seqlens is None:
         raise TypeError("cu_seqlens: prefill needs the int32 [B + 1] query offsets, got None")
     check_paged_args(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens, scale)
-    device = check_launch(q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens,
-                          cu_seqlens=cu_seqlens)
+    device = check_launch(
+        q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens, cu_seqlens=cu_seqlens
+    )
     tokens, hq, head = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=device)
     if out.numel() == 0:
@@ -171,19 +251,49 @@ def launch_paged_prefill(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens,
     batch = seq_lens.shape[0]
     tile_m, tile_n = cfg["tile_m"], cfg["tile_n"]
     _prefill_kernel[(hq, tokens // tile_m + batch)](
-        q, k_cache, v_cache, block_table, seq_lens, cu_seqlens, out, float(scale) * LOG2E, batch,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0), out.stride(0), out.stride(1),
-        GROUP=hq // k_cache.shape[2], HEAD=head, HEAD_PAD=max(MIN_DOT, triton.next_power_of_2(head)),
-        BLOCK_SIZE=k_cache.shape[1], TILE_M=tile_m, TILE_N=tile_n, FAULT=FAULTS[fault],
-        num_warps=cfg["warps"], num_stages=cfg["stages"],
+        q,
+        k_cache,
+        v_cache,
+        block_table,
+        seq_lens,
+        cu_seqlens,
+        out,
+        float(scale) * LOG2E,
+        batch,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_table.stride(0),
+        out.stride(0),
+        out.stride(1),
+        GROUP=hq // k_cache.shape[2],
+        HEAD=head,
+        HEAD_PAD=max(MIN_DOT, triton.next_power_of_2(head)),
+        BLOCK_SIZE=k_cache.shape[1],
+        TILE_M=tile_m,
+        TILE_N=tile_n,
+        FAULT=FAULTS[fault],
+        num_warps=cfg["warps"],
+        num_stages=cfg["stages"],
     )
     return out
 
 
 @torch.library.custom_op("touchstone::paged_prefill", mutates_args=())
-def _paged_prefill_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                      seq_lens: torch.Tensor, cu_seqlens: torch.Tensor, scale: float) -> torch.Tensor:
+def _paged_prefill_op(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     return launch_paged_prefill(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens, scale)
 
 
@@ -193,7 +303,15 @@ def _(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens, scale):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
-def paged_prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                  seq_lens: torch.Tensor, cu_seqlens: torch.Tensor, *, scale: float) -> torch.Tensor:
+def paged_prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    *,
+    scale: float,
+) -> torch.Tensor:
     """Kernel twin of `reference.attention.paged.paged_prefill_mirror` at tile_n = kv_tile(q.device), [T, Hq, D]."""
     return torch.ops.touchstone.paged_prefill(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens, scale)

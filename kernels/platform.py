@@ -137,14 +137,28 @@ def detect_platform(probe: TorchProbe | None = None) -> Platform:
         if probe.hip_version():
             arch = probe.gcn_arch().split(":")[0]
             active.append(
-                Platform("rocm", probe.cuda_name(), probe.cuda_count(), capability, arch,
-                         rocm_family(arch), probe.hip_version() or "")
+                Platform(
+                    "rocm",
+                    probe.cuda_name(),
+                    probe.cuda_count(),
+                    capability,
+                    arch,
+                    rocm_family(arch),
+                    probe.hip_version() or "",
+                )
             )
         else:
             arch = f"sm_{capability[0]}{capability[1]}"
             active.append(
-                Platform("cuda", probe.cuda_name(), probe.cuda_count(), capability, arch,
-                         cuda_family(capability), probe.cuda_version() or "")
+                Platform(
+                    "cuda",
+                    probe.cuda_name(),
+                    probe.cuda_count(),
+                    capability,
+                    arch,
+                    cuda_family(capability),
+                    probe.cuda_version() or "",
+                )
             )
     if probe.xpu_available():
         active.append(Platform("xpu", probe.xpu_name(), probe.xpu_count(), None, "xpu", "xe"))

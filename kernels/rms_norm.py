@@ -38,8 +38,18 @@ def _warps(block: int) -> int:
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, res_ptr, w_ptr, out_ptr, new_res_ptr, hidden, x_row_stride, res_row_stride, eps,
-    BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr, FAULT: tl.constexpr,
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    new_res_ptr,
+    hidden,
+    x_row_stride,
+    res_row_stride,
+    eps,
+    BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    FAULT: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     col = tl.arange(0, BLOCK)
@@ -67,8 +77,9 @@ def _rms_norm_kernel(
 def launch_rms_norm(x, weight, eps, residual=None, fault="none"):
     """Validate, allocate and launch; returns out, or (out, new_residual). `fault` plants a named bug."""
     check_rms_norm_args(x, weight, eps, residual)
-    check_device(**({"x": x, "weight": weight} if residual is None else {"x": x, "residual": residual,
-                                                                         "weight": weight}))
+    check_device(
+        **({"x": x, "weight": weight} if residual is None else {"x": x, "residual": residual, "weight": weight})
+    )
     hidden = x.shape[-1]
     if hidden > MAX_HIDDEN:
         raise ValueError(f"x: rows of {hidden} elements are longer than the kernel's {MAX_HIDDEN}")
@@ -81,8 +92,20 @@ def launch_rms_norm(x, weight, eps, residual=None, fault="none"):
     if rows.shape[0] and hidden:
         block = triton.next_power_of_2(hidden)
         _rms_norm_kernel[(rows.shape[0],)](
-            rows, res_rows, weight, out, new_res, hidden, rows.stride(0), res_rows.stride(0), eps,
-            BLOCK=block, HAS_RESIDUAL=residual is not None, FAULT=FAULTS[fault], num_warps=_warps(block))
+            rows,
+            res_rows,
+            weight,
+            out,
+            new_res,
+            hidden,
+            rows.stride(0),
+            res_rows.stride(0),
+            eps,
+            BLOCK=block,
+            HAS_RESIDUAL=residual is not None,
+            FAULT=FAULTS[fault],
+            num_warps=_warps(block),
+        )
     return out if residual is None else (out, new_res)
 
 
@@ -98,8 +121,9 @@ def _(x, weight, eps):
 
 
 @torch.library.custom_op("touchstone::fused_add_rms_norm", mutates_args=())
-def _fused_add_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _fused_add_rms_norm_op(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     return launch_rms_norm(x, weight, eps, residual)
 
 

@@ -38,8 +38,20 @@ _INTERPRETER_LAUNCH = {"tokens": 256, "tile_elements": 1 << 17, "warps": 1}
 
 
 @triton.jit
-def _rotate_heads(x_ptr, stride_t, stride_h, tok, tok_mask, cos, sin, H: tl.constexpr, BLOCK_H: tl.constexpr,
-                  HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, FAULT: tl.constexpr):
+def _rotate_heads(
+    x_ptr,
+    stride_t,
+    stride_h,
+    tok,
+    tok_mask,
+    cos,
+    sin,
+    H: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    FAULT: tl.constexpr,
+):
     """Rotate heads [0, H) of the tokens `tok` in place; cos, sin: fp32 [BLOCK_T, BLOCK_HALF]."""
     lane = tl.arange(0, BLOCK_HALF)
     if FAULT == 1:
@@ -64,9 +76,24 @@ def _rotate_heads(x_ptr, stride_t, stride_h, tok, tok_mask, cos, sin, H: tl.cons
 
 @triton.jit
 def _rope_kernel(
-    q_ptr, k_ptr, pos_ptr, cache_ptr, n_tokens, q_stride_t, q_stride_h, k_stride_t, k_stride_h, pos_stride,
-    HQ: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_HQ: tl.constexpr,
-    BLOCK_HKV: tl.constexpr, BLOCK_HALF: tl.constexpr, FAULT: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    pos_ptr,
+    cache_ptr,
+    n_tokens,
+    q_stride_t,
+    q_stride_h,
+    k_stride_t,
+    k_stride_h,
+    pos_stride,
+    HQ: tl.constexpr,
+    HKV: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HKV: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    FAULT: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_mask = tok < n_tokens
@@ -105,9 +132,26 @@ def launch_rope(q, k, positions, cos_sin_cache, fault="none") -> None:
     block_half = triton.next_power_of_2(half)
     block_t, (block_hq, block_hkv), warps = _launch_shape(n_tokens, (hq, hkv), block_half, q.device)
     _rope_kernel[(triton.cdiv(n_tokens, block_t),)](
-        q, k, positions, cos_sin_cache, n_tokens, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-        positions.stride(0), HQ=hq, HKV=hkv, HALF=half, BLOCK_T=block_t, BLOCK_HQ=block_hq, BLOCK_HKV=block_hkv,
-        BLOCK_HALF=block_half, FAULT=FAULTS[fault], num_warps=warps, enable_fp_fusion=False,
+        q,
+        k,
+        positions,
+        cos_sin_cache,
+        n_tokens,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        positions.stride(0),
+        HQ=hq,
+        HKV=hkv,
+        HALF=half,
+        BLOCK_T=block_t,
+        BLOCK_HQ=block_hq,
+        BLOCK_HKV=block_hkv,
+        BLOCK_HALF=block_half,
+        FAULT=FAULTS[fault],
+        num_warps=warps,
+        enable_fp_fusion=False,
     )
 
 

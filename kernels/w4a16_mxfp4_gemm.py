@@ -105,8 +105,18 @@ def _signed_nibble(bits):
 
 
 @triton.jit
-def _tile_weights(codes_ptr, scales_ptr, n, n_mask, block, codes_row_stride, scales_row_stride, n_blocks,
-                  EVEN_K: tl.constexpr, FAULT: tl.constexpr):
+def _tile_weights(
+    codes_ptr,
+    scales_ptr,
+    n,
+    n_mask,
+    block,
+    codes_row_stride,
+    scales_row_stride,
+    n_blocks,
+    EVEN_K: tl.constexpr,
+    FAULT: tl.constexpr,
+):
     """Decoded weights of one tile, split by nibble: (low, high), each fp32 [BLOCK_N, GROUPS, 16]; element
     (r, g, i) of `low` is W[n[r], 32 * block[g] + 2i], of `high` W[n[r], 32 * block[g] + 2i + 1]."""
     byte = tl.arange(0, 16)
@@ -141,10 +151,25 @@ def _x_halves(words):
 
 @triton.jit
 def _gemv_kernel(
-    x_ptr, codes_ptr, scales_ptr, out_ptr, N, n_blocks, tiles_per_split,
-    x_row_stride, codes_row_stride, scales_row_stride, out_row_stride, out_split_stride, spread_mask,
-    BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, PREFETCH: tl.constexpr, EVEN_K: tl.constexpr,
-    OUT_FP32: tl.constexpr, FAULT: tl.constexpr,
+    x_ptr,
+    codes_ptr,
+    scales_ptr,
+    out_ptr,
+    N,
+    n_blocks,
+    tiles_per_split,
+    x_row_stride,
+    codes_row_stride,
+    scales_row_stride,
+    out_row_stride,
+    out_split_stride,
+    spread_mask,
+    BLOCK_N: tl.constexpr,
+    GROUPS: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    OUT_FP32: tl.constexpr,
+    FAULT: tl.constexpr,
 ):
     # x_ptr: int32 words (bf16 pairs) [M, K/2]; codes_ptr: int32 view of the codes; program (n tile, m, split).
     # Tiles are [GROUPS, BLOCK_N, 4] (block, row, code word): with the block dim first Triton's default layout
@@ -162,19 +187,57 @@ def _gemv_kernel(
     first = split * tiles_per_split
     last = tl.minimum(first + tiles_per_split, tl.cdiv(n_blocks, GROUPS))
     if PREFETCH:
-        codes, scale, pairs = _gemv_tile_loads(x_row, codes_ptr, scales_ptr, n, n_mask, first, first < last,
-                                               n_blocks, codes_row_stride, scales_row_stride, GROUPS, EVEN_K, FAULT)
+        codes, scale, pairs = _gemv_tile_loads(
+            x_row,
+            codes_ptr,
+            scales_ptr,
+            n,
+            n_mask,
+            first,
+            first < last,
+            n_blocks,
+            codes_row_stride,
+            scales_row_stride,
+            GROUPS,
+            EVEN_K,
+            FAULT,
+        )
         for tile in range(first, last):
             # The last iteration's prefetch is masked off (a uniform predicate): no bytes beyond the split.
             next_codes, next_scale, next_pairs = _gemv_tile_loads(
-                x_row, codes_ptr, scales_ptr, n, n_mask, tile + 1, tile + 1 < last, n_blocks, codes_row_stride,
-                scales_row_stride, GROUPS, EVEN_K, FAULT)
+                x_row,
+                codes_ptr,
+                scales_ptr,
+                n,
+                n_mask,
+                tile + 1,
+                tile + 1 < last,
+                n_blocks,
+                codes_row_stride,
+                scales_row_stride,
+                GROUPS,
+                EVEN_K,
+                FAULT,
+            )
             acc += _gemv_tile_sum(codes, scale, pairs, spread_mask, GROUPS, FAULT)
             codes, scale, pairs = next_codes, next_scale, next_pairs
     else:
         for tile in range(first, last):
-            codes, scale, pairs = _gemv_tile_loads(x_row, codes_ptr, scales_ptr, n, n_mask, tile, True, n_blocks,
-                                                   codes_row_stride, scales_row_stride, GROUPS, EVEN_K, FAULT)
+            codes, scale, pairs = _gemv_tile_loads(
+                x_row,
+                codes_ptr,
+                scales_ptr,
+                n,
+                n_mask,
+                tile,
+                True,
+                n_blocks,
+                codes_row_stride,
+                scales_row_stride,
+                GROUPS,
+                EVEN_K,
+                FAULT,
+            )
             acc += _gemv_tile_sum(codes, scale, pairs, spread_mask, GROUPS, FAULT)
     y = tl.sum(acc, axis=0)
     out = out_ptr + split.to(tl.int64) * out_split_stride + m.to(tl.int64) * out_row_stride + n
@@ -185,8 +248,21 @@ def _gemv_kernel(
 
 
 @triton.jit
-def _gemv_tile_loads(x_row, codes_ptr, scales_ptr, n, n_mask, tile, live, n_blocks, codes_row_stride,
-                     scales_row_stride, GROUPS: tl.constexpr, EVEN_K: tl.constexpr, FAULT: tl.constexpr):
+def _gemv_tile_loads(
+    x_row,
+    codes_ptr,
+    scales_ptr,
+    n,
+    n_mask,
+    tile,
+    live,
+    n_blocks,
+    codes_row_stride,
+    scales_row_stride,
+    GROUPS: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    FAULT: tl.constexpr,
+):
     """K tile `tile` of the GEMV: codes as int32 words [GROUPS, BLOCK_N, 4] (word t of a block holds elements
     8t .. 8t + 7, one 128-bit load per block and row), scale bytes [GROUPS, BLOCK_N] and x as int32 words of
     bf16 pairs [GROUPS, 4, 4] (pair 4t + b meets byte b of code word t). `live` (a scalar) masks it all off."""
@@ -271,10 +347,25 @@ def _byte_products(spread, SHIFT: tl.constexpr, even, odd, acc, FAULT: tl.conste
 
 @triton.jit
 def _dot_kernel(
-    x_ptr, codes_ptr, scales_ptr, out_ptr, M, N, n_blocks, tiles_per_split,
-    x_row_stride, codes_row_stride, scales_row_stride, out_row_stride, out_split_stride,
-    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, GROUPS: tl.constexpr, EVEN_K: tl.constexpr,
-    OUT_FP32: tl.constexpr, FAULT: tl.constexpr,
+    x_ptr,
+    codes_ptr,
+    scales_ptr,
+    out_ptr,
+    M,
+    N,
+    n_blocks,
+    tiles_per_split,
+    x_row_stride,
+    codes_row_stride,
+    scales_row_stride,
+    out_row_stride,
+    out_split_stride,
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    GROUPS: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    OUT_FP32: tl.constexpr,
+    FAULT: tl.constexpr,
 ):
     # x_ptr: int32 words (bf16 pairs) [M, K/2]; program (n tile, m tile, split); acc is y^T's tile.
     pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -291,8 +382,9 @@ def _dot_kernel(
     last = tl.minimum(first + tiles_per_split, tl.cdiv(n_blocks, GROUPS))
     for tile in range(first, last):
         block = tile * GROUPS + tl.arange(0, GROUPS)
-        low, high = _tile_weights(codes_ptr, scales_ptr, n, n_mask, block, codes_row_stride, scales_row_stride,
-                                  n_blocks, EVEN_K, FAULT)
+        low, high = _tile_weights(
+            codes_ptr, scales_ptr, n, n_mask, block, codes_row_stride, scales_row_stride, n_blocks, EVEN_K, FAULT
+        )
         low = tl.reshape(low, [BLOCK_N, HALF]).to(tl.bfloat16)  # exact: every value is a bf16 value
         high = tl.reshape(high, [BLOCK_N, HALF]).to(tl.bfloat16)
         x_offsets = m[None, :] * x_row_stride + (tile * HALF + word)[:, None]  # x^T words [HALF, BLOCK_M]
@@ -331,8 +423,9 @@ def launch_config(m: int, device: torch.device) -> tuple:
     return next(row[1:] for row in table if row[0] is None or m <= row[0])
 
 
-def launch(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, config: tuple | None = None,
-           fault: str = "none") -> torch.Tensor:
+def launch(
+    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, config: tuple | None = None, fault: str = "none"
+) -> torch.Tensor:
     """Validate, allocate and launch. `config` overrides the table (launch sweeps); `fault` plants a named bug
     (negative controls only)."""
     check_w4a16_args(x, codes, scales)
@@ -343,8 +436,10 @@ def launch(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, config: t
     # x is read as int32 words of bf16 pairs and the GEMV kernel reads codes as int32 words.
     for name, t, per_word in (("x", x, 2), ("codes", codes, 4)):
         if t.numel() and (t.stride(0) % per_word or t.data_ptr() % 4):
-            raise ValueError(f"{name}: rows must start on 4-byte boundaries, got row stride {t.stride(0)} at "
-                             f"address {t.data_ptr():#x}; call .contiguous()")
+            raise ValueError(
+                f"{name}: rows must start on 4-byte boundaries, got row stride {t.stride(0)} at "
+                f"address {t.data_ptr():#x}; call .contiguous()"
+            )
     m, k = x.shape
     n = codes.shape[0]
     y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
@@ -360,8 +455,9 @@ def launch(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, config: t
     split_k = triton.cdiv(k_tiles, tiles_per_split)  # no empty splits
     out = y if split_k == 1 else torch.empty(split_k, m, n, dtype=torch.float32, device=x.device)
     words = x.view(torch.int32)  # [M, K/2] bf16 pairs
-    common = dict(EVEN_K=n_blocks % groups == 0, OUT_FP32=split_k > 1, FAULT=FAULTS[fault], num_warps=warps,
-                  num_stages=stages)
+    common = dict(
+        EVEN_K=n_blocks % groups == 0, OUT_FP32=split_k > 1, FAULT=FAULTS[fault], num_warps=warps, num_stages=stages
+    )
     if kind == "gemv":
         code_words = codes.view(torch.int32)
         strides = (words.stride(0), code_words.stride(0), scales.stride(0), n, m * n, SPREAD_MASK)
@@ -369,13 +465,36 @@ def launch(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, config: t
         # stage these loads through shared memory, which costs issue slots the decode needs).
         common["num_stages"] = 1
         _gemv_kernel[(triton.cdiv(n, block_n), m, split_k)](
-            words, code_words, scales, out, n, n_blocks, tiles_per_split, *strides,
-            BLOCK_N=block_n, GROUPS=groups, PREFETCH=stages > 1, **common)
+            words,
+            code_words,
+            scales,
+            out,
+            n,
+            n_blocks,
+            tiles_per_split,
+            *strides,
+            BLOCK_N=block_n,
+            GROUPS=groups,
+            PREFETCH=stages > 1,
+            **common,
+        )
     else:
         strides = (words.stride(0), codes.stride(0), scales.stride(0), n, m * n)
         _dot_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m), split_k)](
-            words, codes, scales, out, m, n, n_blocks, tiles_per_split, *strides,
-            BLOCK_N=block_n, BLOCK_M=block_m, GROUPS=groups, **common)
+            words,
+            codes,
+            scales,
+            out,
+            m,
+            n,
+            n_blocks,
+            tiles_per_split,
+            *strides,
+            BLOCK_N=block_n,
+            BLOCK_M=block_m,
+            GROUPS=groups,
+            **common,
+        )
     if split_k > 1:
         block = 1024
         _split_k_sum_kernel[(triton.cdiv(m * n, block),)](out, y, m * n, SPLIT_K=split_k, BLOCK=block)

@@ -34,10 +34,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from runner import LLM, SamplingParams
 
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                            max_tokens=args.max_tokens)
-    llm = LLM(args.model, load_format=args.load_format, device=args.device, max_num_seqs=1, max_model_len=2048,
-              kv_cache_bytes=64 * 2**20)
+    params = SamplingParams(
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed, max_tokens=args.max_tokens
+    )
+    llm = LLM(
+        args.model,
+        load_format=args.load_format,
+        device=args.device,
+        max_num_seqs=1,
+        max_model_len=2048,
+        kv_cache_bytes=64 * 2**20,
+    )
     if args.chat:
         out = llm.chat([{"role": "user", "content": args.prompt}], params, use_tqdm=False)[0]
     else:

@@ -43,12 +43,27 @@ def _default_device() -> str:
 
 
 class LLM:
-    def __init__(self, model: str = DEFAULT_MODEL, load_format: str = "auto", dtype: torch.dtype | str | None = None,
-                 device: str | None = None, *, enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True,
-                 max_num_batched_tokens: int | None = None, max_num_seqs: int = 256, max_model_len: int = 4096,
-                 block_size: int = 16, gpu_memory_utilization: float = 0.9, kv_cache_bytes: int | None = None,
-                 num_kv_blocks: int | None = None, enforce_eager: bool = False, time_phases: bool = False,
-                 seed: int = 0, loaded: tuple | None = None):
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        load_format: str = "auto",
+        dtype: torch.dtype | str | None = None,
+        device: str | None = None,
+        *,
+        enable_prefix_caching: bool = True,
+        enable_chunked_prefill: bool = True,
+        max_num_batched_tokens: int | None = None,
+        max_num_seqs: int = 256,
+        max_model_len: int = 4096,
+        block_size: int = 16,
+        gpu_memory_utilization: float = 0.9,
+        kv_cache_bytes: int | None = None,
+        num_kv_blocks: int | None = None,
+        enforce_eager: bool = False,
+        time_phases: bool = False,
+        seed: int = 0,
+        loaded: tuple | None = None,
+    ):
         device = device or _default_device()
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
@@ -64,22 +79,49 @@ class LLM:
         cuda = torch.device(device).type == "cuda"
         sizes = capture_sizes(max_num_seqs, max_num_batched_tokens) if cuda and not enforce_eager else []
         if num_kv_blocks is None:
-            num_kv_blocks = self._size_kv(device, dtype, block_size, max_num_batched_tokens, max_num_seqs,
-                                          max_model_len, gpu_memory_utilization, kv_cache_bytes, bool(sizes))
+            num_kv_blocks = self._size_kv(
+                device,
+                dtype,
+                block_size,
+                max_num_batched_tokens,
+                max_num_seqs,
+                max_model_len,
+                gpu_memory_utilization,
+                kv_cache_bytes,
+                bool(sizes),
+            )
         eos = self.tokenizer.eos_token_id if self.tokenizer is not None else self.config.eos_token_id
-        scheduler = Scheduler(SchedulerConfig(
-            num_blocks=num_kv_blocks, block_size=block_size, max_num_batched_tokens=max_num_batched_tokens,
-            max_num_seqs=max_num_seqs, max_model_len=max_model_len, enable_chunked_prefill=enable_chunked_prefill,
-            enable_prefix_caching=enable_prefix_caching, eos_token_ids=() if eos is None else (eos,)))
-        runner = ModelRunner(self.model, self.config, num_blocks=num_kv_blocks, block_size=block_size, dtype=dtype,
-                             device=device, max_model_len=max_model_len, capture_sizes=sizes,
-                             enforce_eager=enforce_eager)
+        scheduler = Scheduler(
+            SchedulerConfig(
+                num_blocks=num_kv_blocks,
+                block_size=block_size,
+                max_num_batched_tokens=max_num_batched_tokens,
+                max_num_seqs=max_num_seqs,
+                max_model_len=max_model_len,
+                enable_chunked_prefill=enable_chunked_prefill,
+                enable_prefix_caching=enable_prefix_caching,
+                eos_token_ids=() if eos is None else (eos,),
+            )
+        )
+        runner = ModelRunner(
+            self.model,
+            self.config,
+            num_blocks=num_kv_blocks,
+            block_size=block_size,
+            dtype=dtype,
+            device=device,
+            max_model_len=max_model_len,
+            capture_sizes=sizes,
+            enforce_eager=enforce_eager,
+        )
         self.engine = LLMEngine(scheduler, runner, self.tokenizer, time_phases=time_phases)
 
-    def _size_kv(self, device, dtype, block_size, max_tokens, max_seqs, max_model_len, fraction, kv_bytes,
-                 graphs: bool) -> int:
-        block_bytes = kv_sizing.bytes_per_block(cache_spec(self.config, block_size, dtype),
-                                                self.config.num_hidden_layers)
+    def _size_kv(
+        self, device, dtype, block_size, max_tokens, max_seqs, max_model_len, fraction, kv_bytes, graphs: bool
+    ) -> int:
+        block_bytes = kv_sizing.bytes_per_block(
+            cache_spec(self.config, block_size, dtype), self.config.num_hidden_layers
+        )
         most = max_seqs * -(-max_model_len // block_size) + 1  # every sequence at full length, + the null block
         if torch.device(device).type != "cuda" or kv_bytes is not None:
             budget = kv_bytes if kv_bytes is not None else CPU_KV_CACHE_BYTES
@@ -125,8 +167,9 @@ class LLM:
             return [list(p) for p in prompts], [None] * len(prompts)
         raise TypeError("prompts: must be a string, a list of strings or a list of token-id lists")
 
-    def generate(self, prompts: Prompts, params: SamplingParams | Seq[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+    def generate(
+        self, prompts: Prompts, params: SamplingParams | Seq[SamplingParams] | None = None, use_tqdm: bool = True
+    ) -> list[RequestOutput]:
         """Complete every prompt; outputs in prompt order. `params` is one SamplingParams for all or one per
         prompt (default: SamplingParams())."""
         ids, texts = self._token_ids(prompts)
@@ -144,14 +187,17 @@ class LLM:
                     bar.update(1)
         return [done[rid] for rid in order]
 
-    def chat(self, messages: Seq[dict] | Seq[Seq[dict]], params: SamplingParams | None = None,
-             use_tqdm: bool = True) -> list[RequestOutput]:
+    def chat(
+        self, messages: Seq[dict] | Seq[Seq[dict]], params: SamplingParams | None = None, use_tqdm: bool = True
+    ) -> list[RequestOutput]:
         """Apply the tokenizer's chat template (with the generation prompt) to one conversation or several."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         if self.tokenizer is None:
             raise ValueError("messages: this model has no tokenizer (and no chat template)")
-        texts = [self.tokenizer.apply_chat_template(list(c), add_generation_prompt=True, tokenize=False)
-                 for c in conversations]  # the template writes the special tokens itself
+        texts = [
+            self.tokenizer.apply_chat_template(list(c), add_generation_prompt=True, tokenize=False)
+            for c in conversations
+        ]  # the template writes the special tokens itself
         ids = [self.tokenizer.encode(text, add_special_tokens=False) for text in texts]
         return self.generate(ids, params, use_tqdm=use_tqdm)
 
@@ -185,8 +231,13 @@ def warmup_batch(block_size: int, max_tokens: int, max_model_len: int, device):
     position = torch.arange(per, device=device)
     slots = (table[:, position // block_size].to(torch.int64) * block_size + position % block_size).flatten()
     cu = torch.arange(seqs + 1, dtype=torch.int32, device=device) * per
-    batch = AttentionBatch(slot_mapping=slots, block_table=table,
-                           seq_lens=torch.full((seqs,), per, dtype=torch.int32, device=device), cu_seqlens_q=cu,
-                           is_decode=per == 1, logits_indices=(cu[1:] - 1).to(torch.int64))
+    batch = AttentionBatch(
+        slot_mapping=slots,
+        block_table=table,
+        seq_lens=torch.full((seqs,), per, dtype=torch.int32, device=device),
+        cu_seqlens_q=cu,
+        is_decode=per == 1,
+        logits_indices=(cu[1:] - 1).to(torch.int64),
+    )
     input_ids = torch.zeros(seqs * per, dtype=torch.int64, device=device)
     return input_ids, position.repeat(seqs), batch, 1 + seqs * blocks

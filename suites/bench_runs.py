@@ -16,8 +16,9 @@ from kernels.platform import Platform
 def cpu_verdicts(op_name: str, case: str, impls: list[str] | None = None) -> dict[str, str]:
     """{impl: correctness verdict} of one small-sweep case of `op_name`, run on the CPU."""
     timing = Timing(0.9, 1.0, 1.1, 10)
-    roofs = Roofs(Roof("memcpy", "copy", "uint8", (1,), 2, 0, timing),
-                  Roof("gemm", "mm", "bf16", (1, 1, 1), 6, 2, timing))
+    roofs = Roofs(
+        Roof("memcpy", "copy", "uint8", (1,), 2, 0, timing), Roof("gemm", "mm", "bf16", (1, 1, 1), 6, 2, timing)
+    )
     config = RunConfig(sweep="small", impls=impls, cases=[case], warmup_ms=1.0, rep_ms=2.0)
     env = collect(Platform("cpu", "Test CPU", 1, None, "x86_64", "cpu"))
     op = discover()[op_name]

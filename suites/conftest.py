@@ -74,7 +74,6 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"--device {device}: {err}") from err
 
 
-
 def _device_count(config: pytest.Config) -> int:
     platform = config.stash.get(_PLATFORM, None)
     return platform.device_count if platform else 0
@@ -114,7 +113,6 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when == "call" and not report.skipped and ("touchstone_device", "cpu") not in report.user_properties:
         if any(key == "touchstone_device" for key, _ in report.user_properties):
             _counter["gpu_executed"] += 1
-
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -13,9 +13,7 @@ import dataclasses
 import re
 
 # "owner/repo#123", a GitHub issue/PR URL, or this project's own tracker "touchstone#123".
-_TRACKER = re.compile(
-    r"^(touchstone#\d+|[\w.-]+/[\w.-]+#\d+|https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+)$"
-)
+_TRACKER = re.compile(r"^(touchstone#\d+|[\w.-]+/[\w.-]+#\d+|https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+)$")
 DEVICES = ("cpu", "cuda", "rocm", "xpu")
 
 

@@ -78,13 +78,17 @@ def dequantize_mxfp4(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dty
 FP8 = {"e4m3fn": (ml_dtypes.float8_e4m3fn, 448.0), "e4m3fnuz": (ml_dtypes.float8_e4m3fnuz, 224.0)}
 
 
-def quantize_fp8(x: torch.Tensor, granularity: str, group_size: int, fmt: str, eps: float, ue8m0: bool
-                 ) -> tuple[np.ndarray, np.ndarray]:
+def quantize_fp8(
+    x: torch.Tensor, granularity: str, group_size: int, fmt: str, eps: float, ue8m0: bool
+) -> tuple[np.ndarray, np.ndarray]:
     """Oracle group quantization: numpy float32 arithmetic (log2/exp2 for UE8M0) and ml_dtypes' fp8 casts.
     Returns (fp8 bytes, float32 scales), both flattened."""
     data = x.detach().cpu().to(torch.float32).numpy()
-    groups = {"tensor": data.reshape(1, -1), "token": data.reshape(-1, data.shape[-1]),
-              "group": data.reshape(-1, group_size)}[granularity]
+    groups = {
+        "tensor": data.reshape(1, -1),
+        "token": data.reshape(-1, data.shape[-1]),
+        "group": data.reshape(-1, group_size),
+    }[granularity]
     dtype, fp8_max = FP8[fmt]
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         amax = np.maximum(np.abs(groups).max(axis=1), np.float32(eps))

@@ -37,7 +37,8 @@ def assert_exact(got: torch.Tensor, want: torch.Tensor, what: str = "output") ->
     if got.is_floating_point():
         nan_got, nan_want = got.isnan(), want.isnan()
         assert torch.equal(nan_got, nan_want), f"{what}: NaN positions differ: " + _describe(
-            nan_got != nan_want, got, want)
+            nan_got != nan_want, got, want
+        )
         view = _INT_VIEW[got.element_size()]
         bits_got, bits_want = got.view(view), want.view(view)
         mismatch = (bits_got != bits_want) & ~nan_want
@@ -70,7 +71,8 @@ _BLOCK_FP8_WHY = (
     "block magnitude spreads 2**+-1 and 2**+-4 (1500 CPU draws each), gives rms_rel >= 7.9e-3 (K) and "
     ">= 4.4e-3 (N); with equal block scales such a fault is invisible to any bound. SQNR vs fp64 on the "
     "unquantized operands: median 28.7 dB, min 24.8 dB over 3000 suite-sized draws (spreads up to 2**+-12); "
-    "DeepGEMM's FP8 bound calc_diff 1e-3 is ~27 dB at large shapes.")
+    "DeepGEMM's FP8 bound calc_diff 1e-3 is ~27 dB at large shapes."
+)
 _PAGED_DECODE_WHY = (
     "Split-K paged decode (kernels.paged_decode) vs reference.attention.paged.paged_decode_mirror (fp32 scores, "
     "per-split max/sum, p rounded to the cache dtype before p @ v, fp32 combine, one rounding). The kernel's "
@@ -88,7 +90,8 @@ _PAGED_DECODE_WHY = (
     "to bf16 instead gave 19.4 dB). Fault on FP8 (100 draws): NaN in 97, SQNR 0 / 20.5 dB in 2, one tiny "
     "sequence whose garbage entry j + 1 named the right block. H200 (launch sweep and bench, 282c40b): bf16 "
     "batch 8-256 x context 512-32k worst max_rel 6.7e-3 / rms_rel 2.5e-3, SQNR vs the ideal 52.8 dB; FP8 "
-    "3.3e-3 / 2.4e-3, 51.2 dB; the GPU suite at the ci profile passed inside these rows.")
+    "3.3e-3 / 2.4e-3, 51.2 dB; the GPU suite at the ci profile passed inside these rows."
+)
 _PAGED_PREFILL_WHY = (
     "Paged prefill (kernels.paged_prefill) vs reference.attention.paged.paged_prefill_mirror at the kernel's KV "
     "tile (fp32 scores, the same online softmax per tile in exp2, p rounded to the cache dtype before p @ v, "
@@ -102,7 +105,8 @@ _PAGED_PREFILL_WHY = (
     "SQNR 53.0 dB; the GPU suite at the ci profile passed inside the row. Fault "
     "block_table_off_by_one (unused entries garbage; two runs of 100 draws): NaN in 79-81, SQNR <= 11 dB in "
     "6-8; 13 within bounds, all tiny one-block sequences in a 2-block cache whose entry j + 1 happens to name "
-    "the right block (the suite's negative control uses a case where it cannot).")
+    "the right block (the suite's negative control uses a case where it cannot)."
+)
 _MAMBA_STATE_UPDATE_WHY = (
     "Selective state update (kernels.mamba_state_update) vs reference.mamba.state_update's fp32 mirror: same "
     "op order, no FMA (enable_fp_fusion=False), but exp/log are Triton's (numpy float32 on the interpreter, "
@@ -121,14 +125,16 @@ _MAMBA_STATE_UPDATE_WHY = (
     "on dA at |dt A| <= 20; not yet measured on the H200); a bf16 (fp16) rounding flip is one ulp, <= 2**-7 "
     "(2**-10) of the value: max_rel 2**-7 (2**-10), rms_rel a quarter (half) of that, SQNR ~9-12 dB under the "
     "worst seen (ill-conditioned draws lower the mirror's own SQNR as well). Fault slot_is_row (request i "
-    "updates slot i): untouched slots change (exact check) and the updated ones are off by O(1).")
+    "updates slot i): untouched slots change (exact check) and the updated ones are off by O(1)."
+)
 _MAMBA_CONV1D_WHY = (
     "Causal conv1d update (kernels.mamba_conv1d_update) with SiLU vs reference.mamba.conv1d's mirror: the taps "
     "sum in the same order without FMA (bit-exact without activation), only exp differs. Interpreter, 300 "
     "draws of suites/mamba/test_conv1d_update.py's distribution (SiLU forced): worst fp32 max_rel 1.3e-7 / "
     "rms_rel 1.3e-7, bf16 and fp16 0 / 0; SQNR vs the fp64 ideal min 137 dB (fp32), 50.2 dB (bf16), 69.5 dB "
     "(fp16), each the mirror's own to 0.1 dB. GPU "
-    "modelled as for the state update (ex2.approx, |acc| <= ~20: <= ~1.5e-6 relative on the sigmoid).")
+    "modelled as for the state update (ex2.approx, |acc| <= ~20: <= ~1.5e-6 relative on the sigmoid)."
+)
 _RMS_NORM_WHY = (
     "RMSNorm / fused add + RMSNorm (kernels.rms_norm) vs reference.norm.rms_norm's mirror (the runner's op order: "
     "fp32 mean of squares, rsqrt, round to the dtype, weight multiply, round). The kernel sums the squares in a "
@@ -138,7 +144,8 @@ _RMS_NORM_WHY = (
     "2.9e-4 / rms_rel 3.5e-5 (9 tensors with a flip), fp32 2.8e-7 / 1.3e-7; SQNR vs the fp64 ideal min 47.4 "
     "dB (bf16), 66.7 dB (fp16), 139 dB (fp32), each the mirror's own rounding. GPU not yet measured: the "
     "bounds are the 2-ulp model, rms_rel a quarter of it; fp32 max_rel allows 40 fp32 ulps for rsqrt.approx "
-    "and the sum order. Faults (eps dropped, residual added after the norm) give NaN rows or max_rel > 0.3.")
+    "and the sum order. Faults (eps dropped, residual added after the norm) give NaN rows or max_rel > 0.3."
+)
 LOSSY: dict[tuple[str, torch.dtype], LossyBound] = {
     # max_rel: one bf16 ulp of the peak (2**-7) plus 2.2e-3 for the accumulator; rms_rel: 3x the model.
     ("block_fp8_gemm", torch.bfloat16): LossyBound(1e-2, 2e-3, 22.0, _BLOCK_FP8_WHY),
@@ -162,14 +169,17 @@ LOSSY: dict[tuple[str, torch.dtype], LossyBound] = {
     ("rms_norm", torch.float16): LossyBound(2.0**-9, 2.0**-11, 60.0, _RMS_NORM_WHY),
     ("rms_norm", torch.float32): LossyBound(5e-6, 1e-6, 120.0, _RMS_NORM_WHY),
     ("w4a16_mxfp4_gemm", torch.bfloat16): LossyBound(
-        max_rel=2.0**-7, rms_rel=2.0**-8, sqnr_db=6.0,
+        max_rel=2.0**-7,
+        rms_rel=2.0**-8,
+        sqnr_db=6.0,
         why="Kernel and mirror sum the same exact fp32 products in different orders and round once to bf16, "
         "so an output can differ by one bf16 ulp (<= 2**-7 of itself) where reassociation crosses a rounding "
         "boundary: max_rel 2**-7; flips are rare, rms_rel 2**-8 leaves room (interpreter: 0 and 0 over 40 "
         "draws, bit-identical). SQNR vs the unquantized fp64 product is MXFP4's own loss: median 18.5 dB, "
         "min 8.5 dB over 3000 suite-shaped draws (M 1-8, N 16-40, K 32-224, block spread up to 2**+-4, four "
         "scale modes; small outputs make it noisy), 16.4-19.3 dB at 8 x 256 x 1024; weight-scrambling bugs "
-        "give <= 0 dB."),
+        "give <= 0 dB.",
+    ),
 }
 
 
@@ -184,40 +194,66 @@ class AgreementBound:
 
 
 AGREEMENT: dict[tuple[str, torch.dtype], AgreementBound] = {
-    ("ssd_orders", torch.float64): AgreementBound(1e-12, (
-        "SSD chunked scan vs the sequential recurrence, a scan split and resumed, a one-token scan vs the "
-        "decode update (reference.mamba): over 3000 draws of the suite's distribution the worst difference is "
-        "1.2e-15 of max(|want|, 1); 1e-12 leaves room for longer sums.")),
-    ("ssd_orders", torch.float32): AgreementBound(1e-5, (
-        "The fp32 decode reference and the fp32 scan on one token round differently (einsum sums vs the "
-        "pinned state * dA + dB * x order): worst 1.1e-6 of max(|out|, 1) over 3000 draws; ~10x that.")),
-    ("tiny_hybrid_orders", torch.float32): AgreementBound(1e-5, (
-        "The tiny hybrid model (runner.model.tiny_hybrid) prefilled in chunks or decoded token by token vs "
-        "one-shot prefill, fp32: worst 7.8e-7 of max(|logits|, 1) over 20 seeds (batch 2, 2-30 tokens, a "
-        "random split); ~13x that.")),
-    ("llama_orders", torch.float32): AgreementBound(5e-6, (
-        "runner.model.llama (tiny dummy config, fp32, reference attention) prefilled in chunks over a cached "
-        "prefix or decoded token by token vs one batched prefill: worst 4.4e-7 of max(|logits|, 1) over 200 "
-        "seeds (1-3 sequences of 1-24 tokens, chunks 2-9, block sizes 4/16); ~11x that.")),
-    ("llama_kernels", torch.float32): AgreementBound(2e-2, (
-        "Tiny dummy Llama in bf16, logits (fp32 of the bf16 head GEMM) through the Triton kv_store / "
-        "paged_prefill / paged_decode vs the reference path (fp64 ideal rounded to bf16): worst 5.7e-3 of "
-        "max(|logits|, 1) (interpreter, 20 seeds) = one bf16 ulp of the largest logit; 2e-2 ~ 2.5 ulps there.")),
-    ("llama_vs_hf", torch.float32): AgreementBound(2e-5, (
-        "SmolLM2-135M-Instruct fp32 CPU, first-step logits of 8 chat prompts vs HF transformers 5.17 (sdpa, "
-        "left-padded batch) on the same GGUF: worst 5.5e-5 at max |logit| 34.6 = 1.6e-6; ~12x that.")),
+    ("ssd_orders", torch.float64): AgreementBound(
+        1e-12,
+        (
+            "SSD chunked scan vs the sequential recurrence, a scan split and resumed, a one-token scan vs the "
+            "decode update (reference.mamba): over 3000 draws of the suite's distribution the worst difference is "
+            "1.2e-15 of max(|want|, 1); 1e-12 leaves room for longer sums."
+        ),
+    ),
+    ("ssd_orders", torch.float32): AgreementBound(
+        1e-5,
+        (
+            "The fp32 decode reference and the fp32 scan on one token round differently (einsum sums vs the "
+            "pinned state * dA + dB * x order): worst 1.1e-6 of max(|out|, 1) over 3000 draws; ~10x that."
+        ),
+    ),
+    ("tiny_hybrid_orders", torch.float32): AgreementBound(
+        1e-5,
+        (
+            "The tiny hybrid model (runner.model.tiny_hybrid) prefilled in chunks or decoded token by token vs "
+            "one-shot prefill, fp32: worst 7.8e-7 of max(|logits|, 1) over 20 seeds (batch 2, 2-30 tokens, a "
+            "random split); ~13x that."
+        ),
+    ),
+    ("llama_orders", torch.float32): AgreementBound(
+        5e-6,
+        (
+            "runner.model.llama (tiny dummy config, fp32, reference attention) prefilled in chunks over a cached "
+            "prefix or decoded token by token vs one batched prefill: worst 4.4e-7 of max(|logits|, 1) over 200 "
+            "seeds (1-3 sequences of 1-24 tokens, chunks 2-9, block sizes 4/16); ~11x that."
+        ),
+    ),
+    ("llama_kernels", torch.float32): AgreementBound(
+        2e-2,
+        (
+            "Tiny dummy Llama in bf16, logits (fp32 of the bf16 head GEMM) through the Triton kv_store / "
+            "paged_prefill / paged_decode vs the reference path (fp64 ideal rounded to bf16): worst 5.7e-3 of "
+            "max(|logits|, 1) (interpreter, 20 seeds) = one bf16 ulp of the largest logit; 2e-2 ~ 2.5 ulps there."
+        ),
+    ),
+    ("llama_vs_hf", torch.float32): AgreementBound(
+        2e-5,
+        (
+            "SmolLM2-135M-Instruct fp32 CPU, first-step logits of 8 chat prompts vs HF transformers 5.17 (sdpa, "
+            "left-padded batch) on the same GGUF: worst 5.5e-5 at max |logit| 34.6 = 1.6e-6; ~12x that."
+        ),
+    ),
 }
 
 
 def assert_agree(family: str, got: torch.Tensor, want: torch.Tensor, what: str = "output") -> None:
     """`got` and `want` (same dtype and shape) within the family's AGREEMENT row."""
     assert got.dtype == want.dtype and got.shape == want.shape, (
-        f"{what}: got {got.dtype} {tuple(got.shape)}, want {want.dtype} {tuple(want.shape)}")
+        f"{what}: got {got.dtype} {tuple(got.shape)}, want {want.dtype} {tuple(want.shape)}"
+    )
     bound = AGREEMENT[(family, got.dtype)]
     scale = max(float(want.abs().max()) if want.numel() else 0.0, 1.0)
     err = float((got - want).abs().max()) if want.numel() else 0.0
     assert err <= bound.max_rel * scale, (
-        f"{what} ({family}, {got.dtype}): max |diff| {err:.3g} > {bound.max_rel:g} x {scale:.3g}")
+        f"{what} ({family}, {got.dtype}): max |diff| {err:.3g} > {bound.max_rel:g} x {scale:.3g}"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,11 +311,13 @@ def nonfinite_agreement(got: torch.Tensor, mirror: torch.Tensor) -> tuple[str | 
     return None, torch.isfinite(mirror)
 
 
-def assert_lossy(family: str, got: torch.Tensor, mirror: torch.Tensor, ideal: torch.Tensor,
-                 what: str = "output") -> LossyMetrics:
+def assert_lossy(
+    family: str, got: torch.Tensor, mirror: torch.Tensor, ideal: torch.Tensor, what: str = "output"
+) -> LossyMetrics:
     """Check `got` against both references with the family's row; returns the metrics for reporting."""
     assert got.shape == mirror.shape == ideal.shape, (
-        f"{what}: shapes got {tuple(got.shape)}, mirror {tuple(mirror.shape)}, ideal {tuple(ideal.shape)}")
+        f"{what}: shapes got {tuple(got.shape)}, mirror {tuple(mirror.shape)}, ideal {tuple(ideal.shape)}"
+    )
     problem, finite = nonfinite_agreement(got, mirror)
     assert problem is None, f"{what}: {problem}"
     bound = lossy_bound(family, got.dtype)

@@ -111,8 +111,10 @@ def _flex_paged(p: pdi.Problem) -> Callable[[], torch.Tensor]:
         from torch.nn.attention.experimental._paged_attention import PagedAttention
         from torch.nn.attention.flex_attention import create_block_mask, noop_mask
     except ImportError as err:
-        raise Unavailable(f"FlexAttention paged attention is not importable in torch {torch.__version__} "
-                          f"({type(err).__name__}: {err})") from err
+        raise Unavailable(
+            f"FlexAttention paged attention is not importable in torch {torch.__version__} "
+            f"({type(err).__name__}: {err})"
+        ) from err
     batch, max_blocks = p.block_table.shape
     num_blocks, block = p.k_cache.shape[:2]
     device = p.q.device
@@ -147,20 +149,37 @@ IMPLS = (
 
 def _op(name: str, x_name: str, full: list[Case], small: list[Case]) -> OpBench:
     return OpBench(
-        name=name, area="attention", dtype="bfloat16", x_name=x_name, sweeps={"small": small, "full": full},
-        make_inputs=inputs, impls=IMPLS, bytes_model=problem_bytes, flops_model=problem_flops, roof="memcpy",
-        baselines=("reference-mirror",), compare_to="sdpa-contiguous",
+        name=name,
+        area="attention",
+        dtype="bfloat16",
+        x_name=x_name,
+        sweeps={"small": small, "full": full},
+        make_inputs=inputs,
+        impls=IMPLS,
+        bytes_model=problem_bytes,
+        flops_model=problem_flops,
+        roof="memcpy",
+        baselines=("reference-mirror",),
+        compare_to="sdpa-contiguous",
         headline=(("triton", "sdpa-contiguous"), ("triton", "flex-paged"), ("triton", "memcpy")),
         check=lossy_check("paged_decode"),
         cuda_graph=True,
     )
 
 
-BATCH_OP = register(_op(
-    f"paged_decode_ctx{BATCH_OP_CONTEXT}", "batch",
-    [_case(b, BATCH_OP_CONTEXT, b) for b in FULL_BATCHES],
-    [_case(b, SMALL_BATCH_CONTEXT, b) for b in SMALL_BATCHES]))
-CONTEXT_OP = register(_op(
-    f"paged_decode_batch{CONTEXT_OP_BATCH}", "context",
-    [_case(CONTEXT_OP_BATCH, c, c) for c in FULL_CONTEXTS],
-    [_case(SMALL_CONTEXT_BATCH, c, c) for c in SMALL_CONTEXTS]))
+BATCH_OP = register(
+    _op(
+        f"paged_decode_ctx{BATCH_OP_CONTEXT}",
+        "batch",
+        [_case(b, BATCH_OP_CONTEXT, b) for b in FULL_BATCHES],
+        [_case(b, SMALL_BATCH_CONTEXT, b) for b in SMALL_BATCHES],
+    )
+)
+CONTEXT_OP = register(
+    _op(
+        f"paged_decode_batch{CONTEXT_OP_BATCH}",
+        "context",
+        [_case(CONTEXT_OP_BATCH, c, c) for c in FULL_CONTEXTS],
+        [_case(SMALL_CONTEXT_BATCH, c, c) for c in SMALL_CONTEXTS],
+    )
+)

@@ -51,8 +51,7 @@ def num_splits_for(batch: int, context: int) -> int:
     """Splits of each sequence's context (see TARGET_PROGRAMS): 1 at batch 128 x 4k, 8 at batch 8 x 32k."""
     blocks = -(-context // BLOCK)
     splits = 1
-    while (batch * HKV * splits < TARGET_PROGRAMS and splits < MAX_SPLITS
-           and blocks // (2 * splits) >= MIN_SPLIT_BLOCKS):
+    while batch * HKV * splits < TARGET_PROGRAMS and splits < MAX_SPLITS and blocks // (2 * splits) >= MIN_SPLIT_BLOCKS:
         splits *= 2
     return splits
 
@@ -84,8 +83,9 @@ def fp8_kv(problem: Problem) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, 
     (reference.kv.store: e4m3fn codes, one fp32 scale per (slot, KV head)): (k_cache, v_cache, k_scale,
     v_scale), the decode's FP8 arguments; slot s is block s // BLOCK, position s % BLOCK, as in the bf16 cache."""
     num_blocks = problem.k_cache.shape[0]
-    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HKV, head_size=HEAD, dtype=torch.float8_e4m3fn,
-                             kv_outer=True)
+    spec = FullAttentionSpec(
+        block_size=BLOCK, num_kv_heads=HKV, head_size=HEAD, dtype=torch.float8_e4m3fn, kv_outer=True
+    )
     views = allocate_kv_cache(spec, num_blocks, device=problem.q.device).views[0]
     scales = [torch.empty(num_blocks, BLOCK, HKV, device=problem.q.device) for _ in range(2)]
     rows = [c.reshape(num_blocks * BLOCK, HKV, HEAD) for c in (problem.k_cache, problem.v_cache)]

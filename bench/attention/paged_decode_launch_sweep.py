@@ -55,14 +55,20 @@ def sweep(batch: int, context: int, splits: tuple[int, ...], configs, memcpy: fl
         for tile_n, warps, stages in configs:
             kernel._GPU.update(tile_n=tile_n, warps=warps, stages=stages, fp8_stages=stages)
             name = f"  splits={num_splits:2d} tile={tile_n:3d} warps={warps} stages={stages}"
-            call = functools.partial(kernel.launch_paged_decode, q, k_cache, v_cache, table, lens, scale, num_splits,
-                                     *scales)
+            call = functools.partial(
+                kernel.launch_paged_decode, q, k_cache, v_cache, table, lens, scale, num_splits, *scales
+            )
             ms = timed_or_none(call, name)
             if ms is None:
                 continue
             gbps = kv_bytes / ms / 1e6
-            line(name, ms, f"{gbps:5.0f} GB/s", {"SDPA": sdpa / ms, "memcpy": gbps / memcpy},
-                 tolerance_verdict(lossy_metrics(call(), mirror, ideal), bound))
+            line(
+                name,
+                ms,
+                f"{gbps:5.0f} GB/s",
+                {"SDPA": sdpa / ms, "memcpy": gbps / memcpy},
+                tolerance_verdict(lossy_metrics(call(), mirror, ideal), bound),
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,8 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_argument("--fp8", action="store_true", help="FP8 caches (e4m3fn codes, per-(slot, KV head) scales)")
     args = gpu_args(cli, argv, "paged_decode_launch_sweep")
     torch.manual_seed(0)
-    configs = list(itertools.product((64,) if args.quick else TILES, (4, 8) if args.quick else WARPS,
-                                     (2, 3) if args.quick else STAGES))
+    configs = list(
+        itertools.product(
+            (64,) if args.quick else TILES, (4, 8) if args.quick else WARPS, (2, 3) if args.quick else STAGES
+        )
+    )
     memcpy = memcpy_gbps(pdi.kv_bytes(8, 32768), " (the KV bytes of batch 8 x 32k)")
     saved = dict(kernel._GPU)
     try:

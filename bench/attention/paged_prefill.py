@@ -110,8 +110,11 @@ def _sdpa_flash_factory(expand_kv: bool) -> Callable[[pdi.PrefillProblem], Calla
         try:
             flash()
         except RuntimeError as err:
-            warnings.warn(f"sdpa-flash: the flash backend refused ({str(err).splitlines()[0][:120]}); "
-                          "timing SDPA's default backend", stacklevel=1)
+            warnings.warn(
+                f"sdpa-flash: the flash backend refused ({str(err).splitlines()[0][:120]}); "
+                "timing SDPA's default backend",
+                stacklevel=1,
+            )
             return call
         return flash
 
@@ -125,12 +128,22 @@ IMPLS = (
     Impl("sdpa-flash-expanded", _sdpa_flash_factory(expand_kv=True), gated=False),
 )
 
-CAUSAL_OP = register(OpBench(
-    name="paged_prefill_causal", area="attention", dtype="bfloat16", x_name="tokens",
-    sweeps={"small": [_case(SMALL_BATCH, s) for s in SMALL_TOKENS], "full": [_case(BATCH, s) for s in FULL_TOKENS]},
-    make_inputs=inputs, impls=IMPLS, bytes_model=problem_bytes, flops_model=problem_flops, roof="gemm",
-    baselines=("reference-mirror",), compare_to="sdpa-flash",
-    headline=(("triton", "sdpa-flash"), ("triton", "sdpa-flash-expanded"), ("triton", "gemm")),
-    check=lossy_check("paged_prefill"),
-    cuda_graph=True,
-))
+CAUSAL_OP = register(
+    OpBench(
+        name="paged_prefill_causal",
+        area="attention",
+        dtype="bfloat16",
+        x_name="tokens",
+        sweeps={"small": [_case(SMALL_BATCH, s) for s in SMALL_TOKENS], "full": [_case(BATCH, s) for s in FULL_TOKENS]},
+        make_inputs=inputs,
+        impls=IMPLS,
+        bytes_model=problem_bytes,
+        flops_model=problem_flops,
+        roof="gemm",
+        baselines=("reference-mirror",),
+        compare_to="sdpa-flash",
+        headline=(("triton", "sdpa-flash"), ("triton", "sdpa-flash-expanded"), ("triton", "gemm")),
+        check=lossy_check("paged_prefill"),
+        cuda_graph=True,
+    )
+)

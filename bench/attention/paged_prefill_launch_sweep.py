@@ -52,8 +52,10 @@ def sdpa_ms(q, k_cache, v_cache, table, batch: int, new: int, prefix: int) -> fl
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.attention.bias import causal_lower_right
 
-    k, v = (c[table.long()].flatten(1, 2).transpose(1, 2).repeat_interleave(HQ // HKV, dim=1).contiguous()
-            for c in (k_cache, v_cache))
+    k, v = (
+        c[table.long()].flatten(1, 2).transpose(1, 2).repeat_interleave(HQ // HKV, dim=1).contiguous()
+        for c in (k_cache, v_cache)
+    )
     q4 = q.view(batch, new, HQ, HEAD).transpose(1, 2).contiguous()
     mask = causal_lower_right(new, new + prefix)
 
@@ -70,8 +72,10 @@ def sweep(batch: int, new: int, prefix: int, configs) -> None:
     flops = 4 * HEAD * HQ * batch * (new * prefix + new * (new + 1) // 2)
     try:
         sdpa = sdpa_ms(q, k_cache, v_cache, table, batch, new, prefix)
-        print(f"{batch} x {new} new after {prefix}: SDPA flash {sdpa * 1e3:.1f} us, {flops / sdpa / 1e9:.0f} TFLOP/s",
-              flush=True)
+        print(
+            f"{batch} x {new} new after {prefix}: SDPA flash {sdpa * 1e3:.1f} us, {flops / sdpa / 1e9:.0f} TFLOP/s",
+            flush=True,
+        )
     except RuntimeError as err:
         sdpa = float("nan")
         print(f"{batch} x {new} new after {prefix}: SDPA flash unavailable: {str(err)[:80]}", flush=True)
@@ -87,8 +91,13 @@ def sweep(batch: int, new: int, prefix: int, configs) -> None:
             continue
         if tile_n not in mirrors:
             mirrors[tile_n] = ref.paged_prefill_mirror(q, k_cache, v_cache, table, lens, cu, scale, tile_n)
-        line(name, ms, f"{flops / ms / 1e9:5.0f} TFLOP/s", {"SDPA flash": sdpa / ms},
-             tolerance_verdict(lossy_metrics(call(), mirrors[tile_n], ideal), bound))
+        line(
+            name,
+            ms,
+            f"{flops / ms / 1e9:5.0f} TFLOP/s",
+            {"SDPA flash": sdpa / ms},
+            tolerance_verdict(lossy_metrics(call(), mirrors[tile_n], ideal), bound),
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

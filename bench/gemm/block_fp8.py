@@ -83,19 +83,26 @@ IMPLS = (
 
 def _op(name: str, full: list[Case], small: list[Case]) -> OpBench:
     return OpBench(
-        name=name, area="gemm", dtype="e4m3fn->bfloat16", x_name="M", sweeps={"small": small, "full": full},
-        make_inputs=inputs, impls=IMPLS, bytes_model=lambda case: peers.gemm_bytes(*case.shape),
-        flops_model=lambda case: peers.gemm_flops(*case.shape), roof="gemm", baselines=("reference-mirror",),
-        compare_to="cublas-blockwise", headline=(("triton", "cublas-blockwise"), ("triton", "gemm")),
+        name=name,
+        area="gemm",
+        dtype="e4m3fn->bfloat16",
+        x_name="M",
+        sweeps={"small": small, "full": full},
+        make_inputs=inputs,
+        impls=IMPLS,
+        bytes_model=lambda case: peers.gemm_bytes(*case.shape),
+        flops_model=lambda case: peers.gemm_flops(*case.shape),
+        roof="gemm",
+        baselines=("reference-mirror",),
+        compare_to="cublas-blockwise",
+        headline=(("triton", "cublas-blockwise"), ("triton", "gemm")),
         check=lossy_check("block_fp8_gemm"),
         cuda_graph=True,
     )
 
 
-SQUARE_OP = register(_op("block_fp8_gemm_square", [_case(s, s, s) for s in SQUARE],
-                         [_case(*shape) for shape in SMALL]))
+SQUARE_OP = register(_op("block_fp8_gemm_square", [_case(s, s, s) for s in SQUARE], [_case(*shape) for shape in SMALL]))
 DSV3_OPS = tuple(
-    register(_op(f"block_fp8_gemm_n{n}_k{k}", [_case(m, n, k) for m in DSV3_M],
-                 [_case(m, n, 1024) for m in (1, 16)]))
+    register(_op(f"block_fp8_gemm_n{n}_k{k}", [_case(m, n, k) for m in DSV3_M], [_case(m, n, 1024) for m in (1, 16)]))
     for n, k in DSV3_SHAPES
 )

@@ -55,8 +55,9 @@ SMALL_M = (
     C(16, 64, 1, 0, num_warps=4, num_stages=6),
     C(64, 128, 1, 0, warp_specialize=True, num_warps=4, num_stages=4),
 )
-DSV3 = [(m, n, k) for n, k in ((2112, 7168), (24576, 1536), (7168, 16384), (7168, 2048))
-        for m in (1, 16, 128, 1024, 4096)]
+DSV3 = [
+    (m, n, k) for n, k in ((2112, 7168), (24576, 1536), (7168, 16384), (7168, 2048)) for m in (1, 16, 128, 1024, 4096)
+]
 DEFAULT_SHAPES = [(8192, 8192, 8192), *DSV3]
 
 
@@ -70,12 +71,18 @@ def sweep_shape(m: int, n: int, k: int, quick: bool) -> None:
     except RuntimeError as err:
         cublas_ms = float("nan")
         print(f"{m}x{n}x{k} cublas-blockwise FAILED: {str(err).splitlines()[0][:200]}", flush=True)
-    for name, make in (("cublas-blockwise", None), ("cublas-rowwise-fp8", peers.cublas_rowwise),
-                       ("cublas-bf16", peers.bf16_matmul)):
+    for name, make in (
+        ("cublas-blockwise", None),
+        ("cublas-rowwise-fp8", peers.cublas_rowwise),
+        ("cublas-bf16", peers.bf16_matmul),
+    ):
         try:
             ms = cublas_ms if make is None else time_ms(make(ops))
-            print(f"{m}x{n}x{k} {name:<40} {ms * 1e3:9.1f} us  {flops / ms / 1e9:7.1f} TFLOP/s  "
-                  f"{cublas_ms / ms:5.3f}x blockwise", flush=True)
+            print(
+                f"{m}x{n}x{k} {name:<40} {ms * 1e3:9.1f} us  {flops / ms / 1e9:7.1f} TFLOP/s  "
+                f"{cublas_ms / ms:5.3f}x blockwise",
+                flush=True,
+            )
         except RuntimeError as err:
             print(f"{m}x{n}x{k} {name} FAILED: {str(err).splitlines()[0][:200]}", flush=True)
     table = kernel.choose_config(m, n, k, torch.device("cuda"))
@@ -83,10 +90,13 @@ def sweep_shape(m: int, n: int, k: int, quick: bool) -> None:
     candidates = (SMALL_M if m <= 64 else LARGE_M)[: 3 if quick else None]
     for label, config in [("table", table), *(("", c) for c in candidates)]:
         split = config.split_k or kernel.auto_split_k(m, n, k, config.block_m, config.block_n, sms)
-        text = (f"bm={config.block_m} bn={config.block_n} g={config.group_m} sk={split} "
-                f"p={int(config.persistent)} ws={int(config.warp_specialize)} w={config.num_warps} "
-                f"s={config.num_stages}")
+        text = (
+            f"bm={config.block_m} bn={config.block_n} g={config.group_m} sk={split} "
+            f"p={int(config.persistent)} ws={int(config.warp_specialize)} w={config.num_warps} "
+            f"s={config.num_stages}"
+        )
         try:
+
             def fn(config=config, args=ops.args):
                 return kernel.launch_block_fp8_gemm(*args, out_dtype=torch.bfloat16, config=config)
 
@@ -96,9 +106,12 @@ def sweep_shape(m: int, n: int, k: int, quick: bool) -> None:
         except Exception as err:  # a config that does not compile or launch is a result, not a stop
             print(f"{m}x{n}x{k} triton {text} {label} FAILED: {type(err).__name__}: {str(err)[:160]}", flush=True)
             continue
-        print(f"{m}x{n}x{k} triton {text:<40} {ms * 1e3:9.1f} us  {flops / ms / 1e9:7.1f} TFLOP/s  "
-              f"{cublas_ms / ms:5.3f}x blockwise  {verdict} (max_rel {metrics.max_rel:.2g}, rms_rel "
-              f"{metrics.rms_rel:.2g}) {label}", flush=True)
+        print(
+            f"{m}x{n}x{k} triton {text:<40} {ms * 1e3:9.1f} us  {flops / ms / 1e9:7.1f} TFLOP/s  "
+            f"{cublas_ms / ms:5.3f}x blockwise  {verdict} (max_rel {metrics.max_rel:.2g}, rms_rel "
+            f"{metrics.rms_rel:.2g}) {label}",
+            flush=True,
+        )
     del ops, mirror
     torch.cuda.empty_cache()
 

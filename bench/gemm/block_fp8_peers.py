@@ -79,14 +79,26 @@ def prepare_peers(ops: Operands) -> None:
 
 def cublas_blockwise(ops: Operands):
     p, m = ops.peer, ops.a.shape[0]
-    return lambda: torch._scaled_mm(p["blockwise_a"], ops.b.t(), p["blockwise_scale_a"], p["blockwise_scale_b"],
-                                    out_dtype=torch.bfloat16, use_fast_accum=False)[:m]
+    return lambda: torch._scaled_mm(
+        p["blockwise_a"],
+        ops.b.t(),
+        p["blockwise_scale_a"],
+        p["blockwise_scale_b"],
+        out_dtype=torch.bfloat16,
+        use_fast_accum=False,
+    )[:m]
 
 
 def cublas_rowwise(ops: Operands):
     p = ops.peer
-    return lambda: torch._scaled_mm(p["rowwise_a"], p["rowwise_b"].t(), p["rowwise_scale_a"], p["rowwise_scale_b"],
-                                    out_dtype=torch.bfloat16, use_fast_accum=False)
+    return lambda: torch._scaled_mm(
+        p["rowwise_a"],
+        p["rowwise_b"].t(),
+        p["rowwise_scale_a"],
+        p["rowwise_scale_b"],
+        out_dtype=torch.bfloat16,
+        use_fast_accum=False,
+    )
 
 
 def bf16_matmul(ops: Operands):

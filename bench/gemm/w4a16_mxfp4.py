@@ -55,8 +55,9 @@ def inputs(case: Case, torch_device: str) -> tuple[torch.Tensor, ...]:
     x = torch.randn(m, k, dtype=torch.bfloat16, device=torch_device, generator=generator)
     codes = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=torch_device, generator=generator)
     low, high = SCALE_RANGE
-    scales = torch.randint(low, high, (n, k // MX_BLOCK_SIZE), dtype=torch.uint8, device=torch_device,
-                           generator=generator)
+    scales = torch.randint(
+        low, high, (n, k // MX_BLOCK_SIZE), dtype=torch.uint8, device=torch_device, generator=generator
+    )
     return x, codes, scales, dequantize_mxfp4(codes, scales, dtype=torch.bfloat16)
 
 
@@ -74,19 +75,27 @@ def _matmul(args: tuple[torch.Tensor, ...]) -> Callable[[], object]:
     return lambda: torch.matmul(x, w.T)
 
 
-W4A16 = register(OpBench(
-    name="w4a16_mxfp4_gemm", area="gemm", dtype="bf16 x mxfp4 -> bf16", x_name="M",
-    sweeps={"small": cases(SMALL_M, SMALL_NK), "full": cases(FULL_M, FULL_NK)},
-    make_inputs=inputs,
-    impls=(
-        Impl("reference-eager", _with(lambda: w4a16_mxfp4_gemm_mirror)),
-        Impl("reference-compiled", _with(lambda: compiled(w4a16_mxfp4_gemm_mirror)), gated=False),
-        Impl("bf16-matmul", _matmul, gated=False),
-        Impl("triton", _with(lambda: kernel("kernels.w4a16_mxfp4_gemm", "w4a16_mxfp4_gemm")), triton_skip),
-    ),
-    bytes_model=gemm_bytes, flops_model=gemm_flops, roof="memcpy",
-    baselines=("reference-eager", "reference-compiled"), compare_to="bf16-matmul",
-    headline=(("triton", "bf16-matmul"), ("triton", "memcpy")),
-    check=lossy_check("w4a16_mxfp4_gemm"),
-    cuda_graph=True,
-))
+W4A16 = register(
+    OpBench(
+        name="w4a16_mxfp4_gemm",
+        area="gemm",
+        dtype="bf16 x mxfp4 -> bf16",
+        x_name="M",
+        sweeps={"small": cases(SMALL_M, SMALL_NK), "full": cases(FULL_M, FULL_NK)},
+        make_inputs=inputs,
+        impls=(
+            Impl("reference-eager", _with(lambda: w4a16_mxfp4_gemm_mirror)),
+            Impl("reference-compiled", _with(lambda: compiled(w4a16_mxfp4_gemm_mirror)), gated=False),
+            Impl("bf16-matmul", _matmul, gated=False),
+            Impl("triton", _with(lambda: kernel("kernels.w4a16_mxfp4_gemm", "w4a16_mxfp4_gemm")), triton_skip),
+        ),
+        bytes_model=gemm_bytes,
+        flops_model=gemm_flops,
+        roof="memcpy",
+        baselines=("reference-eager", "reference-compiled"),
+        compare_to="bf16-matmul",
+        headline=(("triton", "bf16-matmul"), ("triton", "memcpy")),
+        check=lossy_check("w4a16_mxfp4_gemm"),
+        cuda_graph=True,
+    )
+)

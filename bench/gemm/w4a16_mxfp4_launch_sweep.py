@@ -38,8 +38,14 @@ GEMV = [("gemv", 64, 1, 16, 4, 4, 1)] + [
 ]
 
 # M = 2..4: the control, the table's M = 1 row and the runners-up behind it (see kernels/w4a16_mxfp4_gemm.py).
-GEMV_SHORT = [("gemv", 64, 1, 16, 4, 4, 1), ("gemv", 16, 1, 32, 1, 4, 2), ("gemv", 32, 1, 16, 2, 4, 2),
-              ("gemv", 64, 1, 8, 4, 4, 2), ("gemv", 16, 1, 16, 2, 2, 2), ("gemv", 32, 1, 8, 4, 2, 2)]
+GEMV_SHORT = [
+    ("gemv", 64, 1, 16, 4, 4, 1),
+    ("gemv", 16, 1, 32, 1, 4, 2),
+    ("gemv", 32, 1, 16, 2, 4, 2),
+    ("gemv", 64, 1, 8, 4, 4, 2),
+    ("gemv", 16, 1, 16, 2, 2, 2),
+    ("gemv", 32, 1, 8, 4, 2, 2),
+]
 
 
 def dot_configs(m: int) -> list[tuple]:
@@ -77,8 +83,11 @@ def sweep_m(x, codes, scales, w, memcpy: float, only: str | None) -> None:
     want = w4a16_mxfp4_gemm_mirror(x, codes, scales)
     matmul = graph_time_ms(lambda: torch.matmul(x, w.T))
     dispatch = do_bench(lambda: kernel.w4a16_mxfp4_gemm(x, codes, scales), warmup=25, rep=200, return_mode="median")
-    print(f"M={m}: bf16 matmul {matmul * 1e3:.1f} us; op through torch.ops (default config, do_bench as the "
-          f"registry times it) {dispatch * 1e3:.1f} us", flush=True)
+    print(
+        f"M={m}: bf16 matmul {matmul * 1e3:.1f} us; op through torch.ops (default config, do_bench as the "
+        f"registry times it) {dispatch * 1e3:.1f} us",
+        flush=True,
+    )
     results = []
     for config in candidates(m):
         if only and config[0] != only:
@@ -93,12 +102,18 @@ def sweep_m(x, codes, scales, w, memcpy: float, only: str | None) -> None:
             continue
         gbps = weight_bytes / ms / 1e6
         results.append((ms, config))
-        print(f"M={m:5d} {config}  {ms * 1e3:8.1f} us  {matmul / ms:5.2f}x bf16  {gbps:6.0f} GB/s weights  "
-              f"{gbps / memcpy:.3f}x memcpy  {'ok' if ok else 'MISMATCH ' + str(metrics)}", flush=True)
+        print(
+            f"M={m:5d} {config}  {ms * 1e3:8.1f} us  {matmul / ms:5.2f}x bf16  {gbps:6.0f} GB/s weights  "
+            f"{gbps / memcpy:.3f}x memcpy  {'ok' if ok else 'MISMATCH ' + str(metrics)}",
+            flush=True,
+        )
     if results:
         ms, config = min(results)
-        print(f"BEST M={m}: {config} {ms * 1e3:.1f} us, {matmul / ms:.2f}x bf16 matmul, "
-              f"{weight_bytes / ms / 1e6 / memcpy:.3f}x memcpy", flush=True)
+        print(
+            f"BEST M={m}: {config} {ms * 1e3:.1f} us, {matmul / ms:.2f}x bf16 matmul, "
+            f"{weight_bytes / ms / 1e6 / memcpy:.3f}x memcpy",
+            flush=True,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,8 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     scales = torch.randint(*SCALE_RANGE, (n, k // 32), dtype=torch.uint8, device="cuda", generator=gen)
     w = dequantize_mxfp4(codes, scales, dtype=torch.bfloat16)
     memcpy = memcpy_gbps()
-    print(f"memcpy 1 GiB: {memcpy:.0f} GB/s; N = K = {n}; weights {(codes.numel() + scales.numel()) / 2**20:.1f} "
-          f"MiB", flush=True)
+    print(
+        f"memcpy 1 GiB: {memcpy:.0f} GB/s; N = K = {n}; weights {(codes.numel() + scales.numel()) / 2**20:.1f} MiB",
+        flush=True,
+    )
     for m in args.m:
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda", generator=gen)
         sweep_m(x, codes, scales, w, memcpy, args.only)

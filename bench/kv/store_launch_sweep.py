@@ -40,8 +40,12 @@ def sweep_full_attention(tokens: int, dtype: torch.dtype) -> None:
     slots = _slots(tokens, num_blocks * BLOCK)
     fp8 = dtype == torch.float8_e4m3fn
     caches = [allocate_kv_cache(spec, num_blocks, device="cuda") for _ in range(2)]
-    scales = [{n: torch.zeros(num_blocks, BLOCK, HEADS, device="cuda") for n in ("k_scale", "v_scale")} if fp8
-              else {"k_scale": None, "v_scale": None} for _ in range(2)]
+    scales = [
+        {n: torch.zeros(num_blocks, BLOCK, HEADS, device="cuda") for n in ("k_scale", "v_scale")}
+        if fp8
+        else {"k_scale": None, "v_scale": None}
+        for _ in range(2)
+    ]
     want, got = caches
     ref.store_kv(key, value, want.views[0]["k"], want.views[0]["v"], slots, **scales[0])
     moved = 2 * key.numel() * 2 + 2 * key.numel() * dtype.itemsize + (2 * tokens * HEADS * 4 if fp8 else 0)
@@ -49,11 +53,21 @@ def sweep_full_attention(tokens: int, dtype: torch.dtype) -> None:
     for heads, warps in KV_SHAPES:
         kernel._GPU.update(heads_per_program=heads, kv_warps=warps)
         got.buffer.zero_()
-        call = functools.partial(kernel.launch_store_kv, key, value, got.views[0]["k"], got.views[0]["v"], slots,
-                                 "NHD", scales[1]["k_scale"], scales[1]["v_scale"])
+        call = functools.partial(
+            kernel.launch_store_kv,
+            key,
+            value,
+            got.views[0]["k"],
+            got.views[0]["v"],
+            slots,
+            "NHD",
+            scales[1]["k_scale"],
+            scales[1]["v_scale"],
+        )
         call()
         exact = torch.equal(got.buffer, want.buffer) and all(
-            s is None or torch.equal(s, scales[0][n]) for n, s in scales[1].items())
+            s is None or torch.equal(s, scales[0][n]) for n, s in scales[1].items()
+        )
         report(f"store_kv {dtype!s:20s} heads/program={heads} warps={warps}", time_ms(call), moved, memcpy, exact)
 
 

@@ -63,8 +63,9 @@ class Inputs:
 def make_inputs(geometry: Geometry):
     def inputs(case: Case, torch_device: str) -> Inputs:
         ids, num_blocks = case.shape
-        cache = allocate_kv_cache(geometry.spec, num_blocks, geometry.num_layers, packed=geometry.packed,
-                                  device=torch_device, fill=CANARY)
+        cache = allocate_kv_cache(
+            geometry.spec, num_blocks, geometry.num_layers, packed=geometry.packed, device=torch_device, fill=CANARY
+        )
         table = zeroer_table({"attention": cache})
         order = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(0))[:ids]
         block_ids = order.to(device=torch_device, dtype=torch.int32)
@@ -101,7 +102,10 @@ def check(out: Any, baseline: Any) -> str:
 
 def _op(name: str, geometry: Geometry, dtype: str) -> OpBench:
     return OpBench(
-        name=name, area="kv", dtype=dtype, x_name="cleared_MiB",
+        name=name,
+        area="kv",
+        dtype=dtype,
+        x_name="cleared_MiB",
         sweeps={"small": geometry.cases(SMALL_MIB), "full": geometry.cases(FULL_MIB)},
         make_inputs=make_inputs(geometry),
         impls=(
@@ -109,14 +113,21 @@ def _op(name: str, geometry: Geometry, dtype: str) -> OpBench:
             Impl("triton", zeroer(lambda: kernel("kernels.kv_zeroer", "zero_kv_blocks")), triton_skip),
             Impl("memset", memset, gated=False),
         ),
-        bytes_model=lambda case: case.shape[0] * geometry.cleared_per_block, flops_model=lambda case: 0,
-        roof="memcpy", baselines=("reference-eager",), compare_to="memset",
-        headline=(("triton", "memset"), ("triton", "memcpy")), check=check,
+        bytes_model=lambda case: case.shape[0] * geometry.cleared_per_block,
+        flops_model=lambda case: 0,
+        roof="memcpy",
+        baselines=("reference-eager",),
+        compare_to="memset",
+        headline=(("triton", "memset"), ("triton", "memcpy")),
+        check=check,
     )
 
 
 DSV4_PACKED = Geometry(DeepseekV4Spec(block_size=64), num_layers=4, packed=True)
-FA_BF16 = Geometry(FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype=torch.bfloat16,
-                                     kv_outer=True), num_layers=8, packed=False)
+FA_BF16 = Geometry(
+    FullAttentionSpec(block_size=16, num_kv_heads=8, head_size=128, dtype=torch.bfloat16, kv_outer=True),
+    num_layers=8,
+    packed=False,
+)
 ZERO_DSV4 = register(_op("kv_zero_dsv4_packed", DSV4_PACKED, "uint8 (fp8_ds_mla V4)"))
 ZERO_FA = register(_op("kv_zero_fa_bf16", FA_BF16, "bfloat16"))

@@ -38,12 +38,21 @@ def main(argv: list[str] | None = None) -> int:
         cleared = got.cleared
         scratch = torch.empty(cleared, dtype=torch.uint8, device="cuda")
         memset = cleared / time_ms(scratch.zero_) / 1e6
-        print(f"{name}: {case.shape[0]} of {case.shape[1]} blocks, {cleared / 2**20:.0f} MiB cleared; "
-              f"memset {memset:.0f} GB/s", flush=True)
+        print(
+            f"{name}: {case.shape[0]} of {case.shape[1]} blocks, {cleared / 2**20:.0f} MiB cleared; "
+            f"memset {memset:.0f} GB/s",
+            flush=True,
+        )
         for chunk_bytes, warps in itertools.product(CHUNK_BYTES, WARPS):
             got.buffers[0].fill_(CANARY)
-            call = functools.partial(kernel.launch_zero_kv_blocks, got.buffers, got.table, got.block_ids,
-                                     chunk_bytes=chunk_bytes, num_warps=warps)
+            call = functools.partial(
+                kernel.launch_zero_kv_blocks,
+                got.buffers,
+                got.table,
+                got.block_ids,
+                chunk_bytes=chunk_bytes,
+                num_warps=warps,
+            )
             ms = time_ms(call)
             exact = torch.equal(got.buffers[0], want.buffers[0])
             report(f"{name:11s} chunk={chunk_bytes:5d} B warps={warps}", ms, cleared, memcpy, exact, memset=memset)

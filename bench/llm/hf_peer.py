@@ -9,8 +9,18 @@ import time
 import torch
 
 # Field names of runner.model's config -> transformers LlamaConfig keyword.
-HF_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-             "num_key_value_heads", "rms_norm_eps", "rope_theta", "tie_word_embeddings", "max_position_embeddings")
+HF_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "rms_norm_eps",
+    "rope_theta",
+    "tie_word_embeddings",
+    "max_position_embeddings",
+)
 
 
 def hf_llama_config(config):
@@ -43,12 +53,19 @@ def gguf_model(path: str, dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM
 
     file = pathlib.Path(path)
-    return AutoModelForCausalLM.from_pretrained(str(file.parent), gguf_file=file.name, dtype=dtype,
-                                                attn_implementation="sdpa").eval()
+    return AutoModelForCausalLM.from_pretrained(
+        str(file.parent), gguf_file=file.name, dtype=dtype, attn_implementation="sdpa"
+    ).eval()
 
 
-def generate_batch(model, prompts: list[list[int]], output_len: int, block_size: int = 256,
-                   num_blocks: int | None = None, max_batch_tokens: int | None = None) -> dict:
+def generate_batch(
+    model,
+    prompts: list[list[int]],
+    output_len: int,
+    block_size: int = 256,
+    num_blocks: int | None = None,
+    max_batch_tokens: int | None = None,
+) -> dict:
     """Greedy continuous batching, every request exactly `output_len` tokens (eos disabled with -1).
     Returns tokens, wall seconds of the whole call (it includes HF's own warm-up: graph capture), and the
     request span (first request created -> last finished), which excludes that warm-up. `num_blocks` and
@@ -61,8 +78,7 @@ def generate_batch(model, prompts: list[list[int]], output_len: int, block_size:
     # No torch.inference_mode() here: HF runs the batching loop in its own thread, where the mode does not
     # carry over, and that loop updates its (then inference) tensors in place: every request failed with
     # "Inplace update to inference tensor outside InferenceMode" and 0 tokens came back. HF's loop runs under no_grad.
-    out = model.generate_batch(prompts, generation_config=gen, continuous_batching_config=cb,
-                               max_new_tokens=output_len)
+    out = model.generate_batch(prompts, generation_config=gen, continuous_batching_config=cb, max_new_tokens=output_len)
     wall = time.perf_counter() - started
     results = list(out.values())
     tokens = sum(len(r.generated_tokens) for r in results)
@@ -77,8 +93,9 @@ def check(result: dict, impl: str) -> dict:
     """`result` unchanged if the peer produced every token; else RuntimeError naming the first error (a failed
     peer must never become a silent 0 tok/s row)."""
     if result["errors"]:
-        raise RuntimeError(f"{impl}: {len(result['errors'])} request errors, {result['tokens']} tokens; first: "
-                           f"{result['errors'][0]}")
+        raise RuntimeError(
+            f"{impl}: {len(result['errors'])} request errors, {result['tokens']} tokens; first: {result['errors'][0]}"
+        )
     return result
 
 
@@ -89,8 +106,14 @@ def generate_greedy(model, prompts: list[list[int]], output_len: int) -> dict:
     with torch.inference_mode():
         for prompt in prompts:
             ids = torch.tensor([prompt], device=model.device)
-            seq = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=output_len,
-                                 min_new_tokens=output_len, do_sample=False, pad_token_id=0)
-            outs.append(seq[0, len(prompt):].tolist())
+            seq = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=output_len,
+                min_new_tokens=output_len,
+                do_sample=False,
+                pad_token_id=0,
+            )
+            outs.append(seq[0, len(prompt) :].tolist())
     wall = time.perf_counter() - started
     return dict(tokens=sum(map(len, outs)), wall=wall, span=wall, errors=[], token_ids=outs)

@@ -12,11 +12,44 @@ from collections.abc import Sequence
 from bench import tidy_tables
 from bench.environment import Environment
 
-COLUMNS = ("workload", "impl", "requests", "input_tokens", "output_tokens", "seconds", "output_tok_per_s",
-           "steps", "schedule_s", "prepare_s", "model_s", "sample_s", "postprocess_s", "note", "device", "torch",
-           "triton", "transformers", "git_sha", "dirty", "command")
-SHOWN = ("impl", "requests", "input_tokens", "output_tokens", "seconds", "output_tok_per_s", "steps", "schedule_s",
-         "prepare_s", "model_s", "sample_s", "postprocess_s", "note")
+COLUMNS = (
+    "workload",
+    "impl",
+    "requests",
+    "input_tokens",
+    "output_tokens",
+    "seconds",
+    "output_tok_per_s",
+    "steps",
+    "schedule_s",
+    "prepare_s",
+    "model_s",
+    "sample_s",
+    "postprocess_s",
+    "note",
+    "device",
+    "torch",
+    "triton",
+    "transformers",
+    "git_sha",
+    "dirty",
+    "command",
+)
+SHOWN = (
+    "impl",
+    "requests",
+    "input_tokens",
+    "output_tokens",
+    "seconds",
+    "output_tok_per_s",
+    "steps",
+    "schedule_s",
+    "prepare_s",
+    "model_s",
+    "sample_s",
+    "postprocess_s",
+    "note",
+)
 
 
 def write(out: pathlib.Path, env: Environment, name: str, rows: Sequence[dict], headline: str) -> pathlib.Path:
@@ -25,8 +58,17 @@ def write(out: pathlib.Path, env: Environment, name: str, rows: Sequence[dict], 
 
     main = sys.modules["__main__"].__spec__
     command = "python -m " + " ".join([main.name if main else "?", *sys.argv[1:]])
-    folder = tidy_tables.write(out, env, name, rows, COLUMNS, SHOWN, headline,
-                               dict(transformers=version("transformers"), command=command), [f"`{command}`"])
+    folder = tidy_tables.write(
+        out,
+        env,
+        name,
+        rows,
+        COLUMNS,
+        SHOWN,
+        headline,
+        dict(transformers=version("transformers"), command=command),
+        [f"`{command}`"],
+    )
     plot(folder / f"{name}.png", rows, headline)
     return folder
 

@@ -64,37 +64,71 @@ def _our_row(workload: Workload, llm, prompts: list[list[int]], note: str) -> tu
     llm.generate(dataclasses.replace(workload, seed=workload.seed + 1).prompts(vocab), params, use_tqdm=False)
     engine.time_phases = False
     s = engine.stats
-    row = dict(workload=workload.name, impl="touchstone", requests=len(prompts),
-               input_tokens=sum(map(len, prompts)), output_tokens=tokens, seconds=seconds,
-               output_tok_per_s=tokens / seconds, steps=s.steps, schedule_s=s.schedule_s, prepare_s=s.prepare_s,
-               model_s=s.model_s, sample_s=s.sample_s, postprocess_s=s.postprocess_s,
-               note=f"{note}; steps and split from a rerun with phase sync, prompts of seed {workload.seed + 1} "
-                    f"({s.decode_steps} decode steps)")
+    row = dict(
+        workload=workload.name,
+        impl="touchstone",
+        requests=len(prompts),
+        input_tokens=sum(map(len, prompts)),
+        output_tokens=tokens,
+        seconds=seconds,
+        output_tok_per_s=tokens / seconds,
+        steps=s.steps,
+        schedule_s=s.schedule_s,
+        prepare_s=s.prepare_s,
+        model_s=s.model_s,
+        sample_s=s.sample_s,
+        postprocess_s=s.postprocess_s,
+        note=f"{note}; steps and split from a rerun with phase sync, prompts of seed {workload.seed + 1} "
+        f"({s.decode_steps} decode steps)",
+    )
     return row, [o.token_ids for o in outs]
 
 
 def _peer_rows(workload: Workload, result: dict, prompts: list[list[int]], impl: str, note: str) -> list[dict]:
-    base = dict(workload=workload.name, requests=len(prompts), input_tokens=sum(map(len, prompts)),
-                output_tokens=result["tokens"])
+    base = dict(
+        workload=workload.name,
+        requests=len(prompts),
+        input_tokens=sum(map(len, prompts)),
+        output_tokens=result["tokens"],
+    )
     hf_peer.check(result, impl)  # a failed peer raises: never a 0 tok/s row
-    rows = [dict(base, impl=impl, seconds=result["wall"], output_tok_per_s=result["tokens"] / result["wall"],
-                 note=note)]
+    rows = [
+        dict(base, impl=impl, seconds=result["wall"], output_tok_per_s=result["tokens"] / result["wall"], note=note)
+    ]
     if result["span"] != result["wall"]:
-        rows.append(dict(base, impl=impl + " (request span)", seconds=result["span"],
-                         output_tok_per_s=result["tokens"] / result["span"], note="excludes HF's warm-up"))
+        rows.append(
+            dict(
+                base,
+                impl=impl + " (request span)",
+                seconds=result["span"],
+                output_tok_per_s=result["tokens"] / result["span"],
+                note="excludes HF's warm-up",
+            )
+        )
     return rows
 
 
 def run_cuda(workload: Workload, args: argparse.Namespace) -> tuple[list[dict], str]:
     from runner import LLM
 
-    llm = LLM(args.model, load_format="dummy", dtype=torch.bfloat16, device="cuda",
-              max_num_seqs=min(args.max_num_seqs, workload.requests),
-              max_num_batched_tokens=args.max_num_batched_tokens,
-              max_model_len=workload.max_input + workload.output_len + 16, enforce_eager=args.eager)
+    llm = LLM(
+        args.model,
+        load_format="dummy",
+        dtype=torch.bfloat16,
+        device="cuda",
+        max_num_seqs=min(args.max_num_seqs, workload.requests),
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=workload.max_input + workload.output_len + 16,
+        enforce_eager=args.eager,
+    )
     prompts = workload.prompts(llm.config.vocab_size)
-    ours, _ = _our_row(workload, llm, prompts, f"bf16 dummy {args.model}, {len(llm.engine.runner.graphs.graphs)} "
-                                               f"decode graphs, {llm.engine.scheduler.config.num_blocks} KV blocks")
+    ours, _ = _our_row(
+        workload,
+        llm,
+        prompts,
+        f"bf16 dummy {args.model}, {len(llm.engine.runner.graphs.graphs)} "
+        f"decode graphs, {llm.engine.scheduler.config.num_blocks} KV blocks",
+    )
     config = llm.config
     del llm
     gc.collect()
@@ -103,11 +137,18 @@ def run_cuda(workload: Workload, args: argparse.Namespace) -> tuple[list[dict], 
     if not args.no_peer:
         model = hf_peer.dummy_model(config, torch.bfloat16, "cuda")
         result = hf_peer.generate_batch(model, prompts, workload.output_len)
-        rows += _peer_rows(workload, result, prompts, "hf generate_batch",
-                           f"transformers CB, {model.config._attn_implementation}, bf16 random weights")
+        rows += _peer_rows(
+            workload,
+            result,
+            prompts,
+            "hf generate_batch",
+            f"transformers CB, {model.config._attn_implementation}, bf16 random weights",
+        )
     verdict = "meets" if ours["output_tok_per_s"] >= BAR_TOK_S else "is below"
-    return rows, (f"touchstone: {ours['output_tok_per_s']:,.0f} output tok/s, which {verdict} the "
-                  f"{BAR_TOK_S:,} tok/s bar (issue 6).")
+    return rows, (
+        f"touchstone: {ours['output_tok_per_s']:,.0f} output tok/s, which {verdict} the "
+        f"{BAR_TOK_S:,} tok/s bar (issue 6)."
+    )
 
 
 def run_cpu(workload: Workload, args: argparse.Namespace) -> tuple[list[dict], str]:
@@ -124,20 +165,31 @@ def run_cpu(workload: Workload, args: argparse.Namespace) -> tuple[list[dict], s
         model = hf_peer.gguf_model(str(gguf_path("smollm2-135m-instruct")), torch.float32)
         result = hf_peer.generate_greedy(model, prompts, workload.output_len)
         same = sum(a == b for a, b in zip(tokens, result["token_ids"], strict=True))
-        rows += _peer_rows(workload, result, prompts, "hf generate",
-                           f"transformers generate one prompt at a time, fp32; {same}/{len(prompts)} requests "
-                           f"with identical greedy tokens")
+        rows += _peer_rows(
+            workload,
+            result,
+            prompts,
+            "hf generate",
+            f"transformers generate one prompt at a time, fp32; {same}/{len(prompts)} requests "
+            f"with identical greedy tokens",
+        )
         headline += f" Greedy tokens equal HF's for {same}/{len(prompts)} requests."
         # The batched peer: HF continuous batching on the same weights (paged|sdpa). On the CPU HF cannot size
         # its cache from free memory: blocks of 16 for every request's prompt + output, a budget of 512 tokens.
         model.set_attn_implementation("paged|sdpa")
         blocks = len(prompts) * -(-(workload.max_input + workload.output_len) // 16)
-        batched = hf_peer.generate_batch(model, prompts, workload.output_len, block_size=16, num_blocks=blocks,
-                                         max_batch_tokens=512)
+        batched = hf_peer.generate_batch(
+            model, prompts, workload.output_len, block_size=16, num_blocks=blocks, max_batch_tokens=512
+        )
         same_cb = sum(a == b for a, b in zip(tokens, batched["token_ids"], strict=True))
-        rows += _peer_rows(workload, batched, prompts, "hf generate_batch",
-                           f"transformers continuous batching, paged|sdpa, fp32; {same_cb}/{len(prompts)} requests "
-                           f"with identical greedy tokens")
+        rows += _peer_rows(
+            workload,
+            batched,
+            prompts,
+            "hf generate_batch",
+            f"transformers continuous batching, paged|sdpa, fp32; {same_cb}/{len(prompts)} requests "
+            f"with identical greedy tokens",
+        )
         ratio = ours["output_tok_per_s"] / (batched["tokens"] / batched["wall"])
         headline += f" {ratio:.2f}x HF continuous batching (whole call) in the same run."
     return rows, headline
@@ -163,8 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     env = collect()
     folder = report.write(args.out, env, f"runner_{workload.name.replace('-', '_')}", rows, headline)
     for row in rows:
-        print(f"{row['impl']:>32}: {row['output_tokens']} tokens in {row['seconds']:.2f} s = "
-              f"{row['output_tok_per_s']:,.1f} tok/s")
+        print(
+            f"{row['impl']:>32}: {row['output_tokens']} tokens in {row['seconds']:.2f} s = "
+            f"{row['output_tok_per_s']:,.1f} tok/s"
+        )
     print(headline)
     print(f"wrote {folder}")
     return 0

@@ -44,9 +44,16 @@ def main(argv: list[str] | None = None) -> int:
     params = SamplingParams(temperature=0.0, max_tokens=workload.output_len, ignore_eos=True)
     prompts = None
     for budget, seqs, graphs in itertools.product(BUDGETS, SEQS, GRAPHS):
-        llm = LLM(args.model, load_format="dummy", dtype=torch.bfloat16, device="cuda", max_num_seqs=seqs,
-                  max_num_batched_tokens=budget, max_model_len=workload.max_input + workload.output_len + 16,
-                  enforce_eager=not graphs)
+        llm = LLM(
+            args.model,
+            load_format="dummy",
+            dtype=torch.bfloat16,
+            device="cuda",
+            max_num_seqs=seqs,
+            max_num_batched_tokens=budget,
+            max_model_len=workload.max_input + workload.output_len + 16,
+            enforce_eager=not graphs,
+        )
         prompts = prompts or workload.prompts(llm.config.vocab_size)
         warm = dataclasses.replace(workload, requests=2, seed=workload.seed + 2).prompts(llm.config.vocab_size)
         llm.generate(warm, SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)  # no prefix hits later
@@ -59,9 +66,12 @@ def main(argv: list[str] | None = None) -> int:
         seconds = time.perf_counter() - started
         tokens = sum(len(o.token_ids) for o in outs)
         rate = tokens / seconds
-        print(f"budget={budget:>6} seqs={seqs:>4} graphs={graphs!s:>5} steps={llm.engine.stats.steps:>5} "
-              f"preempted={llm.engine.scheduler.num_preemptions - preempted:>4}: {seconds:7.3f} s {rate:>10,.0f} tok/s "
-              f"({rate / BAR_TOK_S:.2f}x bar)", flush=True)
+        print(
+            f"budget={budget:>6} seqs={seqs:>4} graphs={graphs!s:>5} steps={llm.engine.stats.steps:>5} "
+            f"preempted={llm.engine.scheduler.num_preemptions - preempted:>4}: {seconds:7.3f} s {rate:>10,.0f} tok/s "
+            f"({rate / BAR_TOK_S:.2f}x bar)",
+            flush=True,
+        )
         del llm
         gc.collect()
         torch.cuda.empty_cache()

@@ -42,7 +42,8 @@ def make_problem(batch: int, torch_device: str, seed: int = 0) -> dict:
         x=torch.randn(batch, DIM, generator=gen).to(DTYPE),
         conv_state=torch.randn(batch, WIDTH - 1, DIM, generator=gen).to(DTYPE),
         weight=(torch.randn(DIM, WIDTH, generator=gen) / WIDTH).to(DTYPE),
-        bias=(torch.randn(DIM, generator=gen) / 10).to(DTYPE), activation="silu",
+        bias=(torch.randn(DIM, generator=gen) / 10).to(DTYPE),
+        activation="silu",
         state_indices=torch.randperm(batch, generator=gen).to(torch.int32),
     )
     return {k: (v.to(torch_device) if isinstance(v, torch.Tensor) else v) for k, v in problem.items()}
@@ -66,19 +67,33 @@ def compiled_update() -> Callable:
     return torch.compile(_compiled_math, dynamic=True)
 
 
-OP = register(OpBench(
-    name="mamba_conv1d_update", area="mamba", dtype="bfloat16", x_name="batch",
-    sweeps={"small": [Case(f"B{b}", float(b), (b,)) for b in SMALL_BATCHES],
-            "full": [Case(f"B{b}", float(b), (b,)) for b in FULL_BATCHES]},
-    make_inputs=lambda case, torch_device: make_problem(case.shape[0], torch_device),
-    impls=(
-        Impl("reference-mirror", updater(lambda: causal_conv1d_update, "conv_state")),
-        Impl("reference-compiled", updater(compiled_update, "conv_state"), gated=False),
-        Impl("triton", updater(lambda: kernel("kernels.mamba_conv1d_update", "causal_conv1d_update"), "conv_state"),
-             triton_skip),
-    ),
-    bytes_model=lambda case: moved_bytes(case.shape[0]), flops_model=lambda case: 0,
-    roof="memcpy", baselines=("reference-mirror",), compare_to="reference-compiled",
-    headline=(("triton", "memcpy"), ("triton", "reference-compiled")),
-    check=lossy_check("mamba_conv1d_update"), cuda_graph=True,
-))
+OP = register(
+    OpBench(
+        name="mamba_conv1d_update",
+        area="mamba",
+        dtype="bfloat16",
+        x_name="batch",
+        sweeps={
+            "small": [Case(f"B{b}", float(b), (b,)) for b in SMALL_BATCHES],
+            "full": [Case(f"B{b}", float(b), (b,)) for b in FULL_BATCHES],
+        },
+        make_inputs=lambda case, torch_device: make_problem(case.shape[0], torch_device),
+        impls=(
+            Impl("reference-mirror", updater(lambda: causal_conv1d_update, "conv_state")),
+            Impl("reference-compiled", updater(compiled_update, "conv_state"), gated=False),
+            Impl(
+                "triton",
+                updater(lambda: kernel("kernels.mamba_conv1d_update", "causal_conv1d_update"), "conv_state"),
+                triton_skip,
+            ),
+        ),
+        bytes_model=lambda case: moved_bytes(case.shape[0]),
+        flops_model=lambda case: 0,
+        roof="memcpy",
+        baselines=("reference-mirror",),
+        compare_to="reference-compiled",
+        headline=(("triton", "memcpy"), ("triton", "reference-compiled")),
+        check=lossy_check("mamba_conv1d_update"),
+        cuda_graph=True,
+    )
+)

@@ -36,8 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     memcpy = memcpy_gbps(moved // 2, f" ({moved / 2**20:.1f} MiB moved a call)")
     want_state = problem["conv_state"].clone()
     want = ref.causal_conv1d_update(**dict(problem, conv_state=want_state))
-    ideal = ref.causal_conv1d_ideal(problem["x"][:, None, :], problem["weight"], problem["bias"],
-                                    problem["conv_state"][problem["state_indices"].long()], "silu")[:, 0]
+    ideal = ref.causal_conv1d_ideal(
+        problem["x"][:, None, :],
+        problem["weight"],
+        problem["bias"],
+        problem["conv_state"][problem["state_indices"].long()],
+        "silu",
+    )[:, 0]
     bound = lossy_bound("mamba_conv1d_update", torch.bfloat16)
     for block_c, warps in itertools.product(BLOCK_C, WARPS):
         config = dict(block_c=block_c, warps=warps)
@@ -50,8 +55,13 @@ def main(argv: list[str] | None = None) -> int:
         if ms is None:
             continue
         gbps = moved / ms / 1e6
-        line(name, ms, f"{gbps:5.0f} GB/s", {"memcpy": gbps / memcpy},
-             f"{exact}  out {tolerance_verdict(lossy_metrics(out, want, ideal), bound)}")
+        line(
+            name,
+            ms,
+            f"{gbps:5.0f} GB/s",
+            {"memcpy": gbps / memcpy},
+            f"{exact}  out {tolerance_verdict(lossy_metrics(out, want, ideal), bound)}",
+        )
     return 0
 
 

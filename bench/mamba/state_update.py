@@ -39,8 +39,19 @@ def _cases(batches: tuple[int, ...]) -> list[Case]:
 
 def _compiled_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_indices):
     slots = state_indices.long()
-    new, out = update_rows(state[slots].float(), x.float(), dt.float(), A.float(), B.float(), C.float(), D.float(),
-                           z.float(), dt_bias.float(), dt_softplus, x.shape[1] // B.shape[1])
+    new, out = update_rows(
+        state[slots].float(),
+        x.float(),
+        dt.float(),
+        A.float(),
+        B.float(),
+        C.float(),
+        D.float(),
+        z.float(),
+        dt_bias.float(),
+        dt_softplus,
+        x.shape[1] // B.shape[1],
+    )
     state[slots] = new.to(state.dtype)
     return out.to(x.dtype)
 
@@ -74,19 +85,27 @@ def updater(get_fn: Callable[[], Callable], state: str = "state"):
 
 def _op(label: str, state_dtype: torch.dtype) -> OpBench:
     return OpBench(
-        name=f"mamba_state_update_{label}state", area="mamba", dtype=f"state {label}, x bf16", x_name="batch",
+        name=f"mamba_state_update_{label}state",
+        area="mamba",
+        dtype=f"state {label}, x bf16",
+        x_name="batch",
         sweeps={"small": _cases(SMALL_BATCHES), "full": _cases(FULL_BATCHES)},
         make_inputs=lambda case, torch_device: make_problem(case.shape[0], state_dtype, torch_device),
         impls=(
             Impl("reference-mirror", updater(lambda: selective_state_update)),
             Impl("reference-compiled", updater(compiled_update), gated=False),
-            Impl("triton", updater(lambda: kernel("kernels.mamba_state_update", "selective_state_update")),
-                 triton_skip),
+            Impl(
+                "triton", updater(lambda: kernel("kernels.mamba_state_update", "selective_state_update")), triton_skip
+            ),
         ),
-        bytes_model=lambda case: moved_bytes(case.shape[0], state_dtype), flops_model=lambda case: 0,
-        roof="memcpy", baselines=("reference-mirror",), compare_to="reference-compiled",
+        bytes_model=lambda case: moved_bytes(case.shape[0], state_dtype),
+        flops_model=lambda case: 0,
+        roof="memcpy",
+        baselines=("reference-mirror",),
+        compare_to="reference-compiled",
         headline=(("triton", "memcpy"), ("triton", "reference-compiled")),
-        check=lossy_check("mamba_state_update"), cuda_graph=True,
+        check=lossy_check("mamba_state_update"),
+        cuda_graph=True,
     )
 
 

@@ -19,10 +19,16 @@ def make_problem(batch: int, state_dtype: torch.dtype, torch_device: str, seed: 
         return torch.randn(shape, generator=gen).to(dtype)
 
     problem = dict(
-        state=randn(batch, NHEADS, HEAD_DIM, DSTATE, dtype=state_dtype), x=randn(batch, NHEADS, HEAD_DIM),
-        dt=randn(batch, NHEADS), A=-torch.exp(randn(NHEADS, dtype=torch.float32)), B=randn(batch, NGROUPS, DSTATE),
-        C=randn(batch, NGROUPS, DSTATE), D=randn(NHEADS, dtype=torch.float32), z=randn(batch, NHEADS, HEAD_DIM),
-        dt_bias=randn(NHEADS, dtype=torch.float32) - 3.0, dt_softplus=True,
+        state=randn(batch, NHEADS, HEAD_DIM, DSTATE, dtype=state_dtype),
+        x=randn(batch, NHEADS, HEAD_DIM),
+        dt=randn(batch, NHEADS),
+        A=-torch.exp(randn(NHEADS, dtype=torch.float32)),
+        B=randn(batch, NGROUPS, DSTATE),
+        C=randn(batch, NGROUPS, DSTATE),
+        D=randn(NHEADS, dtype=torch.float32),
+        z=randn(batch, NHEADS, HEAD_DIM),
+        dt_bias=randn(NHEADS, dtype=torch.float32) - 3.0,
+        dt_softplus=True,
         state_indices=torch.randperm(batch, generator=gen).to(torch.int32),
     )
     return {k: (v.to(torch_device) if isinstance(v, torch.Tensor) else v) for k, v in problem.items()}

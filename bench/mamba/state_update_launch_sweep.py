@@ -37,8 +37,10 @@ def verdict(problem: dict, config: dict, want_state, want_out, ideal_state, idea
     slots = problem["state_indices"][:CHECKED].long()
     state = args["state"][slots]
     parts = [(STATE_FAMILY, state, want_state, ideal_state), (OUT_FAMILY, out[:CHECKED], want_out, ideal_out)]
-    verdicts = [tolerance_verdict(lossy_metrics(got, want, ideal), lossy_bound(family, got.dtype))
-                for family, got, want, ideal in parts]
+    verdicts = [
+        tolerance_verdict(lossy_metrics(got, want, ideal), lossy_bound(family, got.dtype))
+        for family, got, want, ideal in parts
+    ]
     return "state " + verdicts[0] + "  out " + verdicts[1]
 
 
@@ -68,8 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_argument("--batch", type=int, default=256, help="requests (one state slot each)")
     cli.add_argument("--quick", action="store_true", help="block_d 8 and 16, warps 4 and 8, stages 1")
     args = gpu_args(cli, argv, "state_update_launch_sweep")
-    configs = list(itertools.product((8, 16) if args.quick else BLOCK_D, (4, 8) if args.quick else WARPS,
-                                     (1,) if args.quick else STAGES))
+    configs = list(
+        itertools.product(
+            (8, 16) if args.quick else BLOCK_D, (4, 8) if args.quick else WARPS, (1,) if args.quick else STAGES
+        )
+    )
     for label, dtype in STATE_DTYPES.items():
         sweep(args.batch, label, dtype, configs)
     return 0

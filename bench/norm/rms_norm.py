@@ -25,8 +25,10 @@ SMALL_ROWS = (1, 4, 32)
 
 
 def _sweeps(hidden: int) -> dict[str, list[Case]]:
-    return {sweep: [Case(f"{rows}x{hidden}", float(rows), (rows, hidden)) for rows in rows_list]
-            for sweep, rows_list in (("small", SMALL_ROWS), ("full", FULL_ROWS))}
+    return {
+        sweep: [Case(f"{rows}x{hidden}", float(rows), (rows, hidden)) for rows in rows_list]
+        for sweep, rows_list in (("small", SMALL_ROWS), ("full", FULL_ROWS))
+    }
 
 
 def _inputs(fused: bool):
@@ -71,8 +73,12 @@ def _runner_eager(inputs):
 def _op(fused: bool, hidden: int) -> OpBench:
     per_row = 4 if fused else 2
     return OpBench(
-        name=f"{'fused_add_rms_norm' if fused else 'rms_norm'}_h{hidden}", area="norm", dtype="bfloat16",
-        x_name="rows", sweeps=_sweeps(hidden), make_inputs=_inputs(fused),
+        name=f"{'fused_add_rms_norm' if fused else 'rms_norm'}_h{hidden}",
+        area="norm",
+        dtype="bfloat16",
+        x_name="rows",
+        sweeps=_sweeps(hidden),
+        make_inputs=_inputs(fused),
         impls=(
             Impl("reference-eager", _wrap(lambda: rms_norm)),
             Impl("runner-eager", _runner_eager, gated=False),
@@ -80,10 +86,13 @@ def _op(fused: bool, hidden: int) -> OpBench:
             Impl("triton", _wrap(lambda: kernel("kernels.rms_norm", "rms_norm")), triton_skip),
         ),
         bytes_model=lambda case: (per_row * case.shape[0] + 1) * case.shape[1] * 2,
-        flops_model=lambda case: 4 * case.shape[0] * case.shape[1], roof="memcpy",
-        baselines=("reference-eager", "runner-eager", "reference-compiled"), compare_to="runner-eager",
+        flops_model=lambda case: 4 * case.shape[0] * case.shape[1],
+        roof="memcpy",
+        baselines=("reference-eager", "runner-eager", "reference-compiled"),
+        compare_to="runner-eager",
         headline=(("triton", "runner-eager"), ("triton", "reference-compiled"), ("triton", "memcpy")),
-        check=lossy_check("rms_norm"), cuda_graph=True,
+        check=lossy_check("rms_norm"),
+        cuda_graph=True,
     )
 
 

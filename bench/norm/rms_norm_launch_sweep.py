@@ -53,16 +53,30 @@ def main(argv: list[str] | None = None) -> int:
                 out, new_res = torch.empty_like(x), torch.empty_like(x)
                 for warps in WARPS:
                     launch = functools.partial(
-                        kernel._rms_norm_kernel[(rows,)], x, residual, weight, out, new_res, hidden, hidden, hidden,
-                        EPS, BLOCK=block, HAS_RESIDUAL=fused, FAULT=0, num_warps=warps)
+                        kernel._rms_norm_kernel[(rows,)],
+                        x,
+                        residual,
+                        weight,
+                        out,
+                        new_res,
+                        hidden,
+                        hidden,
+                        hidden,
+                        EPS,
+                        BLOCK=block,
+                        HAS_RESIDUAL=fused,
+                        FAULT=0,
+                        num_warps=warps,
+                    )
                     ms = graphed_ms(launch)
                     verdict = tolerance_verdict(lossy_metrics(out.cpu(), want.cpu(), ideal.cpu()), bound)
                     if fused and not torch.equal(new_res, x + residual):
                         verdict = "MISMATCH in new residual; " + verdict
                     gbps = moved / ms / 1e6
                     config = f"{'fused' if fused else 'plain'} rows={rows:5d} hidden={hidden:5d} warps={warps:2d}"
-                    line(config, ms, f"{gbps:6.0f} GB/s", {"memcpy": gbps / memcpy, "eager-speedup": eager / ms},
-                         verdict)
+                    line(
+                        config, ms, f"{gbps:6.0f} GB/s", {"memcpy": gbps / memcpy, "eager-speedup": eager / ms}, verdict
+                    )
     return 0
 
 

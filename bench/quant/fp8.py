@@ -38,9 +38,19 @@ def _with(get_fn: Callable[[], Callable], ue8m0: bool) -> Callable[[torch.Tensor
 
 
 def _op(name: str, ue8m0: bool) -> OpBench:
-    return quant_op(name, "bfloat16->e4m3fn", sweeps(K), bf16_input, fp8_group_bytes,
-                    lambda get_fn: _with(get_fn, ue8m0), quantize_fp8, "kernels.fp8_quant", "quantize_fp8",
-                    EAGER_TEMPORARIES, EAGER_GPU_MAX_MIB)
+    return quant_op(
+        name,
+        "bfloat16->e4m3fn",
+        sweeps(K),
+        bf16_input,
+        fp8_group_bytes,
+        lambda get_fn: _with(get_fn, ue8m0),
+        quantize_fp8,
+        "kernels.fp8_quant",
+        "quantize_fp8",
+        EAGER_TEMPORARIES,
+        EAGER_GPU_MAX_MIB,
+    )
 
 
 GROUP_QUANT = register(_op("fp8_group128_quantize", ue8m0=False))

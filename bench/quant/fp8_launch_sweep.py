@@ -42,10 +42,29 @@ def main(argv: list[str] | None = None) -> int:
         want_q, want_s = ref.quantize_fp8(x[tail].cpu(), granularity="group", group_size=GROUP, ue8m0=ue8m0)
         for block_g, warps in SHAPES:
             q.fill_(0xAA)
-            ms = time_ms(functools.partial(
-                kernel._quantize_fp8_kernel[(triton.cdiv(n_groups, block_g),)], x, q, scales, scales, n_groups,
-                K // GROUP, GROUP, K, eps_bits, BLOCK_G=block_g, GROUP=GROUP, FMT=0, FP8_MAX=448.0, UE8M0=ue8m0,
-                SOURCE=0, CONTIGUOUS=True, FAULT=0, num_warps=warps))
+            ms = time_ms(
+                functools.partial(
+                    kernel._quantize_fp8_kernel[(triton.cdiv(n_groups, block_g),)],
+                    x,
+                    q,
+                    scales,
+                    scales,
+                    n_groups,
+                    K // GROUP,
+                    GROUP,
+                    K,
+                    eps_bits,
+                    BLOCK_G=block_g,
+                    GROUP=GROUP,
+                    FMT=0,
+                    FP8_MAX=448.0,
+                    UE8M0=ue8m0,
+                    SOURCE=0,
+                    CONTIGUOUS=True,
+                    FAULT=0,
+                    num_warps=warps,
+                )
+            )
             exact = torch.equal(q[tail].cpu(), want_q.view(torch.uint8)) and torch.equal(scales[tail].cpu(), want_s)
             report(f"ue8m0={int(ue8m0)} groups={block_g:4d} warps={warps}", ms, moved, memcpy, exact)
     return 0

@@ -62,11 +62,22 @@ def _dequantize_with(get_fn: Callable[[], Callable]) -> Callable[[tuple], Callab
 
 
 def _op(name: str, kind: str, dtype: str, make_inputs: Callable, wrap: Callable, reference: Callable) -> OpBench:
-    return quant_op(name, dtype, SWEEPS, make_inputs, mxfp4_bytes, wrap, reference, "kernels.mxfp4", f"{kind}_mxfp4",
-                    EAGER_TEMPORARIES[kind], EAGER_GPU_MAX_MIB)
+    return quant_op(
+        name,
+        dtype,
+        SWEEPS,
+        make_inputs,
+        mxfp4_bytes,
+        wrap,
+        reference,
+        "kernels.mxfp4",
+        f"{kind}_mxfp4",
+        EAGER_TEMPORARIES[kind],
+        EAGER_GPU_MAX_MIB,
+    )
 
 
-QUANTIZE = register(_op("mxfp4_quantize", "quantize", "bfloat16->mxfp4", bf16_input, _quantize_with,
-                        quantize_mxfp4))
-DEQUANTIZE = register(_op("mxfp4_dequantize", "dequantize", "mxfp4->bfloat16", dequantize_inputs,
-                          _dequantize_with, dequantize_mxfp4))
+QUANTIZE = register(_op("mxfp4_quantize", "quantize", "bfloat16->mxfp4", bf16_input, _quantize_with, quantize_mxfp4))
+DEQUANTIZE = register(
+    _op("mxfp4_dequantize", "dequantize", "mxfp4->bfloat16", dequantize_inputs, _dequantize_with, dequantize_mxfp4)
+)

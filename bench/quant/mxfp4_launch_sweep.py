@@ -43,9 +43,24 @@ def main(argv: list[str] | None = None) -> int:
     for (blocks, warps), tiles in QUANTIZE_SHAPES:
         grid = (triton.cdiv(n_blocks, blocks * tiles),)
         codes.fill_(0xAA)
-        ms = time_ms(functools.partial(
-            kernel._quantize_mxfp4_kernel[grid], words, codes, scales, n_blocks, K // 32, K // 2, BLOCKS=blocks,
-            TILES=tiles, INPUT=0, SCALE_MODE=1, CONTIGUOUS=True, FAULT=0, num_warps=warps))
+        ms = time_ms(
+            functools.partial(
+                kernel._quantize_mxfp4_kernel[grid],
+                words,
+                codes,
+                scales,
+                n_blocks,
+                K // 32,
+                K // 2,
+                BLOCKS=blocks,
+                TILES=tiles,
+                INPUT=0,
+                SCALE_MODE=1,
+                CONTIGUOUS=True,
+                FAULT=0,
+                num_warps=warps,
+            )
+        )
         exact = torch.equal(codes[tail].cpu(), want_codes) and torch.equal(scales[tail].cpu(), want_scales)
         report(f"quantize   blocks={blocks:4d} tiles={tiles} warps={warps}", ms, moved, memcpy, exact)
 
@@ -54,9 +69,22 @@ def main(argv: list[str] | None = None) -> int:
     out = torch.empty_like(x)
     for blocks, warps in DEQUANTIZE_SHAPES:
         grid = (triton.cdiv(n_blocks, blocks),)
-        ms = time_ms(functools.partial(
-            kernel._dequantize_mxfp4_kernel[grid], codes, scales, out.view(torch.int32), n_blocks, K // 32,
-            K // 2, K // 32, BLOCKS=blocks, OUTPUT=0, CONTIGUOUS=True, num_warps=warps))
+        ms = time_ms(
+            functools.partial(
+                kernel._dequantize_mxfp4_kernel[grid],
+                codes,
+                scales,
+                out.view(torch.int32),
+                n_blocks,
+                K // 32,
+                K // 2,
+                K // 32,
+                BLOCKS=blocks,
+                OUTPUT=0,
+                CONTIGUOUS=True,
+                num_warps=warps,
+            )
+        )
         exact = torch.equal(out[tail].cpu().view(torch.int16), want.view(torch.int16))
         report(f"dequantize blocks={blocks:4d} warps={warps}", ms, moved, memcpy, exact)
     return 0

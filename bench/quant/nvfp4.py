@@ -71,14 +71,27 @@ def _dequantize_with(get_fn: Callable[[], Callable]) -> Callable[[tuple], Callab
 
 
 def _op(name: str, kind: str, dtype: str, make_inputs: Callable, wrap: Callable, reference: Callable) -> OpBench:
-    return quant_op(name, dtype, sweeps(K), make_inputs, nvfp4_bytes, wrap, reference, "kernels.nvfp4",
-                    f"{kind}_nvfp4", EAGER_TEMPORARIES[kind], EAGER_GPU_MAX_MIB)
+    return quant_op(
+        name,
+        dtype,
+        sweeps(K),
+        make_inputs,
+        nvfp4_bytes,
+        wrap,
+        reference,
+        "kernels.nvfp4",
+        f"{kind}_nvfp4",
+        EAGER_TEMPORARIES[kind],
+        EAGER_GPU_MAX_MIB,
+    )
 
 
-QUANTIZE = register(_op("nvfp4_quantize", "quantize", "bfloat16->nvfp4", quantize_inputs, _quantize_with,
-                        quantize_nvfp4))
-DEQUANTIZE = register(_op("nvfp4_dequantize", "dequantize", "nvfp4->bfloat16", dequantize_inputs,
-                          _dequantize_with, dequantize_nvfp4))
+QUANTIZE = register(
+    _op("nvfp4_quantize", "quantize", "bfloat16->nvfp4", quantize_inputs, _quantize_with, quantize_nvfp4)
+)
+DEQUANTIZE = register(
+    _op("nvfp4_dequantize", "dequantize", "nvfp4->bfloat16", dequantize_inputs, _dequantize_with, dequantize_nvfp4)
+)
 
 
 def _sqnr_db(got: torch.Tensor, ideal: torch.Tensor) -> float:
@@ -111,26 +124,43 @@ def w13_policy_rows(rows: int = 256, k: int = 1024, seed: int = 0) -> list[dict[
                 warnings.simplefilter("ignore")
                 results[policy] = dequantized(fuse_w13(*halves, policy))
         for policy, got in results.items():
-            out.append({
-                "amax_ratio_up_over_gate": ratio, "policy": policy, "sqnr_db": _sqnr_db(got, ideal),
-                "sqnr_gate_db": _sqnr_db(got[:rows], w1), "sqnr_up_db": _sqnr_db(got[rows:], w3),
-                "shape_per_half": f"[{rows}, {k}]",
-            })
+            out.append(
+                {
+                    "amax_ratio_up_over_gate": ratio,
+                    "policy": policy,
+                    "sqnr_db": _sqnr_db(got, ideal),
+                    "sqnr_gate_db": _sqnr_db(got[:rows], w1),
+                    "sqnr_up_db": _sqnr_db(got[rows:], w3),
+                    "shape_per_half": f"[{rows}, {k}]",
+                }
+            )
         if ratio != 1.0:
-            out.append({"amax_ratio_up_over_gate": ratio, "policy": "raise", "sqnr_db": "refused (ValueError)",
-                        "sqnr_gate_db": "", "sqnr_up_db": "", "shape_per_half": f"[{rows}, {k}]"})
+            out.append(
+                {
+                    "amax_ratio_up_over_gate": ratio,
+                    "policy": "raise",
+                    "sqnr_db": "refused (ValueError)",
+                    "sqnr_gate_db": "",
+                    "sqnr_up_db": "",
+                    "shape_per_half": f"[{rows}, {k}]",
+                }
+            )
     return out
 
 
-W13_POLICIES_TABLE = register_accuracy(AccuracyReport(
-    name="nvfp4_w13_policies",
-    title="NVFP4 fused w1/w3 global-scale policies: SQNR against the unquantized weights",
-    ops=("nvfp4_quantize", "nvfp4_dequantize"),
-    rows=w13_policy_rows,
-    note=("Gate (w1) and up (w3) halves of randn weights, the up half scaled to the given amax ratio, each "
-          "quantized to NVFP4 with its own global scale (DecodeScale.from_amax), then fused by "
-          "`reference.quant.nvfp4_fused_w13.fuse_w13`. `separate`: each half with its own scale (the ideal). "
-          "`use_w1`: vLLM's current loaders (the up half dequantizes scaled by gs_w1/gs_w3). `max_requant`: "
-          "the larger global scale, the other half's E4M3 block scales re-encoded (FP4 codes untouched). "
-          "Computed by the reference on the CPU, fixed seed: device-independent."),
-))
+W13_POLICIES_TABLE = register_accuracy(
+    AccuracyReport(
+        name="nvfp4_w13_policies",
+        title="NVFP4 fused w1/w3 global-scale policies: SQNR against the unquantized weights",
+        ops=("nvfp4_quantize", "nvfp4_dequantize"),
+        rows=w13_policy_rows,
+        note=(
+            "Gate (w1) and up (w3) halves of randn weights, the up half scaled to the given amax ratio, each "
+            "quantized to NVFP4 with its own global scale (DecodeScale.from_amax), then fused by "
+            "`reference.quant.nvfp4_fused_w13.fuse_w13`. `separate`: each half with its own scale (the ideal). "
+            "`use_w1`: vLLM's current loaders (the up half dequantizes scaled by gs_w1/gs_w3). `max_requant`: "
+            "the larger global scale, the other half's E4M3 block scales re-encoded (FP4 codes untouched). "
+            "Computed by the reference on the CPU, fixed seed: device-independent."
+        ),
+    )
+)

@@ -57,8 +57,23 @@ def main(argv: list[str] | None = None) -> int:
         def call(grid=grid, blocks=blocks, warps=warps, tiles=tiles, table=table):
             multipliers = kernel.multipliers(scale.value) if table else scale.value
             kernel._quantize_nvfp4_kernel[grid](
-                words, codes, scales, scale.value, multipliers, n_blocks, k // 16, k // 2, BLOCKS=blocks,
-                TILES=tiles, INPUT=0, CONTIGUOUS=True, TABLE=table, FAULT=0, num_warps=warps, enable_fp_fusion=False)
+                words,
+                codes,
+                scales,
+                scale.value,
+                multipliers,
+                n_blocks,
+                k // 16,
+                k // 2,
+                BLOCKS=blocks,
+                TILES=tiles,
+                INPUT=0,
+                CONTIGUOUS=True,
+                TABLE=table,
+                FAULT=0,
+                num_warps=warps,
+                enable_fp_fusion=False,
+            )
 
         ms = time_ms(call)
         exact = torch.equal(codes[tail].cpu(), want_codes) and torch.equal(scales[tail].cpu(), want_scales)
@@ -71,10 +86,24 @@ def main(argv: list[str] | None = None) -> int:
     out = torch.empty_like(x)
     for blocks, warps in DEQUANTIZE_SHAPES:
         grid = (triton.cdiv(n_blocks, blocks),)
-        ms = time_ms(functools.partial(
-            kernel._dequantize_nvfp4_kernel[grid], codes, scales, decode.value, out.view(torch.int32), n_blocks,
-            k // 16, k // 2, k // 16, BLOCKS=blocks, OUTPUT=0, CONTIGUOUS=True, num_warps=warps,
-            enable_fp_fusion=False))
+        ms = time_ms(
+            functools.partial(
+                kernel._dequantize_nvfp4_kernel[grid],
+                codes,
+                scales,
+                decode.value,
+                out.view(torch.int32),
+                n_blocks,
+                k // 16,
+                k // 2,
+                k // 16,
+                BLOCKS=blocks,
+                OUTPUT=0,
+                CONTIGUOUS=True,
+                num_warps=warps,
+                enable_fp_fusion=False,
+            )
+        )
         exact = torch.equal(out[tail].cpu().view(torch.int16), want.view(torch.int16))
         report(f"dequantize blocks={blocks:4d} warps={warps}", ms, moved, memcpy, exact)
     return 0

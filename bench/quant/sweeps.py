@@ -36,16 +36,16 @@ def bf16_input(case: Case, torch_device: str) -> torch.Tensor:
     return torch.randn(case.shape, dtype=torch.bfloat16, device=torch_device, generator=generator)
 
 
-def packed_fp4_input(case: Case, torch_device: str, block_size: int,
-                     scale_range: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+def packed_fp4_input(
+    case: Case, torch_device: str, block_size: int, scale_range: tuple[int, int]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The dequantizers' input for a [M, K] case: seeded random code bytes [M, K/2] and scale bytes
     [M, K/block_size] drawn from `scale_range` (low inclusive, high exclusive)."""
     m, k = case.shape
     generator = torch.Generator(device=torch_device).manual_seed(0)
     codes = torch.randint(0, 256, (m, k // 2), dtype=torch.uint8, device=torch_device, generator=generator)
     low, high = scale_range
-    scales = torch.randint(low, high, (m, k // block_size), dtype=torch.uint8, device=torch_device,
-                           generator=generator)
+    scales = torch.randint(low, high, (m, k // block_size), dtype=torch.uint8, device=torch_device, generator=generator)
     return codes, scales
 
 
@@ -99,8 +99,16 @@ def triton_skip(case: Case, backend: str) -> str | None:
 
 
 def quant_op(
-    name: str, dtype: str, sweep: dict[str, list[Case]], make_inputs: Callable, bytes_model: Callable[[Case], int],
-    wrap: Callable, reference: Callable, kernel_module: str, kernel_name: str, eager_temporaries: float,
+    name: str,
+    dtype: str,
+    sweep: dict[str, list[Case]],
+    make_inputs: Callable,
+    bytes_model: Callable[[Case], int],
+    wrap: Callable,
+    reference: Callable,
+    kernel_module: str,
+    kernel_name: str,
+    eager_temporaries: float,
     eager_gpu_max_mib: int,
 ) -> OpBench:
     """A bandwidth-bound quantization op: the eager reference (the baseline every row is checked against),
@@ -113,8 +121,17 @@ def quant_op(
         Impl("triton", wrap(lambda: kernel(kernel_module, kernel_name)), triton_skip),
     )
     return OpBench(
-        name=name, area="quant", dtype=dtype, x_name="bf16_MiB", sweeps=sweep, make_inputs=make_inputs,
-        impls=impls, bytes_model=bytes_model, flops_model=lambda case: 0, roof="memcpy",
-        baselines=("reference-eager", "reference-compiled"), compare_to="reference-compiled",
+        name=name,
+        area="quant",
+        dtype=dtype,
+        x_name="bf16_MiB",
+        sweeps=sweep,
+        make_inputs=make_inputs,
+        impls=impls,
+        bytes_model=bytes_model,
+        flops_model=lambda case: 0,
+        roof="memcpy",
+        baselines=("reference-eager", "reference-compiled"),
+        compare_to="reference-compiled",
         headline=(("triton", "reference-compiled"), ("triton", "memcpy")),
     )

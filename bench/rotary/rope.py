@@ -33,8 +33,10 @@ SMALL_TOKENS = (1, 4, 32)
 
 
 def _sweeps(hq: int, hkv: int, d: int) -> dict[str, list[Case]]:
-    return {sweep: [Case(f"T{t}", float(t), (t, hq, hkv, d)) for t in tokens]
-            for sweep, tokens in (("small", SMALL_TOKENS), ("full", FULL_TOKENS))}
+    return {
+        sweep: [Case(f"T{t}", float(t), (t, hq, hkv, d)) for t in tokens]
+        for sweep, tokens in (("small", SMALL_TOKENS), ("full", FULL_TOKENS))
+    }
 
 
 def _inputs(case: Case, torch_device: str) -> dict:
@@ -42,15 +44,19 @@ def _inputs(case: Case, torch_device: str) -> dict:
     g = torch.Generator(device=torch_device).manual_seed(0)
     qkv = torch.randn(t, (hq + 2 * hkv) * d, dtype=torch.bfloat16, device=torch_device, generator=g)
     positions = torch.randint(0, MAX_POSITIONS, (t,), device=torch_device, generator=g)
-    return dict(qkv=qkv, heads=(hq, hkv, d), positions=positions,
-                table=rope_cos_sin_cache(d, BASE, MAX_POSITIONS, device=torch_device))
+    return dict(
+        qkv=qkv,
+        heads=(hq, hkv, d),
+        positions=positions,
+        table=rope_cos_sin_cache(d, BASE, MAX_POSITIONS, device=torch_device),
+    )
 
 
 def views(qkv: torch.Tensor, heads: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor]:
     """q [T, Hq, D] and k [T, Hkv, D]: views into the fused qkv buffer, as the runner splits it."""
     hq, hkv, d = heads
     t = qkv.shape[0]
-    return qkv[:, :hq * d].view(t, hq, d), qkv[:, hq * d:(hq + hkv) * d].view(t, hkv, d)
+    return qkv[:, : hq * d].view(t, hq, d), qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d)
 
 
 def _reference(inputs: dict):
@@ -65,8 +71,9 @@ def hf_rotation(compile_it: bool):
 
         d = inputs["heads"][2]
         q, k = views(inputs["qkv"], inputs["heads"])
-        config = LlamaConfig(hidden_size=4 * d, num_attention_heads=4, head_dim=d, rope_theta=BASE,
-                             max_position_embeddings=MAX_POSITIONS)
+        config = LlamaConfig(
+            hidden_size=4 * d, num_attention_heads=4, head_dim=d, rope_theta=BASE, max_position_embeddings=MAX_POSITIONS
+        )
         emb = modeling_llama.LlamaRotaryEmbedding(config, device=q.device)
         # cos/sin once a step in HF (and in the runner before it had this kernel): untimed, in q's dtype
         cos, sin = emb(q[None], inputs["positions"][None])
@@ -101,16 +108,23 @@ def moved_bytes(case: Case) -> int:
 
 def _op(hq: int, hkv: int, d: int) -> OpBench:
     return OpBench(
-        name=f"rope_q{hq}_kv{hkv}_d{d}", area="rotary", dtype="bfloat16", x_name="tokens",
-        sweeps=_sweeps(hq, hkv, d), make_inputs=_inputs,
+        name=f"rope_q{hq}_kv{hkv}_d{d}",
+        area="rotary",
+        dtype="bfloat16",
+        x_name="tokens",
+        sweeps=_sweeps(hq, hkv, d),
+        make_inputs=_inputs,
         impls=(
             Impl("reference-eager", _reference),
             Impl("hf-eager", hf_rotation(False), gated=False),
             Impl("hf-compiled", hf_rotation(True), gated=False),
             Impl("triton", _triton, triton_skip),
         ),
-        bytes_model=moved_bytes, flops_model=lambda case: 6 * case.shape[0] * (case.shape[1] + case.shape[2]) * d,
-        roof="memcpy", baselines=("reference-eager",), compare_to="hf-eager",
+        bytes_model=moved_bytes,
+        flops_model=lambda case: 6 * case.shape[0] * (case.shape[1] + case.shape[2]) * d,
+        roof="memcpy",
+        baselines=("reference-eager",),
+        compare_to="hf-eager",
         headline=(("triton", "hf-eager"), ("triton", "hf-compiled"), ("triton", "memcpy")),
         cuda_graph=True,
     )

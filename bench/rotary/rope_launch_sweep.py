@@ -72,8 +72,13 @@ def sweep(hq: int, hkv: int, d: int, tokens: int, memcpy: float) -> None:
         ms = graphed_ms(launcher(fresh, (hq, hkv, d), positions, table, block_t, tile, warps))
         gbps = moved / ms / 1e6
         config = f"q{hq:2d} kv{hkv} d{d:3d} T={tokens:5d} tokens/prog={block_t:2d} tile={tile:5d} warps={warps}"
-        line(config, ms, f"{gbps:6.0f} GB/s", {"memcpy": gbps / memcpy, "eager-speedup": eager / ms},
-             "exact" if exact else "MISMATCH")
+        line(
+            config,
+            ms,
+            f"{gbps:6.0f} GB/s",
+            {"memcpy": gbps / memcpy, "eager-speedup": eager / ms},
+            "exact" if exact else "MISMATCH",
+        )
 
 
 if __name__ == "__main__":

@@ -48,8 +48,14 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _server_args(args: argparse.Namespace) -> list[str]:
-    out = ["--model", args.model, "--load-format", args.load_format,
-           "--max-model-len", str(args.input_len + args.output_len + 16)]
+    out = [
+        "--model",
+        args.model,
+        "--load-format",
+        args.load_format,
+        "--max-model-len",
+        str(args.input_len + args.output_len + 16),
+    ]
     if args.device:
         out += ["--device", args.device]
     return out + args.server_args.split()
@@ -83,20 +89,30 @@ def main(argv: Sequence[str] | None = None) -> int:
             asyncio.run(run_point(url, args.model, warm, args.output_len, concurrency=1))
             kwargs = {"rate": point, "seed": args.seed} if rate_mode else {"concurrency": point}
             results, seconds = asyncio.run(run_point(url, args.model, prompts, args.output_len, **kwargs))
-            row = {"mode": "rate" if rate_mode else "concurrency", "value": point, "input_len": args.input_len,
-                   "output_len": args.output_len, **summarize(results, seconds)}
+            row = {
+                "mode": "rate" if rate_mode else "concurrency",
+                "value": point,
+                "input_len": args.input_len,
+                "output_len": args.output_len,
+                **summarize(results, seconds),
+            }
             rows.append(row)
-            print(f"  {row['mode']} {point}: {row['completed']}/{row['requests']} ok in {seconds:.1f} s, "
-                  f"{row['output_tok_per_s']:.1f} out tok/s, TTFT p50 {row['ttft_p50_ms']:.0f} ms "
-                  f"p99 {row['ttft_p99_ms']:.0f} ms, TPOT p50 {row['tpot_p50_ms']:.1f} ms p99 "
-                  f"{row['tpot_p99_ms']:.1f} ms, ITL p50 {row['itl_p50_ms']:.1f} ms p99 {row['itl_p99_ms']:.1f} ms"
-                  + (f"; first error: {row['first_error']}" if row["failed"] else ""), flush=True)
+            print(
+                f"  {row['mode']} {point}: {row['completed']}/{row['requests']} ok in {seconds:.1f} s, "
+                f"{row['output_tok_per_s']:.1f} out tok/s, TTFT p50 {row['ttft_p50_ms']:.0f} ms "
+                f"p99 {row['ttft_p99_ms']:.0f} ms, TPOT p50 {row['tpot_p50_ms']:.1f} ms p99 "
+                f"{row['tpot_p99_ms']:.1f} ms, ITL p50 {row['itl_p50_ms']:.1f} ms p99 {row['itl_p99_ms']:.1f} ms"
+                + (f"; first error: {row['first_error']}" if row["failed"] else ""),
+                flush=True,
+            )
     env = collect()
     name = args.name or f"serve_{'rate' if rate_mode else 'concurrency'}"
     best = max(rows, key=lambda r: r["output_tok_per_s"])
     failed = sum(r["failed"] for r in rows)
-    headline = (f"Peak {best['output_tok_per_s']:,.1f} output tok/s at {best['mode']} {best['value']}; "
-                f"{failed} failed requests over the sweep; input {args.input_len} / output {args.output_len} tokens.")
+    headline = (
+        f"Peak {best['output_tok_per_s']:,.1f} output tok/s at {best['mode']} {best['value']}; "
+        f"{failed} failed requests over the sweep; input {args.input_len} / output {args.output_len} tokens."
+    )
     command = "touchstone bench serve " + " ".join(sys.argv[1:] if argv is None else argv)
     folder = report.write(args.out, env, name, rows, headline, {"server": server, "command": command})
     print(headline)

@@ -38,10 +38,18 @@ class RequestResult:
         return (self.e2el - self.ttft) / (self.output_tokens - 1) if self.output_tokens > 1 else None
 
 
-async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: list[int],
-                      output_len: int) -> RequestResult:
-    body = {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}
+async def one_request(
+    client: httpx.AsyncClient, url: str, model: str, prompt: list[int], output_len: int
+) -> RequestResult:
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": output_len,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     start = time.perf_counter()
     out = RequestResult(ok=False)
     last = None
@@ -76,9 +84,16 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt: l
     return out
 
 
-async def run_point(url: str, model: str, prompts: list[list[int]], output_len: int, *,
-                    concurrency: int | None = None, rate: float | None = None,
-                    seed: int = 0) -> tuple[list[RequestResult], float]:
+async def run_point(
+    url: str,
+    model: str,
+    prompts: list[list[int]],
+    output_len: int,
+    *,
+    concurrency: int | None = None,
+    rate: float | None = None,
+    seed: int = 0,
+) -> tuple[list[RequestResult], float]:
     """All prompts through the server at the given concurrency or arrival rate; (results, wall seconds)."""
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=30, read=READ_TIMEOUT_S), limits=limits) as client:

@@ -10,16 +10,55 @@ from collections.abc import Sequence
 from bench import tidy_tables
 from bench.environment import Environment
 
-SHOWN = ("mode", "value", "completed", "failed", "duration_s", "output_tok_per_s", "req_per_s", "ttft_p50_ms",
-         "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2el_p50_ms")
-COLUMNS = (*SHOWN, "requests", "input_len", "output_len", "input_tokens", "output_tokens", "e2el_p99_ms",
-           "server", "first_error", "device", "torch", "triton", "git_sha", "dirty", "command")
+SHOWN = (
+    "mode",
+    "value",
+    "completed",
+    "failed",
+    "duration_s",
+    "output_tok_per_s",
+    "req_per_s",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "tpot_p50_ms",
+    "tpot_p99_ms",
+    "itl_p50_ms",
+    "itl_p99_ms",
+    "e2el_p50_ms",
+)
+COLUMNS = (
+    *SHOWN,
+    "requests",
+    "input_len",
+    "output_len",
+    "input_tokens",
+    "output_tokens",
+    "e2el_p99_ms",
+    "server",
+    "first_error",
+    "device",
+    "torch",
+    "triton",
+    "git_sha",
+    "dirty",
+    "command",
+)
 
 
-def write(out: pathlib.Path, env: Environment, name: str, rows: Sequence[dict], headline: str,
-          common: dict) -> pathlib.Path:
-    folder = tidy_tables.write(out, env, name, rows, COLUMNS, SHOWN, headline, common,
-                               [f"server: {common['server']}", f"`{common['command']}`"])
+def write(
+    out: pathlib.Path, env: Environment, name: str, rows: Sequence[dict], headline: str, common: dict
+) -> pathlib.Path:
+    folder = tidy_tables.write(
+        out,
+        env,
+        name,
+        rows,
+        COLUMNS,
+        SHOWN,
+        headline,
+        common,
+        [f"server: {common['server']}", f"`{common['command']}`"],
+    )
     _plot(rows, folder / f"{name}.png", f"{name}: {env.device}, git {env.git_sha[:10]}")
     return folder
 

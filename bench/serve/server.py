@@ -36,9 +36,25 @@ def server_env(**extra: str) -> dict[str, str]:
 def start(args: list[str], port: int, log_path: pathlib.Path, **env: str) -> subprocess.Popen:
     """`touchstone serve --host 127.0.0.1 --port <port> <args>`, output to `log_path` (not yet ready)."""
     with open(log_path, "w") as log:
-        return subprocess.Popen([sys.executable, "-m", "bench.cli", "serve", "--host", "127.0.0.1", "--port",
-                                 str(port), "--log-level", "warning", *args], cwd=ROOT, env=server_env(**env),
-                                stdout=log, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bench.cli",
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+                *args,
+            ],
+            cwd=ROOT,
+            env=server_env(**env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def wait_ready(proc: subprocess.Popen, url: str, log_path: pathlib.Path, timeout: float) -> None:
@@ -49,8 +65,10 @@ def wait_ready(proc: subprocess.Popen, url: str, log_path: pathlib.Path, timeout
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode} before it was ready:\n"
-                               f"{log_path.read_text(errors='replace')[-3000:]}")
+            raise RuntimeError(
+                f"server exited with {proc.returncode} before it was ready:\n"
+                f"{log_path.read_text(errors='replace')[-3000:]}"
+            )
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(url + "/health", timeout=2).status_code == 200:
                 return

@@ -19,12 +19,21 @@ def summarize(results: list[RequestResult], seconds: float) -> dict:
     e2el = [r.e2el for r in ok]
     output = sum(r.output_tokens for r in ok)
     return {
-        "requests": len(results), "completed": len(ok), "failed": len(results) - len(ok),
-        "duration_s": seconds, "input_tokens": sum(r.prompt_tokens for r in ok), "output_tokens": output,
-        "req_per_s": len(ok) / seconds, "output_tok_per_s": output / seconds,
-        "ttft_p50_ms": _pct(ttft, 50), "ttft_p99_ms": _pct(ttft, 99),
-        "tpot_p50_ms": _pct(tpot, 50), "tpot_p99_ms": _pct(tpot, 99),
-        "itl_p50_ms": _pct(itl, 50), "itl_p99_ms": _pct(itl, 99),
-        "e2el_p50_ms": _pct(e2el, 50), "e2el_p99_ms": _pct(e2el, 99),
+        "requests": len(results),
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "duration_s": seconds,
+        "input_tokens": sum(r.prompt_tokens for r in ok),
+        "output_tokens": output,
+        "req_per_s": len(ok) / seconds,
+        "output_tok_per_s": output / seconds,
+        "ttft_p50_ms": _pct(ttft, 50),
+        "ttft_p99_ms": _pct(ttft, 99),
+        "tpot_p50_ms": _pct(tpot, 50),
+        "tpot_p99_ms": _pct(tpot, 99),
+        "itl_p50_ms": _pct(itl, 50),
+        "itl_p99_ms": _pct(itl, 99),
+        "e2el_p50_ms": _pct(e2el, 50),
+        "e2el_p99_ms": _pct(e2el, 99),
         "first_error": next((r.error for r in results if not r.ok), ""),
     }

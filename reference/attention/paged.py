@@ -75,16 +75,28 @@ def _tensor(name: str, t: object) -> torch.Tensor:
 FP8 = torch.float8_e4m3fn
 
 
-def check_paged_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                     seq_lens: torch.Tensor, cu_seqlens: torch.Tensor | None, scale: float,
-                     fp8_scales: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
-                     dtypes: tuple[torch.dtype, ...] = DTYPES) -> None:
+def check_paged_args(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens: torch.Tensor | None,
+    scale: float,
+    fp8_scales: tuple[torch.Tensor | None, torch.Tensor | None] | None = None,
+    dtypes: tuple[torch.dtype, ...] = DTYPES,
+) -> None:
     """Shapes, dtypes and strides (no tensor values: the kernels never read them on the host); TypeError or
     ValueError naming the argument. Shared with the kernel launcher and its fake. `fp8_scales` is
     (k_scale, v_scale) for an op that reads FP8 caches (decode); None: the caches must have q's dtype.
     `dtypes`: q's accepted dtypes (the ideal passes IDEAL_DTYPES)."""
-    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_table", block_table),
-                    ("seq_lens", seq_lens)):
+    for name, t in (
+        ("q", q),
+        ("k_cache", k_cache),
+        ("v_cache", v_cache),
+        ("block_table", block_table),
+        ("seq_lens", seq_lens),
+    ):
         _tensor(name, t)
     if q.dtype not in dtypes:
         raise TypeError(f"q: dtype must be one of {dtypes}, got {q.dtype}")
@@ -107,21 +119,26 @@ def check_paged_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if hkv == 0 or q.shape[1] % hkv:
         raise ValueError(f"q: {q.shape[1]} query heads must be a multiple of the cache's {hkv} KV heads")
     if block_table.dtype != torch.int32 or block_table.dim() != 2:
-        raise TypeError(f"block_table: must be int32 [B, max_blocks], got {block_table.dtype} "
-                        f"shape {tuple(block_table.shape)}")
+        raise TypeError(
+            f"block_table: must be int32 [B, max_blocks], got {block_table.dtype} shape {tuple(block_table.shape)}"
+        )
     if block_table.shape[1] and block_table.stride(1) != 1:
         raise ValueError(f"block_table: rows must be contiguous, got strides {block_table.stride()}")
     if seq_lens.dtype != torch.int32 or seq_lens.dim() != 1 or seq_lens.shape[0] != block_table.shape[0]:
-        raise TypeError(f"seq_lens: must be int32 [B] with B = {block_table.shape[0]} (block_table's rows), got "
-                        f"{seq_lens.dtype} shape {tuple(seq_lens.shape)}")
+        raise TypeError(
+            f"seq_lens: must be int32 [B] with B = {block_table.shape[0]} (block_table's rows), got "
+            f"{seq_lens.dtype} shape {tuple(seq_lens.shape)}"
+        )
     if cu_seqlens is None:
         if q.shape[0] != seq_lens.shape[0]:
             raise ValueError(f"q: decode takes one token a sequence: {seq_lens.shape[0]} rows, got {q.shape[0]}")
     else:
         _tensor("cu_seqlens", cu_seqlens)
         if cu_seqlens.dtype != torch.int32 or cu_seqlens.shape != (seq_lens.shape[0] + 1,):
-            raise TypeError(f"cu_seqlens: must be int32 [B + 1] = [{seq_lens.shape[0] + 1}], got "
-                            f"{cu_seqlens.dtype} shape {tuple(cu_seqlens.shape)}")
+            raise TypeError(
+                f"cu_seqlens: must be int32 [B + 1] = [{seq_lens.shape[0] + 1}], got "
+                f"{cu_seqlens.dtype} shape {tuple(cu_seqlens.shape)}"
+            )
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < math.inf:
         raise ValueError(f"scale: must be a positive finite number, got {scale!r}")
     if fp8_scales is not None:
@@ -156,8 +173,10 @@ def _check_values(q, block_table, seq_lens, cu_seqlens, block_size, num_blocks) 
     for b, length in enumerate(lens):
         n = cu[b + 1] - cu[b]
         if n < 0 or not n <= length <= block_table.shape[1] * block_size or length < 1:
-            raise ValueError(f"seq_lens: sequence {b} has {length} tokens and {n} queries; need "
-                             f"max(1, queries) <= length <= {block_table.shape[1] * block_size}")
+            raise ValueError(
+                f"seq_lens: sequence {b} has {length} tokens and {n} queries; need "
+                f"max(1, queries) <= length <= {block_table.shape[1] * block_size}"
+            )
         used = block_table[b, : -(-length // block_size)]
         if used.numel() and (int(used.min()) < 0 or int(used.max()) >= num_blocks):
             raise ValueError(f"block_table: sequence {b} points outside the cache's {num_blocks} blocks")
@@ -173,8 +192,9 @@ def gather_kv(cache: torch.Tensor, table_row: torch.Tensor, length: int) -> torc
     return cache[blocks, pos % block_size]
 
 
-def gather_dequantized(cache: torch.Tensor, cache_scale: torch.Tensor | None, table_row: torch.Tensor, length: int,
-                       dtype: torch.dtype) -> torch.Tensor:
+def gather_dequantized(
+    cache: torch.Tensor, cache_scale: torch.Tensor | None, table_row: torch.Tensor, length: int, dtype: torch.dtype
+) -> torch.Tensor:
     """gather_kv in `dtype`. An FP8 cache (cache_scale given) is dequantized first: fp32(code) * scale (float64:
     exact, the ideal's operand), then rounded once to `dtype`; the codes are gathered as bytes."""
     if cache_scale is None:
@@ -184,13 +204,22 @@ def gather_dequantized(cache: torch.Tensor, cache_scale: torch.Tensor | None, ta
     return (codes.to(wide) * gather_kv(cache_scale, table_row, length).to(wide)[..., None]).to(dtype)
 
 
-def paged_attention_ideal(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                          seq_lens: torch.Tensor, scale: float, cu_seqlens: torch.Tensor | None = None,
-                          k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> torch.Tensor:
+def paged_attention_ideal(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    cu_seqlens: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """fp64 causal paged attention, [T, Hq, D] float64 (cu_seqlens None: decode, one query a sequence); FP8
     caches on their exactly dequantized values."""
-    check_paged_args(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens, scale, (k_scale, v_scale),
-                     dtypes=IDEAL_DTYPES)
+    check_paged_args(
+        q, k_cache, v_cache, block_table, seq_lens, cu_seqlens, scale, (k_scale, v_scale), dtypes=IDEAL_DTYPES
+    )
     seqs = _check_values(q, block_table, seq_lens, cu_seqlens, k_cache.shape[1], k_cache.shape[0])
     group = q.shape[1] // k_cache.shape[2]
     out = torch.empty(q.shape, dtype=torch.float64, device=q.device)
@@ -200,12 +229,12 @@ def paged_attention_ideal(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         k = gather_dequantized(k_cache, k_scale, block_table[b], length, torch.float64)
         k = k.repeat_interleave(group, dim=1)  # [L, Hq, D]
         v = gather_dequantized(v_cache, v_scale, block_table[b], length, torch.float64).repeat_interleave(group, dim=1)
-        qs = q[first:first + n].double()  # [n, Hq, D]
+        qs = q[first : first + n].double()  # [n, Hq, D]
         scores = torch.einsum("ihd,jhd->hij", qs, k) * scale  # [Hq, n, L]
         pos_q = torch.arange(length - n, length, device=q.device)[:, None]
         scores = scores.masked_fill(torch.arange(length, device=q.device)[None, :] > pos_q, -torch.inf)
         weights = torch.softmax(scores, dim=-1)
-        out[first:first + n] = torch.einsum("hij,jhd->ihd", weights, v)
+        out[first : first + n] = torch.einsum("hij,jhd->ihd", weights, v)
     return out
 
 
@@ -222,9 +251,17 @@ def check_num_splits(num_splits: int) -> None:
         raise ValueError(f"num_splits: must be a positive int, got {num_splits!r}")
 
 
-def paged_decode_mirror(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                        seq_lens: torch.Tensor, scale: float, num_splits: int, k_scale: torch.Tensor | None = None,
-                        v_scale: torch.Tensor | None = None) -> torch.Tensor:
+def paged_decode_mirror(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_splits: int,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Split-K decode with the kernel's precision (module docstring), [B, Hq, D] in q's dtype; FP8 caches take
     their k_scale, v_scale."""
     check_paged_args(q, k_cache, v_cache, block_table, seq_lens, None, scale, (k_scale, v_scale))
@@ -262,8 +299,16 @@ def check_tile_n(tile_n: int) -> None:
         raise ValueError(f"tile_n: must be a positive int, got {tile_n!r}")
 
 
-def paged_prefill_mirror(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                         seq_lens: torch.Tensor, cu_seqlens: torch.Tensor, scale: float, tile_n: int) -> torch.Tensor:
+def paged_prefill_mirror(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    scale: float,
+    tile_n: int,
+) -> torch.Tensor:
     """Causal prefill with the kernel's precision and KV tiling (module docstring), [T, Hq, D] in q's dtype."""
     if cu_seqlens is None:
         raise TypeError("cu_seqlens: prefill needs the int32 [B + 1] query offsets, got None")
@@ -278,20 +323,20 @@ def paged_prefill_mirror(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
             continue
         k = gather_kv(k_cache, block_table[b], length).repeat_interleave(group, dim=1)  # [L, Hq, D]
         v = gather_kv(v_cache, block_table[b], length).repeat_interleave(group, dim=1)
-        s = torch.einsum("ihd,jhd->hij", q[first:first + n].float(), k.float()) * qk_scale  # [Hq, n, L]
+        s = torch.einsum("ihd,jhd->hij", q[first : first + n].float(), k.float()) * qk_scale  # [Hq, n, L]
         pos_q = torch.arange(length - n, length, device=q.device)[:, None]
         s = s.masked_fill(torch.arange(length, device=q.device)[None, :] > pos_q, -torch.inf)
         m = torch.full(s.shape[:2], -torch.inf, device=q.device)
         total = torch.zeros(s.shape[:2], device=q.device)
         acc = torch.zeros((*s.shape[:2], q.shape[2]), device=q.device)
         for lo in range(0, length, tile_n):
-            tile = s[..., lo:lo + tile_n]
+            tile = s[..., lo : lo + tile_n]
             m_new = torch.maximum(m, tile.max(dim=-1).values)
             alpha = torch.exp2(m - m_new)
             p = torch.exp2(tile - m_new[..., None])
             total = total * alpha + p.sum(dim=-1)
-            pv = torch.einsum("hij,jhd->hid", p.to(v.dtype).float(), v[lo:lo + tile_n].float())
+            pv = torch.einsum("hij,jhd->hid", p.to(v.dtype).float(), v[lo : lo + tile_n].float())
             acc = acc * alpha[..., None] + pv
             m = m_new
-        out[first:first + n] = (acc / total[..., None]).transpose(0, 1)
+        out[first : first + n] = (acc / total[..., None]).transpose(0, 1)
     return out.to(q.dtype)

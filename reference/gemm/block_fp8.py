@@ -54,8 +54,9 @@ def _check_scales(name: str, scales: torch.Tensor, want: tuple[int, int]) -> Non
         raise ValueError(f"{name}: shape must be {want}, got {tuple(scales.shape)}")
 
 
-def check_block_fp8_gemm_args(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor,
-                              out_dtype: torch.dtype) -> None:
+def check_block_fp8_gemm_args(
+    a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor, out_dtype: torch.dtype
+) -> None:
     """Raise TypeError/ValueError naming the bad argument. Shared with the kernel launcher and fake impl."""
     for name, t in (("a", a), ("b", b)):
         if not isinstance(t, torch.Tensor) or t.dtype != OPERAND_DTYPE:
@@ -79,8 +80,13 @@ def weight_scales_per_row(b_scales: torch.Tensor, n: int) -> torch.Tensor:
     return b_scales.repeat_interleave(BLOCK, dim=0)[:n]
 
 
-def block_fp8_gemm_mirror(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor,
-                          out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def block_fp8_gemm_mirror(
+    a: torch.Tensor,
+    a_scales: torch.Tensor,
+    b: torch.Tensor,
+    b_scales: torch.Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
     """The kernel's arithmetic in fp32: per K block `acc = acc + (A_kb B_kb^T) * (a_s * b_s)`, then one cast."""
     check_block_fp8_gemm_args(a, a_scales, b, b_scales, out_dtype)
     m, k = a.shape
@@ -94,8 +100,9 @@ def block_fp8_gemm_mirror(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tens
     return acc.to(out_dtype)
 
 
-def dequantize_operands(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor,
-                        b_scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def dequantize_operands(
+    a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 A * a_scales and B * b_scales, each element times the scale of its group or tile (exact)."""
     n = b.shape[0]
     a64 = a.to(torch.float64) * a_scales.to(torch.float64).repeat_interleave(BLOCK, dim=1)
@@ -103,8 +110,9 @@ def dequantize_operands(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor
     return a64, b64
 
 
-def block_fp8_gemm_ideal(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor,
-                         b_scales: torch.Tensor) -> torch.Tensor:
+def block_fp8_gemm_ideal(
+    a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor
+) -> torch.Tensor:
     """float64 product of the dequantized operands: what the quantized GEMM means, without rounding."""
     check_block_fp8_gemm_args(a, a_scales, b, b_scales, torch.float32)
     a64, b64 = dequantize_operands(a, a_scales, b, b_scales)

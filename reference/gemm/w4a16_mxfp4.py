@@ -55,16 +55,19 @@ def check_w4a16_args(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor)
     if x.dim() != 2:
         raise ValueError(f"x: must be 2-D [M, K], got shape {tuple(x.shape)}")
     if codes.dim() != 2 or scales.dim() != 2:
-        raise ValueError(f"codes and scales: must be 2-D [N, K//2] and [N, K//32], got {tuple(codes.shape)} "
-                         f"and {tuple(scales.shape)}")
+        raise ValueError(
+            f"codes and scales: must be 2-D [N, K//2] and [N, K//32], got {tuple(codes.shape)} "
+            f"and {tuple(scales.shape)}"
+        )
     k = x.shape[1]
     if k % MX_BLOCK_SIZE:
         raise ValueError(f"x: K = {k} is not a multiple of the MXFP4 block size {MX_BLOCK_SIZE}")
     if codes.shape[1] * 2 != k:
         raise ValueError(f"codes: shape {tuple(codes.shape)} does not match K = {k} (need [N, {k // 2}])")
     if scales.shape != (codes.shape[0], k // MX_BLOCK_SIZE):
-        raise ValueError(f"scales: shape {tuple(scales.shape)}, need [N, K//32] = [{codes.shape[0]}, "
-                         f"{k // MX_BLOCK_SIZE}]")
+        raise ValueError(
+            f"scales: shape {tuple(scales.shape)}, need [N, K//32] = [{codes.shape[0]}, {k // MX_BLOCK_SIZE}]"
+        )
 
 
 def w4a16_mxfp4_gemm_mirror(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

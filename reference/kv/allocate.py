@@ -26,8 +26,15 @@ class KVCache:
     views: tuple[dict[str, torch.Tensor], ...]  # one per layer: the spec's named tensors
 
 
-def allocate_kv_cache(spec: CacheSpec, num_blocks: int, num_layers: int = 1, *, packed: bool = False,
-                      device: torch.device | str = "cpu", fill: int = 0) -> KVCache:
+def allocate_kv_cache(
+    spec: CacheSpec,
+    num_blocks: int,
+    num_layers: int = 1,
+    *,
+    packed: bool = False,
+    device: torch.device | str = "cpu",
+    fill: int = 0,
+) -> KVCache:
     """Build the buffer and the per-layer views of `num_layers` layers of `spec`, `num_blocks` blocks each."""
     if not isinstance(spec, CacheSpec):
         raise TypeError(f"spec: must be a CacheSpec, got {type(spec).__name__}")

@@ -35,15 +35,19 @@ class MambaSpec:
 
     def __post_init__(self) -> None:
         if not self.shapes or len(self.shapes) != len(self.dtypes):
-            raise ValueError(f"shapes: need one shape per dtype, got {len(self.shapes)} shapes, {len(self.dtypes)} "
-                             f"dtypes")
+            raise ValueError(
+                f"shapes: need one shape per dtype, got {len(self.shapes)} shapes, {len(self.dtypes)} dtypes"
+            )
         for shape in self.shapes:
             for dim in shape:
                 check_count("shapes", dim)
-        if self.page_bytes_padded is not None and (isinstance(self.page_bytes_padded, bool)
-                                                   or self.page_bytes_padded < self.real_page_bytes):
-            raise ValueError(f"page_bytes_padded: must be at least the real page {self.real_page_bytes} bytes, got "
-                             f"{self.page_bytes_padded}")
+        if self.page_bytes_padded is not None and (
+            isinstance(self.page_bytes_padded, bool) or self.page_bytes_padded < self.real_page_bytes
+        ):
+            raise ValueError(
+                f"page_bytes_padded: must be at least the real page {self.real_page_bytes} bytes, got "
+                f"{self.page_bytes_padded}"
+            )
 
     @property
     def real_page_bytes(self) -> int:
@@ -71,12 +75,27 @@ def _check_shards(tp: int, **heads: int) -> None:
             raise ValueError(f"{name}: must divide by tp={tp}, got {value}")
 
 
-def mamba2_state_shapes(*, intermediate_size: int, n_groups: int, num_heads: int, head_dim: int, state_size: int,
-                        conv_kernel: int, tp: int = 1) -> tuple[tuple[int, int], tuple[int, int, int]]:
+def mamba2_state_shapes(
+    *,
+    intermediate_size: int,
+    n_groups: int,
+    num_heads: int,
+    head_dim: int,
+    state_size: int,
+    conv_kernel: int,
+    tp: int = 1,
+) -> tuple[tuple[int, int], tuple[int, int, int]]:
     """Mamba2: conv state (conv_kernel - 1, conv_dim // tp) in vLLM's default "SD" order, conv_dim =
     intermediate_size + 2 * n_groups * state_size; SSM state (num_heads // tp, head_dim, state_size)."""
-    for name, value in (("intermediate_size", intermediate_size), ("n_groups", n_groups), ("num_heads", num_heads),
-                        ("head_dim", head_dim), ("state_size", state_size), ("conv_kernel", conv_kernel), ("tp", tp)):
+    for name, value in (
+        ("intermediate_size", intermediate_size),
+        ("n_groups", n_groups),
+        ("num_heads", num_heads),
+        ("head_dim", head_dim),
+        ("state_size", state_size),
+        ("conv_kernel", conv_kernel),
+        ("tp", tp),
+    ):
         check_count(name, value)
     _check_shards(tp, num_heads=num_heads, intermediate_size=intermediate_size)
     n_groups += _extra_groups_for_head_shards(n_groups, tp)
@@ -84,12 +103,19 @@ def mamba2_state_shapes(*, intermediate_size: int, n_groups: int, num_heads: int
     return (conv_kernel - 1, conv_dim // tp), (num_heads // tp, head_dim, state_size)
 
 
-def gated_delta_net_state_shapes(*, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int,
-                                 conv_kernel: int, tp: int = 1) -> tuple[tuple[int, int], tuple[int, int, int]]:
+def gated_delta_net_state_shapes(
+    *, num_k_heads: int, num_v_heads: int, head_k_dim: int, head_v_dim: int, conv_kernel: int, tp: int = 1
+) -> tuple[tuple[int, int], tuple[int, int, int]]:
     """Gated DeltaNet (Qwen3-Next/3.5 linear attention): conv state (conv_kernel - 1, conv_dim // tp), conv_dim =
     2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim; state (num_v_heads // tp, head_v_dim, head_k_dim)."""
-    for name, value in (("num_k_heads", num_k_heads), ("num_v_heads", num_v_heads), ("head_k_dim", head_k_dim),
-                        ("head_v_dim", head_v_dim), ("conv_kernel", conv_kernel), ("tp", tp)):
+    for name, value in (
+        ("num_k_heads", num_k_heads),
+        ("num_v_heads", num_v_heads),
+        ("head_k_dim", head_k_dim),
+        ("head_v_dim", head_v_dim),
+        ("conv_kernel", conv_kernel),
+        ("tp", tp),
+    ):
         check_count(name, value)
     _check_shards(tp, num_k_heads=num_k_heads, num_v_heads=num_v_heads)
     conv_dim = 2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim
@@ -114,8 +140,10 @@ def unify_attention_mamba(attention: CacheSpec, mamba: MambaSpec, alignment: int
     if attention.block_size < needed:
         attention = attention.with_block_size(needed)
     if attention.page_bytes < mamba.real_page_bytes:
-        raise ValueError(f"attention: its padded page of {attention.page_bytes} bytes at block size "
-                         f"{attention.block_size} cannot hold the {mamba.real_page_bytes}-byte Mamba page")
+        raise ValueError(
+            f"attention: its padded page of {attention.page_bytes} bytes at block size "
+            f"{attention.block_size} cannot hold the {mamba.real_page_bytes}-byte Mamba page"
+        )
     return attention, mamba.with_page_bytes(attention.page_bytes)
 
 
@@ -142,5 +170,7 @@ def _grow_or_pad(name: str, spec: CacheSpec, target: int) -> CacheSpec:
             return grown
     if len(spec.part_spans()) == 1 and target % spec.alignment == 0:
         return spec.with_page_bytes(target)
-    raise ValueError(f"specs: {name!r} (page {spec.page_bytes} bytes) can neither grow its block size nor be padded "
-                     f"to the common page of {target} bytes")
+    raise ValueError(
+        f"specs: {name!r} (page {spec.page_bytes} bytes) can neither grow its block size nor be padded "
+        f"to the common page of {target} bytes"
+    )

@@ -47,5 +47,8 @@ class MLASpec(CacheSpec):
         (region,) = layer.regions
         el = self.dtype.itemsize
         shape = (layer.num_blocks, self.block_size, self.head_size)
-        return {"latent": strided_view(buffer, self.dtype, region.offset, shape,
-                                       (region.block_stride, self.head_size * el, el))}
+        return {
+            "latent": strided_view(
+                buffer, self.dtype, region.offset, shape, (region.block_stride, self.head_size * el, el)
+            )
+        }

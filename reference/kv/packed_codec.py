@@ -38,8 +38,10 @@ def _check_latent(latent: torch.Tensor, nope: int) -> None:
     if not isinstance(latent, torch.Tensor) or latent.dtype != torch.bfloat16:
         raise TypeError(f"latent: dtype must be torch.bfloat16, got {getattr(latent, 'dtype', type(latent).__name__)}")
     if latent.dim() == 0 or latent.shape[-1] != nope + ROPE_DIM:
-        raise ValueError(f"latent: last dim must be {nope} NoPE + {ROPE_DIM} RoPE = {nope + ROPE_DIM}, "
-                         f"got shape {tuple(latent.shape)}")
+        raise ValueError(
+            f"latent: last dim must be {nope} NoPE + {ROPE_DIM} RoPE = {nope + ROPE_DIM}, "
+            f"got shape {tuple(latent.shape)}"
+        )
 
 
 def _check_bytes(name: str, t: torch.Tensor, width: int) -> None:
@@ -62,8 +64,9 @@ def encode_fp8_ds_mla(latent: torch.Tensor) -> torch.Tensor:
     """bf16 latent [..., 576] (512 NoPE, 64 RoPE) -> the 656-byte fp8_ds_mla entries, uint8 [..., 656]."""
     _check_latent(latent, DS_MLA_NOPE)
     q, scales = _quantize_nope(latent, DS_MLA_NOPE, DS_MLA_TILE)
-    return torch.cat([q.view(torch.uint8), scales.contiguous().view(torch.uint8), _rope_bytes(latent, DS_MLA_NOPE)],
-                     dim=-1)
+    return torch.cat(
+        [q.view(torch.uint8), scales.contiguous().view(torch.uint8), _rope_bytes(latent, DS_MLA_NOPE)], dim=-1
+    )
 
 
 def decode_fp8_ds_mla(entries: torch.Tensor) -> torch.Tensor:
@@ -71,9 +74,9 @@ def decode_fp8_ds_mla(entries: torch.Tensor) -> torch.Tensor:
     _check_bytes("entries", entries, DS_MLA_TOKEN_BYTES)
     entries = entries.contiguous()
     q = entries[..., :DS_MLA_NOPE].view(torch.float8_e4m3fn)
-    scales = entries[..., DS_MLA_NOPE:DS_MLA_NOPE + 16].view(torch.float32)
+    scales = entries[..., DS_MLA_NOPE : DS_MLA_NOPE + 16].view(torch.float32)
     nope = dequantize_fp8(q, scales, granularity="group", group_size=DS_MLA_TILE, dtype=torch.bfloat16)
-    return torch.cat([nope, entries[..., DS_MLA_NOPE + 16:].view(torch.bfloat16)], dim=-1)
+    return torch.cat([nope, entries[..., DS_MLA_NOPE + 16 :].view(torch.bfloat16)], dim=-1)
 
 
 def ue8m0_bytes(scales: torch.Tensor) -> torch.Tensor:
@@ -98,6 +101,6 @@ def decode_dsv4(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"scales: leading dims {tuple(scales.shape[:-1])} differ from data's {tuple(data.shape[:-1])}")
     data = data.contiguous()
     q = data[..., :DSV4_NOPE].view(torch.float8_e4m3fn)
-    factors = decode_e8m0(scales[..., :DSV4_NOPE // DSV4_TILE])
+    factors = decode_e8m0(scales[..., : DSV4_NOPE // DSV4_TILE])
     nope = dequantize_fp8(q, factors, granularity="group", group_size=DSV4_TILE, dtype=torch.bfloat16)
     return torch.cat([nope, data[..., DSV4_NOPE:].view(torch.bfloat16)], dim=-1)

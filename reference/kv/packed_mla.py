@@ -60,8 +60,11 @@ class FP8DsMLASpec(CacheSpec):
         check_buffer(buffer, self)
         (region,) = layer.regions
         shape = (layer.num_blocks, self.block_size, DS_MLA_TOKEN_BYTES)
-        return {"entries": strided_view(buffer, torch.uint8, region.offset, shape,
-                                        (region.block_stride, DS_MLA_TOKEN_BYTES, 1))}
+        return {
+            "entries": strided_view(
+                buffer, torch.uint8, region.offset, shape, (region.block_stride, DS_MLA_TOKEN_BYTES, 1)
+            )
+        }
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -84,16 +87,28 @@ class DeepseekV4Spec(CacheSpec):
     def token_segments(self, slot: int) -> tuple[Segment, ...]:
         """The page bytes token `slot` occupies: its data row and its scale row (two runs)."""
         _check_slot(self, slot)
-        return (Segment(slot * DSV4_DATA_ROW_BYTES, DSV4_DATA_ROW_BYTES),
-                Segment(self.scale_rows_offset + slot * DSV4_SCALE_ROW_BYTES, DSV4_SCALE_ROW_BYTES))
+        return (
+            Segment(slot * DSV4_DATA_ROW_BYTES, DSV4_DATA_ROW_BYTES),
+            Segment(self.scale_rows_offset + slot * DSV4_SCALE_ROW_BYTES, DSV4_SCALE_ROW_BYTES),
+        )
 
     def views(self, buffer: torch.Tensor, layer: LayerGeometry) -> dict[str, torch.Tensor]:
         check_buffer(buffer, self)
         (region,) = layer.regions
         n, stride = layer.num_blocks, region.block_stride
         return {
-            "data": strided_view(buffer, torch.uint8, region.offset, (n, self.block_size, DSV4_DATA_ROW_BYTES),
-                                 (stride, DSV4_DATA_ROW_BYTES, 1)),
-            "scales": strided_view(buffer, torch.uint8, region.offset + self.scale_rows_offset,
-                                   (n, self.block_size, DSV4_SCALE_ROW_BYTES), (stride, DSV4_SCALE_ROW_BYTES, 1)),
+            "data": strided_view(
+                buffer,
+                torch.uint8,
+                region.offset,
+                (n, self.block_size, DSV4_DATA_ROW_BYTES),
+                (stride, DSV4_DATA_ROW_BYTES, 1),
+            ),
+            "scales": strided_view(
+                buffer,
+                torch.uint8,
+                region.offset + self.scale_rows_offset,
+                (n, self.block_size, DSV4_SCALE_ROW_BYTES),
+                (stride, DSV4_SCALE_ROW_BYTES, 1),
+            ),
         }

@@ -83,8 +83,10 @@ class CacheSpec:
         if self.page_bytes_padded is not None:
             check_count("page_bytes_padded", self.page_bytes_padded)
             if self.page_bytes_padded < self.real_page_bytes or self.page_bytes_padded % self.alignment:
-                raise ValueError(f"page_bytes_padded: must be a multiple of {self.alignment} of at least the real "
-                                 f"page {self.real_page_bytes} bytes, got {self.page_bytes_padded}")
+                raise ValueError(
+                    f"page_bytes_padded: must be a multiple of {self.alignment} of at least the real "
+                    f"page {self.real_page_bytes} bytes, got {self.page_bytes_padded}"
+                )
             if len(self.part_spans()) > 1:
                 raise ValueError("page_bytes_padded: only a spec whose block is one part can be padded")
 
@@ -138,12 +140,14 @@ class CacheSpec:
             if packed:
                 regions = (Region(layer * self.page_bytes, self.block_stride(num_layers, True), spans[0]),)
             elif len(spans) == 1:
-                regions = (Region(layer * num_blocks * self.page_bytes, self.block_stride(num_layers, False),
-                                  spans[0]),)
+                regions = (
+                    Region(layer * num_blocks * self.page_bytes, self.block_stride(num_layers, False), spans[0]),
+                )
             else:  # part p of every block, one run after another: all blocks' K, then all blocks' V
                 base = layer * num_blocks * self.page_bytes
-                regions = tuple(Region(base + num_blocks * sum(reserves[:p]), reserves[p], spans[p])
-                                for p in range(len(spans)))
+                regions = tuple(
+                    Region(base + num_blocks * sum(reserves[:p]), reserves[p], spans[p]) for p in range(len(spans))
+                )
             layers.append(LayerGeometry(layer, num_blocks, regions))
         return tuple(layers)
 
@@ -166,14 +170,17 @@ class CacheSpec:
         return dataclasses.replace(self, page_bytes_padded=page_bytes)
 
 
-def strided_view(buffer: torch.Tensor, dtype: torch.dtype, offset: int, shape: tuple[int, ...],
-                 byte_strides: tuple[int, ...]) -> torch.Tensor:
+def strided_view(
+    buffer: torch.Tensor, dtype: torch.dtype, offset: int, shape: tuple[int, ...], byte_strides: tuple[int, ...]
+) -> torch.Tensor:
     """A `dtype` view of a 1-D uint8 `buffer`, at byte `offset` with strides in bytes; offset and strides must
     be whole elements (a misaligned view would silently read the wrong bytes)."""
     size = dtype.itemsize
     if offset % size or any(s % size for s in byte_strides):
-        raise ValueError(f"buffer: a {dtype} view needs offset and strides in multiples of {size} bytes, got "
-                         f"offset {offset}, strides {byte_strides}")
+        raise ValueError(
+            f"buffer: a {dtype} view needs offset and strides in multiples of {size} bytes, got "
+            f"offset {offset}, strides {byte_strides}"
+        )
     end = offset + sum((n - 1) * s for n, s in zip(shape, byte_strides, strict=True)) + size
     if end > buffer.numel():
         raise ValueError(f"buffer: {buffer.numel()} bytes, but the view reaches byte {end}")

@@ -57,8 +57,9 @@ def check_slot_mapping(slot_mapping: torch.Tensor, num_tokens: int) -> None:
     if slot_mapping.dtype != torch.int64:
         raise TypeError(f"slot_mapping: dtype must be torch.int64, got {slot_mapping.dtype}")
     if slot_mapping.dim() != 1 or slot_mapping.shape[0] != num_tokens:
-        raise ValueError(f"slot_mapping: must be 1-D with one slot per token ({num_tokens}), got shape "
-                         f"{tuple(slot_mapping.shape)}")
+        raise ValueError(
+            f"slot_mapping: must be 1-D with one slot per token ({num_tokens}), got shape {tuple(slot_mapping.shape)}"
+        )
 
 
 def check_slot_values(slot_mapping: torch.Tensor, num_slots: int) -> torch.Tensor:
@@ -101,12 +102,16 @@ def check_store_kv_args(key, value, k_cache, v_cache, slot_mapping, layout, k_sc
         raise TypeError(f"v_cache: dtype {v_cache.dtype} differs from k_cache's {k_cache.dtype}")
     num_blocks, block_size, heads = _cache_dims(k_cache, layout)
     if _cache_dims(v_cache, layout) != (num_blocks, block_size, heads):
-        raise ValueError(f"v_cache: shape {tuple(v_cache.shape)} does not match k_cache's {tuple(k_cache.shape)} "
-                         f"but for the head size")
+        raise ValueError(
+            f"v_cache: shape {tuple(v_cache.shape)} does not match k_cache's {tuple(k_cache.shape)} "
+            f"but for the head size"
+        )
     for name, t, cache in (("key", key, k_cache), ("value", value, v_cache)):
         if t.shape[0] != key.shape[0] or t.shape[1] != heads or t.shape[2] != cache.shape[-1]:
-            raise ValueError(f"{name}: shape {tuple(t.shape)} does not fit its cache: want [{key.shape[0]}, {heads}, "
-                             f"{cache.shape[-1]}]")
+            raise ValueError(
+                f"{name}: shape {tuple(t.shape)} does not fit its cache: want [{key.shape[0]}, {heads}, "
+                f"{cache.shape[-1]}]"
+            )
     check_slot_mapping(slot_mapping, key.shape[0])
     fp8 = k_cache.dtype == torch.float8_e4m3fn
     if fp8:
@@ -147,13 +152,20 @@ def _write(cache: torch.Tensor, layout: str, blocks: torch.Tensor, positions: to
         cache[blocks, :, positions] = rows
 
 
-def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor, *, layout: str = "NHD", k_scale: torch.Tensor | None = None,
-             v_scale: torch.Tensor | None = None) -> None:
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    layout: str = "NHD",
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+) -> None:
     """Write key/value [N, H, D(v)] into k_cache/v_cache at slot_mapping [N] (in place); FP8 caches also get
     each (token, head)'s scale in k_scale/v_scale."""
-    num_blocks, block_size = check_store_kv_args(key, value, k_cache, v_cache, slot_mapping, layout, k_scale,
-                                                 v_scale)
+    num_blocks, block_size = check_store_kv_args(key, value, k_cache, v_cache, slot_mapping, layout, k_scale, v_scale)
     valid = slot_mapping >= 0
     slots = check_slot_values(slot_mapping, num_blocks * block_size)
     blocks, positions = slots // block_size, slots % block_size
@@ -166,8 +178,9 @@ def store_kv(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_ca
         _write(cache, layout, blocks, positions, rows)
 
 
-def _check_latent_store(latent: torch.Tensor, width: int, slot_mapping: torch.Tensor,
-                        rows: tuple[tuple[str, torch.Tensor, int], ...]) -> tuple[int, int]:
+def _check_latent_store(
+    latent: torch.Tensor, width: int, slot_mapping: torch.Tensor, rows: tuple[tuple[str, torch.Tensor, int], ...]
+) -> tuple[int, int]:
     """Shared argument checks of the packed-MLA stores; returns (num_blocks, block_size)."""
     _check_tensor("latent", latent)
     if latent.dtype != torch.bfloat16:
@@ -188,13 +201,18 @@ def _check_latent_store(latent: torch.Tensor, width: int, slot_mapping: torch.Te
 
 
 def check_store_fp8_ds_mla_args(latent, entries, slot_mapping) -> tuple[int, int]:
-    return _check_latent_store(latent, DS_MLA_NOPE + ROPE_DIM, slot_mapping,
-                               (("entries", entries, DS_MLA_TOKEN_BYTES),))
+    return _check_latent_store(
+        latent, DS_MLA_NOPE + ROPE_DIM, slot_mapping, (("entries", entries, DS_MLA_TOKEN_BYTES),)
+    )
 
 
 def check_store_dsv4_args(latent, data, scales, slot_mapping) -> tuple[int, int]:
-    return _check_latent_store(latent, DSV4_NOPE + ROPE_DIM, slot_mapping,
-                               (("data", data, DSV4_DATA_ROW_BYTES), ("scales", scales, DSV4_SCALE_ROW_BYTES)))
+    return _check_latent_store(
+        latent,
+        DSV4_NOPE + ROPE_DIM,
+        slot_mapping,
+        (("data", data, DSV4_DATA_ROW_BYTES), ("scales", scales, DSV4_SCALE_ROW_BYTES)),
+    )
 
 
 def store_fp8_ds_mla(latent: torch.Tensor, entries: torch.Tensor, slot_mapping: torch.Tensor) -> None:

@@ -103,8 +103,9 @@ def check_table(buffers: Sequence[torch.Tensor], table: torch.Tensor) -> None:
 def check_zero_kv_blocks_args(buffers: Sequence[torch.Tensor], table: torch.Tensor, block_ids: torch.Tensor) -> None:
     check_table(buffers, table)
     if not isinstance(block_ids, torch.Tensor) or block_ids.dtype not in BLOCK_ID_DTYPES:
-        raise TypeError(f"block_ids: must be an int32 or int64 tensor, got "
-                        f"{getattr(block_ids, 'dtype', type(block_ids).__name__)}")
+        raise TypeError(
+            f"block_ids: must be an int32 or int64 tensor, got {getattr(block_ids, 'dtype', type(block_ids).__name__)}"
+        )
     if block_ids.dim() != 1:
         raise ValueError(f"block_ids: must be 1-D, got shape {tuple(block_ids.shape)}")
 
@@ -121,8 +122,10 @@ def table_rows(buffers: Sequence[torch.Tensor], table: torch.Tensor) -> list[Zer
         end = row.offset + (row.num_blocks - 1) * row.block_stride + row.nbytes
         size = buffers[row.buffer].numel()
         if end > size:
-            raise ValueError(f"table: row {i} {row}: block {row.num_blocks - 1} ends at byte {end}, past the "
-                             f"{size}-byte buffers[{row.buffer}]")
+            raise ValueError(
+                f"table: row {i} {row}: block {row.num_blocks - 1} ends at byte {end}, past the "
+                f"{size}-byte buffers[{row.buffer}]"
+            )
     return rows
 
 
@@ -139,6 +142,7 @@ def zero_kv_blocks(buffers: Sequence[torch.Tensor], table: torch.Tensor, block_i
         if low < 0 or high >= row.num_blocks:
             raise ValueError(f"block_ids: {low if low < 0 else high} is outside row {i}'s [0, {row.num_blocks})")
         buffer = buffers[row.buffer]
-        blocks = buffer.as_strided((row.num_blocks, row.nbytes), (row.block_stride, 1),
-                                   buffer.storage_offset() + row.offset)
+        blocks = buffer.as_strided(
+            (row.num_blocks, row.nbytes), (row.block_stride, 1), buffer.storage_offset() + row.offset
+        )
         blocks[ids.to(buffer.device)] = 0

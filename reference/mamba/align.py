@@ -105,8 +105,15 @@ def saved_state_positions(mode: str, block_size: int, step_ends: Sequence[int]) 
     return tuple(range(block_size, ends[-1] + 1, block_size))
 
 
-def mamba_block_aligned_split(*, num_tokens: int, num_prompt_tokens: int, num_computed_tokens: int,
-                              num_new_tokens: int, block_size: int, use_eagle: bool = False) -> int:
+def mamba_block_aligned_split(
+    *,
+    num_tokens: int,
+    num_prompt_tokens: int,
+    num_computed_tokens: int,
+    num_new_tokens: int,
+    block_size: int,
+    use_eagle: bool = False,
+) -> int:
     """How many of `num_new_tokens` (the token budget offered to the request this step) align mode schedules,
     so that a state lands on every block boundary it will want to cache (vLLM `_mamba_block_aligned_split`).
 
@@ -139,16 +146,22 @@ def mamba_block_aligned_split(*, num_tokens: int, num_prompt_tokens: int, num_co
     return num_new_tokens
 
 
-def prefill_chunks(num_tokens: int, num_computed_tokens: int, token_budget: int,
-                   block_size: int) -> list[tuple[int, int]]:
+def prefill_chunks(
+    num_tokens: int, num_computed_tokens: int, token_budget: int, block_size: int
+) -> list[tuple[int, int]]:
     """The [start, end) chunks a prompt of `num_tokens` tokens is prefilled in from `num_computed_tokens` on, one
     request alone with `token_budget` tokens a step, split by `mamba_block_aligned_split`."""
     check_count("token_budget", token_budget)
     chunks, start = [], num_computed_tokens
     while start < num_tokens:
         offered = min(token_budget, num_tokens - start)
-        n = mamba_block_aligned_split(num_tokens=num_tokens, num_prompt_tokens=num_tokens,
-                                      num_computed_tokens=start, num_new_tokens=offered, block_size=block_size)
+        n = mamba_block_aligned_split(
+            num_tokens=num_tokens,
+            num_prompt_tokens=num_tokens,
+            num_computed_tokens=start,
+            num_new_tokens=offered,
+            block_size=block_size,
+        )
         if n == 0:
             raise ValueError(f"token_budget: {token_budget} tokens cannot reach the next {block_size}-token boundary")
         chunks.append((start, start + n))
@@ -156,8 +169,9 @@ def prefill_chunks(num_tokens: int, num_computed_tokens: int, token_budget: int,
     return chunks
 
 
-def hybrid_block_size(attention: CacheSpec, mamba: MambaSpec, *, kernel_block_alignment: int,
-                      checkpoint_alignment: int = 1) -> tuple[int, int]:
+def hybrid_block_size(
+    attention: CacheSpec, mamba: MambaSpec, *, kernel_block_alignment: int, checkpoint_alignment: int = 1
+) -> tuple[int, int]:
     """(attention block size, padded Mamba page bytes) of a hybrid model (vLLM 0.33.0 `_align_hybrid_block_size`,
     align mode): align = lcm(kernel block alignment, prefill checkpoint alignment), then
     block = align * cdiv(mamba page, align * attention bytes per token), never below the spec's own block size,

@@ -71,15 +71,17 @@ def check_causal_conv1d_args(x, weight, bias=None, initial_state=None, activatio
     if initial_state is not None:
         _check_float("initial_state", initial_state)
         if tuple(initial_state.shape) != (batch, width - 1, dim):
-            raise ValueError(f"initial_state: shape must be [{batch}, {width - 1}, {dim}], got "
-                             f"{list(initial_state.shape)}")
+            raise ValueError(
+                f"initial_state: shape must be [{batch}, {width - 1}, {dim}], got {list(initial_state.shape)}"
+            )
         if initial_state.device != x.device:
             raise ValueError(f"initial_state: on {initial_state.device}, x is on {x.device}")
     return width
 
 
-def check_causal_conv1d_update_args(x, conv_state, weight, bias=None, activation=None,
-                                    state_indices=None) -> tuple[int, int, int, int]:
+def check_causal_conv1d_update_args(
+    x, conv_state, weight, bias=None, activation=None, state_indices=None
+) -> tuple[int, int, int, int]:
     """Shapes, dtypes and devices (no values: shared with the kernel launcher); TypeError/ValueError naming the
     argument. Returns (num_slots, batch, dim, width)."""
     _check_float("x", x)
@@ -89,8 +91,10 @@ def check_causal_conv1d_update_args(x, conv_state, weight, bias=None, activation
     width = _check_weights(weight, bias, activation, dim, x.device)
     _check_float("conv_state", conv_state)
     if conv_state.dim() != 3 or conv_state.shape[1:] != (width - 1, dim):
-        raise ValueError(f"conv_state: must be [num_slots, width-1 = {width - 1}, dim = {dim}] (layout SD), got "
-                         f"shape {list(conv_state.shape)}")
+        raise ValueError(
+            f"conv_state: must be [num_slots, width-1 = {width - 1}, dim = {dim}] (layout SD), got "
+            f"shape {list(conv_state.shape)}"
+        )
     if conv_state.device != x.device:
         raise ValueError(f"conv_state: on {conv_state.device}, x is on {x.device}")
     check_state_indices(state_indices, batch, x.device)
@@ -102,8 +106,9 @@ def _silu(acc: torch.Tensor) -> torch.Tensor:
     return acc * (one / (one + torch.exp(-acc)))
 
 
-def _conv(xpad: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None,
-          length: int) -> torch.Tensor:
+def _conv(
+    xpad: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None, length: int
+) -> torch.Tensor:
     """xpad [n, length + width - 1, dim] -> acc [n, length, dim] in xpad's dtype (fp32, or fp64 for the
     ideal), in the pinned order."""
     w = weight.to(xpad.dtype)
@@ -111,13 +116,17 @@ def _conv(xpad: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, a
     if bias is not None:
         acc = acc + bias.to(xpad.dtype)
     for k in range(w.shape[1]):
-        acc = acc + w[:, k] * xpad[:, k:k + length, :]
+        acc = acc + w[:, k] * xpad[:, k : k + length, :]
     return _silu(acc) if activation == "silu" else acc
 
 
-def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                  initial_state: torch.Tensor | None = None,
-                  activation: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None,
+    activation: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Prefill over whole sequences; returns (out in x's dtype, final_state)."""
     width = check_causal_conv1d_args(x, weight, bias, initial_state, activation)
     batch, length, dim = x.shape
@@ -129,19 +138,33 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     return out, final_state.contiguous()
 
 
-def causal_conv1d_ideal(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                        initial_state: torch.Tensor | None = None, activation: str | None = None) -> torch.Tensor:
+def causal_conv1d_ideal(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    initial_state: torch.Tensor | None = None,
+    activation: str | None = None,
+) -> torch.Tensor:
     """The same math in float64 on the same inputs: out float64 [B, L, dim] (the ideal, for SQNR)."""
     check_causal_conv1d_args(x, weight, bias, initial_state, activation)
     batch, length, dim = x.shape
-    init = torch.zeros((batch, weight.shape[1] - 1, dim), dtype=torch.float64, device=x.device) if (
-        initial_state is None) else initial_state.to(torch.float64)
+    init = (
+        torch.zeros((batch, weight.shape[1] - 1, dim), dtype=torch.float64, device=x.device)
+        if (initial_state is None)
+        else initial_state.to(torch.float64)
+    )
     return _conv(torch.cat([init, x.to(torch.float64)], dim=1), weight, bias, activation, length)
 
 
-def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
-                         bias: torch.Tensor | None = None, activation: str | None = None,
-                         state_indices: torch.Tensor | None = None, pad_slot_id: int = -1) -> torch.Tensor:
+def causal_conv1d_update(
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = None,
+    state_indices: torch.Tensor | None = None,
+    pad_slot_id: int = -1,
+) -> torch.Tensor:
     """Decode: one token per request; conv_state updated in place; returns out [B, dim] in x's dtype."""
     num_slots, batch, _, _ = check_causal_conv1d_update_args(x, conv_state, weight, bias, activation, state_indices)
     pairs = slot_rows(state_indices, batch, num_slots, pad_slot_id, x.device)

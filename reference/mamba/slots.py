@@ -27,26 +27,30 @@ def check_state_indices(state_indices: torch.Tensor | None, batch: int, device: 
     if state_indices.dtype not in INDEX_DTYPES:
         raise TypeError(f"state_indices: dtype must be one of {INDEX_DTYPES}, got {state_indices.dtype}")
     if state_indices.dim() != 1 or state_indices.shape[0] != batch:
-        raise ValueError(f"state_indices: must be 1-D with one slot per request ({batch}), got shape "
-                         f"{tuple(state_indices.shape)}")
+        raise ValueError(
+            f"state_indices: must be 1-D with one slot per request ({batch}), got shape {tuple(state_indices.shape)}"
+        )
     if state_indices.device != device:
         raise ValueError(f"state_indices: on {state_indices.device}, the state is on {device}")
 
 
-def slot_rows(state_indices: torch.Tensor | None, batch: int, num_slots: int, pad_slot_id: int,
-              device: torch.device) -> list[tuple[int, int]]:
+def slot_rows(
+    state_indices: torch.Tensor | None, batch: int, num_slots: int, pad_slot_id: int, device: torch.device
+) -> list[tuple[int, int]]:
     """(request, slot) pairs to update, pad entries dropped; ValueError naming state_indices on bad values."""
     if state_indices is None:
         if batch > num_slots:
-            raise ValueError(f"state_indices: None means slot i for request i, but the batch {batch} exceeds the "
-                             f"{num_slots} slots")
+            raise ValueError(
+                f"state_indices: None means slot i for request i, but the batch {batch} exceeds the {num_slots} slots"
+            )
         return [(i, i) for i in range(batch)]
     pairs = [(i, int(s)) for i, s in enumerate(state_indices.tolist()) if int(s) != pad_slot_id]
     slots = [s for _, s in pairs]
     bad = [s for s in slots if not 0 <= s < num_slots]
     if bad:
-        raise ValueError(f"state_indices: slot {bad[0]} is outside [0, {num_slots}) and is not pad_slot_id "
-                         f"({pad_slot_id})")
+        raise ValueError(
+            f"state_indices: slot {bad[0]} is outside [0, {num_slots}) and is not pad_slot_id ({pad_slot_id})"
+        )
     if len(set(slots)) != len(slots):
         raise ValueError("state_indices: a slot appears twice; which request's update would land is unspecified")
     return pairs

@@ -100,8 +100,9 @@ def _gate(y: torch.Tensor, x: torch.Tensor, D: torch.Tensor | None, z: torch.Ten
     return y
 
 
-def ssd_chunked_scan(x, dt, A, B, C, chunk_size: int, *, D=None, z=None, dt_bias=None, dt_softplus: bool = False,
-                     initial_states=None) -> tuple[torch.Tensor, torch.Tensor]:
+def ssd_chunked_scan(
+    x, dt, A, B, C, chunk_size: int, *, D=None, z=None, dt_bias=None, dt_softplus: bool = False, initial_states=None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The SSD chunked scan (module docstring); returns (y [b, l, h, p] in x.dtype, final_state [b, h, p, n])."""
     b, seqlen, h, p, _, n = check_ssd_args(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
@@ -136,8 +137,9 @@ def ssd_chunked_scan(x, dt, A, B, C, chunk_size: int, *, D=None, z=None, dt_bias
     return _gate(y, xf, None if D is None else D.to(f), z).to(x.dtype), final_state
 
 
-def ssm_recurrence_sequential(x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus: bool = False,
-                              initial_states=None) -> tuple[torch.Tensor, torch.Tensor]:
+def ssm_recurrence_sequential(
+    x, dt, A, B, C, *, D=None, z=None, dt_bias=None, dt_softplus: bool = False, initial_states=None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The plain per-token recurrence (module docstring), always in fp64: the definition the chunked scan is
     checked against. Returns (y [b, l, h, p] fp64, final_state [b, h, p, n] fp64)."""
     b, seqlen, h, p, _, n = check_ssd_args(x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, initial_states=initial_states)

@@ -55,8 +55,9 @@ def _check_input(name: str, t: object, shape: tuple[int, ...], device: torch.dev
         raise ValueError(f"{name}: on {t.device}, the state is on {device}")
 
 
-def check_selective_state_update_args(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
-                                      state_indices=None) -> tuple[int, int, int, int, int, int]:
+def check_selective_state_update_args(
+    state, x, dt, A, B, C, D=None, z=None, dt_bias=None, state_indices=None
+) -> tuple[int, int, int, int, int, int]:
     """Shapes, dtypes and devices (no tensor values: shared with the kernel launcher); TypeError or ValueError
     naming the argument. Returns (num_slots, batch, nheads, head_dim, dstate, ngroups)."""
     check_tensor("state", state)
@@ -117,7 +118,8 @@ def update_rows(state_rows, x, dt, A, B, C, D, z, dt_bias, dt_softplus, heads_pe
 
 def _run(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_indices, pad_slot_id, dtype):
     num_slots, batch, nheads, _, _, ngroups = check_selective_state_update_args(
-        state, x, dt, A, B, C, D, z, dt_bias, state_indices)
+        state, x, dt, A, B, C, D, z, dt_bias, state_indices
+    )
     pairs = slot_rows(state_indices, batch, num_slots, pad_slot_id, state.device)
     if not pairs:
         return None, None, pairs
@@ -130,19 +132,41 @@ def _run(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_indices, pad_s
     def param(t):
         return None if t is None else t.to(dtype)
 
-    new, out = update_rows(state[slot].to(dtype), rows(x), rows(dt), param(A), rows(B), rows(C), param(D), rows(z),
-                       param(dt_bias), dt_softplus, nheads // ngroups)
+    new, out = update_rows(
+        state[slot].to(dtype),
+        rows(x),
+        rows(dt),
+        param(A),
+        rows(B),
+        rows(C),
+        param(D),
+        rows(z),
+        param(dt_bias),
+        dt_softplus,
+        nheads // ngroups,
+    )
     return new, out, (req, slot)
 
 
-def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                           C: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
-                           dt_bias: torch.Tensor | None = None, dt_softplus: bool = False,
-                           state_indices: torch.Tensor | None = None, pad_slot_id: int = -1) -> torch.Tensor:
+def selective_state_update(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    state_indices: torch.Tensor | None = None,
+    pad_slot_id: int = -1,
+) -> torch.Tensor:
     """The fp32 precision mirror: updates `state` in place at the requests' slots, returns out [B, nheads,
     head_dim] in x's dtype (pad rows 0)."""
-    new, out_rows, where = _run(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_indices, pad_slot_id,
-                                torch.float32)
+    new, out_rows, where = _run(
+        state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_indices, pad_slot_id, torch.float32
+    )
     out = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
     if new is None:
         return out
@@ -152,15 +176,25 @@ def selective_state_update(state: torch.Tensor, x: torch.Tensor, dt: torch.Tenso
     return out
 
 
-def selective_state_update_ideal(state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
-                                 B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None = None,
-                                 z: torch.Tensor | None = None, dt_bias: torch.Tensor | None = None,
-                                 dt_softplus: bool = False, state_indices: torch.Tensor | None = None,
-                                 pad_slot_id: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+def selective_state_update_ideal(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    state_indices: torch.Tensor | None = None,
+    pad_slot_id: int = -1,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The same math in float64, nothing mutated: returns (the fp64 state after the update, every slot;
     out fp64 [B, nheads, head_dim], pad rows 0)."""
-    new, out_rows, where = _run(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_indices, pad_slot_id,
-                                torch.float64)
+    new, out_rows, where = _run(
+        state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, state_indices, pad_slot_id, torch.float64
+    )
     new_state = state.to(torch.float64)
     out = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
     if new is not None:

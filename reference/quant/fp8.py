@@ -59,8 +59,10 @@ def check_quantize_fp8_args(
         if granularity != "tensor":
             raise ValueError("static_scale: only per-tensor quantization takes a static scale")
         if static_scale.dtype != torch.float32 or static_scale.numel() != 1:
-            raise TypeError(f"static_scale: must be a one-element float32 tensor, got {static_scale.dtype} "
-                            f"with {static_scale.numel()} elements")
+            raise TypeError(
+                f"static_scale: must be a one-element float32 tensor, got {static_scale.dtype} "
+                f"with {static_scale.numel()} elements"
+            )
 
 
 def _groups(x: torch.Tensor, granularity: str, group_size: int) -> torch.Tensor:
@@ -121,7 +123,11 @@ def quantize_fp8(
 
 
 def dequantize_fp8(
-    q: torch.Tensor, scales: torch.Tensor, *, granularity: str = "group", group_size: int = 128,
+    q: torch.Tensor,
+    scales: torch.Tensor,
+    *,
+    granularity: str = "group",
+    group_size: int = 128,
     dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
     """fp32(q) * scale of its group, rounded once to `dtype`."""
@@ -133,8 +139,9 @@ def dequantize_fp8(
         raise TypeError(f"dtype must be one of {OUTPUT_DTYPES}, got {dtype}")
     want = scale_shape(q, granularity, group_size)
     if tuple(scales.shape) != want:
-        raise ValueError(f"scales: shape {tuple(scales.shape)} does not match q {tuple(q.shape)} per {granularity}: "
-                         f"want {want}")
+        raise ValueError(
+            f"scales: shape {tuple(scales.shape)} does not match q {tuple(q.shape)} per {granularity}: want {want}"
+        )
     groups = _groups(q.to(torch.float32), granularity, group_size)
     out = groups * scales.reshape(groups.shape[0], 1).to(torch.float32)
     return out.reshape(q.shape).to(dtype)
@@ -157,7 +164,12 @@ def block_scale_shape(w: torch.Tensor, block: int = 128) -> tuple[int, int]:
 
 
 def quantize_fp8_blocks(
-    w: torch.Tensor, *, block: int = 128, fmt: str = "e4m3fn", eps: float = DEFAULT_EPS, ue8m0: bool = False,
+    w: torch.Tensor,
+    *,
+    block: int = 128,
+    fmt: str = "e4m3fn",
+    eps: float = DEFAULT_EPS,
+    ue8m0: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-block weight quantization (DeepSeek-V3 128x128): one fp32 scale per [block x block] tile of a 2-D
     w [N, K]; each tile follows `quantize_fp8`'s per-group rule (amax clamped by eps, NaN/Inf policy,
@@ -174,14 +186,16 @@ def quantize_fp8_blocks(
     return q.contiguous(), scales.reshape(nb, kb)
 
 
-def dequantize_fp8_blocks(q: torch.Tensor, scales: torch.Tensor, *, block: int = 128,
-                          dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dequantize_fp8_blocks(
+    q: torch.Tensor, scales: torch.Tensor, *, block: int = 128, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """fp32(q) * the scale of its tile, rounded once to `dtype`."""
     if q.dim() != 2:
         raise ValueError(f"q: must be 2-D [N, K], got shape {tuple(q.shape)}")
     if scales.dtype != torch.float32 or tuple(scales.shape) != block_scale_shape(q, block):
-        raise ValueError(f"scales: want float32 {block_scale_shape(q, block)}, got {scales.dtype} "
-                         f"{tuple(scales.shape)}")
+        raise ValueError(
+            f"scales: want float32 {block_scale_shape(q, block)}, got {scales.dtype} {tuple(scales.shape)}"
+        )
     n, k = q.shape
     full = scales.repeat_interleave(block, 0).repeat_interleave(block, 1)[:n, :k]
     return (q.to(torch.float32) * full).to(dtype)

@@ -65,8 +65,9 @@ def check_quantize_args(x: torch.Tensor, global_scale: GlobalScale) -> torch.Ten
     return s
 
 
-def check_dequantize_args(codes: torch.Tensor, scales: torch.Tensor, global_scale: GlobalScale,
-                          dtype: torch.dtype) -> torch.Tensor:
+def check_dequantize_args(
+    codes: torch.Tensor, scales: torch.Tensor, global_scale: GlobalScale, dtype: torch.dtype
+) -> torch.Tensor:
     """Raise TypeError/ValueError naming the bad argument; returns s_dec. Shared with the kernel launchers."""
     check_packed_fp4(codes, scales, dtype, NVFP4_BLOCK_SIZE, OUTPUT_DTYPES, "NVFP4")
     t = decode_value(global_scale)
@@ -96,8 +97,9 @@ def quantize_nvfp4(x: torch.Tensor, global_scale: GlobalScale) -> tuple[torch.Te
     return quantize_nvfp4_encoded(x, check_quantize_args(x, global_scale))
 
 
-def dequantize_nvfp4(codes: torch.Tensor, scales: torch.Tensor, global_scale: GlobalScale, *,
-                     dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def dequantize_nvfp4(
+    codes: torch.Tensor, scales: torch.Tensor, global_scale: GlobalScale, *, dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
     """Codes uint8 [..., K//2], scales uint8 [..., K//16] -> values [..., K] of `dtype`."""
     t = check_dequantize_args(codes, scales, global_scale, dtype)
     block_scale = decode_e4m3(scales) * t
@@ -105,4 +107,3 @@ def dequantize_nvfp4(codes: torch.Tensor, scales: torch.Tensor, global_scale: Gl
     limit = torch.finfo(dtype).max
     values = torch.where(values.isnan(), values, values.clamp(-limit, limit))
     return values.flatten(-2).to(dtype)
-

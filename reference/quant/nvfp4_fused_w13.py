@@ -62,15 +62,22 @@ def fuse_w13(w1: NVFP4Tensor, w3: NVFP4Tensor, policy: str = DEFAULT_W13_POLICY)
     codes = torch.cat((w1.codes, w3.codes))
     if bool(torch.equal(s1.view(torch.int32), s3.view(torch.int32))) or policy == "use_w1":
         if policy == "use_w1" and not torch.equal(s1.view(torch.int32), s3.view(torch.int32)):
-            warnings.warn(f"w1 global scale (decode {float(s1):.6g}) differs from w3's ({float(s3):.6g}); using "
-                          f"w1's for both halves: w3 dequantizes scaled by {float(s1 / s3):.4g}. Accuracy may be "
-                          f"affected (policy 'max_requant' re-encodes instead).", W13ScaleMismatchWarning,
-                          stacklevel=2)
+            warnings.warn(
+                f"w1 global scale (decode {float(s1):.6g}) differs from w3's ({float(s3):.6g}); using "
+                f"w1's for both halves: w3 dequantizes scaled by {float(s1 / s3):.4g}. Accuracy may be "
+                f"affected (policy 'max_requant' re-encodes instead).",
+                W13ScaleMismatchWarning,
+                stacklevel=2,
+            )
         return NVFP4Tensor(codes, torch.cat((w1.scales, w3.scales)), DecodeScale(s1))
     if policy == "raise":
-        raise ValueError(f"w1.global_scale (decode {float(s1):.6g}) and w3.global_scale (decode {float(s3):.6g}) "
-                         f"differ; policy 'raise' refuses to fuse them")
+        raise ValueError(
+            f"w1.global_scale (decode {float(s1):.6g}) and w3.global_scale (decode {float(s3):.6g}) "
+            f"differ; policy 'raise' refuses to fuse them"
+        )
     shared = torch.maximum(s1, s3)
-    scales = [half.scales if bool(s == shared) else rescale_block_scales(half.scales, s / shared)
-              for half, s in ((w1, s1), (w3, s3))]
+    scales = [
+        half.scales if bool(s == shared) else rescale_block_scales(half.scales, s / shared)
+        for half, s in ((w1, s1), (w3, s3))
+    ]
     return NVFP4Tensor(codes, torch.cat(scales), DecodeScale(shared))

@@ -42,8 +42,9 @@ def _as_scalar(value: torch.Tensor | float, kind: str) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{kind}: value must be a float or a float32 tensor, got {type(value).__name__}")
     if value.dtype != torch.float32 or value.numel() != 1:
-        raise TypeError(f"{kind}: value must be a one-element float32 tensor, got {value.dtype} "
-                        f"with {value.numel()} elements")
+        raise TypeError(
+            f"{kind}: value must be a one-element float32 tensor, got {value.dtype} with {value.numel()} elements"
+        )
     return value.reshape(())
 
 

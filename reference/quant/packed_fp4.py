@@ -14,8 +14,14 @@ def check_fp4_input(x: torch.Tensor, block: int, dtypes: tuple[torch.dtype, ...]
         raise ValueError(f"x: last dim must be a multiple of {block}, got shape {tuple(x.shape)}")
 
 
-def check_packed_fp4(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, block: int,
-                     out_dtypes: tuple[torch.dtype, ...], fmt: str) -> None:
+def check_packed_fp4(
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    dtype: torch.dtype,
+    block: int,
+    out_dtypes: tuple[torch.dtype, ...],
+    fmt: str,
+) -> None:
     """dtype one of `out_dtypes`; codes [..., K//2] and scales [..., K//block], both uint8, of one `fmt` tensor."""
     if dtype not in out_dtypes:
         raise TypeError(f"dtype must be one of {out_dtypes}, got {dtype}")

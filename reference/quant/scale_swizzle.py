@@ -64,7 +64,9 @@ def unswizzle_scales_128x4(swizzled: torch.Tensor, m: int, s: int) -> torch.Tens
     """Inverse of `swizzle_scales_128x4`: swizzled [Mp, Sp] -> row-major [m, s] (padding dropped)."""
     _check(swizzled, "swizzled")
     if tuple(swizzled.shape) != swizzled_shape(m, s):
-        raise ValueError(f"swizzled: shape {tuple(swizzled.shape)} is not the swizzled shape "
-                         f"{swizzled_shape(m, s)} of [{m}, {s}] scales")
+        raise ValueError(
+            f"swizzled: shape {tuple(swizzled.shape)} is not the swizzled shape "
+            f"{swizzled_shape(m, s)} of [{m}, {s}] scales"
+        )
     flat = swizzled.contiguous().flatten()
     return flat[swizzled_offsets(m, s).to(swizzled.device)][:m, :s]

@@ -66,21 +66,23 @@ def check_rope_args(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, c
     if k.dim() != 3:
         raise ValueError(f"k: must be 3-D [tokens, kv_heads, head_dim], got shape {tuple(k.shape)}")
     if k.shape[0] != q.shape[0] or k.shape[2] != q.shape[2]:
-        raise ValueError(f"k: tokens and head_dim must match q's {q.shape[0]} and {q.shape[2]}, got shape "
-                         f"{tuple(k.shape)}")
+        raise ValueError(
+            f"k: tokens and head_dim must match q's {q.shape[0]} and {q.shape[2]}, got shape {tuple(k.shape)}"
+        )
     head_dim = q.shape[2]
     if head_dim == 0 or head_dim % 2:
         raise ValueError(f"q: head_dim must be a positive even number, got {head_dim}")
     if cos_sin_cache.dtype != torch.float32:
         raise TypeError(f"cos_sin_cache: dtype must be torch.float32, got {cos_sin_cache.dtype}")
     if cos_sin_cache.dim() != 2 or cos_sin_cache.shape[1] != head_dim:
-        raise ValueError(f"cos_sin_cache: must be [max_positions, {head_dim}] (cos half, sin half), got shape "
-                         f"{tuple(cos_sin_cache.shape)}")
+        raise ValueError(
+            f"cos_sin_cache: must be [max_positions, {head_dim}] (cos half, sin half), got shape "
+            f"{tuple(cos_sin_cache.shape)}"
+        )
     if positions.dtype != torch.int64:
         raise TypeError(f"positions: dtype must be torch.int64, got {positions.dtype}")
     if positions.shape != (q.shape[0],):
-        raise ValueError(f"positions: shape must be ({q.shape[0]},) (one per token of q), got "
-                         f"{tuple(positions.shape)}")
+        raise ValueError(f"positions: shape must be ({q.shape[0]},) (one per token of q), got {tuple(positions.shape)}")
     for name, t in (("k", k), ("positions", positions), ("cos_sin_cache", cos_sin_cache)):
         if t.device != q.device:
             raise ValueError(f"{name}: on {t.device}, but q is on {q.device}; all tensors must share a device")
@@ -90,8 +92,10 @@ def check_positions_in_range(positions: torch.Tensor, cos_sin_cache: torch.Tenso
     """Every position indexes a row of the table (reads the values: a host sync)."""
     rows = cos_sin_cache.shape[0]
     if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= rows):
-        raise ValueError(f"positions: must lie in [0, {rows}) (cos_sin_cache rows), got "
-                         f"[{int(positions.min())}, {int(positions.max())}]")
+        raise ValueError(
+            f"positions: must lie in [0, {rows}) (cos_sin_cache rows), got "
+            f"[{int(positions.min())}, {int(positions.max())}]"
+        )
 
 
 def _cos_sin(positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,8 +112,9 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rotated * sin
 
 
-def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
-               cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_rope(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(q_out, k_out): new tensors of q's and k's shapes and dtype (the inputs are not modified)."""
     check_rope_args(q, k, positions, cos_sin_cache)
     check_positions_in_range(positions, cos_sin_cache)
@@ -117,8 +122,9 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
     return _rotate(q.float(), cos, sin).to(q.dtype), _rotate(k.float(), cos, sin).to(k.dtype)
 
 
-def apply_rope_ideal(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
-                     cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_rope_ideal(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The same rotation in fp64, no rounding (float64 outputs); the table's fp32 cos/sin taken as exact."""
     check_rope_args(q, k, positions, cos_sin_cache)
     check_positions_in_range(positions, cos_sin_cache)

@@ -21,7 +21,19 @@ from runner.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput,
 from runner.engine.sequence import FinishReason, Sequence, SequenceStatus
 
 __all__ = [
-    "FinishReason", "SamplingBatch", "SamplingParams", "Scheduler", "SchedulerConfig", "SchedulerOutput",
-    "Sequence", "SequenceStatus", "StepInputs", "bytes_per_block", "capture_sizes", "measured_usage",
-    "num_kv_blocks", "padded_batch_size", "sample",
+    "FinishReason",
+    "SamplingBatch",
+    "SamplingParams",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerOutput",
+    "Sequence",
+    "SequenceStatus",
+    "StepInputs",
+    "bytes_per_block",
+    "capture_sizes",
+    "measured_usage",
+    "num_kv_blocks",
+    "padded_batch_size",
+    "sample",
 ]

@@ -31,7 +31,7 @@ class BlockTableRows:
     def release(self, seq: Sequence) -> None:
         if seq.table_row is None:
             return
-        self.table[seq.table_row, :seq.table_synced] = 0
+        self.table[seq.table_row, : seq.table_synced] = 0
         self._free_rows.append(seq.table_row)
         seq.table_row = None
         seq.table_synced = 0
@@ -42,7 +42,7 @@ class BlockTableRows:
         if len(ids) > self.table.shape[1]:
             raise ValueError(f"seq: {len(ids)} blocks exceed the table's {self.table.shape[1]} columns")
         if len(ids) > done:
-            self.table[seq.table_row, done:len(ids)] = torch.tensor(ids[done:], dtype=torch.int32)
+            self.table[seq.table_row, done : len(ids)] = torch.tensor(ids[done:], dtype=torch.int32)
             seq.table_synced = len(ids)
 
     def gather(self, seqs: list[Sequence], width: int) -> torch.Tensor:

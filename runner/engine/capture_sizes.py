@@ -23,8 +23,9 @@ BLACKWELL_MAX = 1024
 DEFAULT_MAX = 512
 
 
-def max_capture_size(max_num_seqs: int, max_num_batched_tokens: int, platform: platform_mod.Platform | None = None
-                     ) -> int:
+def max_capture_size(
+    max_num_seqs: int, max_num_batched_tokens: int, platform: platform_mod.Platform | None = None
+) -> int:
     for name, value in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}: must be an int >= 1, got {value!r}")
@@ -33,8 +34,9 @@ def max_capture_size(max_num_seqs: int, max_num_batched_tokens: int, platform: p
     return min(default, max_num_seqs, max_num_batched_tokens)
 
 
-def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, platform: platform_mod.Platform | None = None
-                  ) -> list[int]:
+def capture_sizes(
+    max_num_seqs: int, max_num_batched_tokens: int, platform: platform_mod.Platform | None = None
+) -> list[int]:
     """Sorted decode batch sizes to capture (ascending; capture largest-first to share one memory pool)."""
     cap = max_capture_size(max_num_seqs, max_num_batched_tokens, platform)
     ladder = [1, 2, 4, *range(8, 256, 8), *range(256, cap + 1, 16)]

@@ -72,24 +72,37 @@ class StaticDecodeBuffers:
 
     def batch(self, size: int, make_batch: Callable[..., object]) -> object:
         """The AttentionBatch over the first `size` rows (views: a graph captured with it reads the buffers)."""
-        return make_batch(slot_mapping=self.slot_mapping[:size], block_table=self.block_table[:size],
-                          seq_lens=self.seq_lens[:size], cu_seqlens_q=self.cu_seqlens_q[: size + 1], is_decode=True,
-                          logits_indices=self.logits_indices[:size])
+        return make_batch(
+            slot_mapping=self.slot_mapping[:size],
+            block_table=self.block_table[:size],
+            seq_lens=self.seq_lens[:size],
+            cu_seqlens_q=self.cu_seqlens_q[: size + 1],
+            is_decode=True,
+            logits_indices=self.logits_indices[:size],
+        )
 
 
 class DecodeGraphs:
     """Captured decode graphs for `sizes` (ascending) over `forward`; `run` replays or falls back to eager."""
 
-    def __init__(self, forward: Forward, make_batch: Callable[..., object], sizes: Sequence[int], max_blocks: int,
-                 hidden_size: int, dtype: torch.dtype, device: torch.device | str, enabled: bool = True):
+    def __init__(
+        self,
+        forward: Forward,
+        make_batch: Callable[..., object],
+        sizes: Sequence[int],
+        max_blocks: int,
+        hidden_size: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        enabled: bool = True,
+    ):
         self.forward, self.make_batch = forward, make_batch
         self.device = torch.device(device)
         self.enabled = bool(enabled) and self.device.type == "cuda" and len(sizes) > 0
         self.sizes = sorted(set(sizes)) if self.enabled else []
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.buffers = StaticDecodeBuffers(self.sizes[-1], max_blocks, device) if self.enabled else None
-        self.hidden = (torch.zeros(self.sizes[-1], hidden_size, dtype=dtype, device=device)
-                       if self.enabled else None)
+        self.hidden = torch.zeros(self.sizes[-1], hidden_size, dtype=dtype, device=device) if self.enabled else None
 
     @torch.inference_mode()
     def capture(self) -> None:

@@ -46,11 +46,11 @@ class Detokenizer:
         if self.stopped_by is not None:
             return ""
         self.ids.append(int(token_id))
-        window = self._decode(self.ids[self.prefix:self.read])
-        full = self._decode(self.ids[self.prefix:])
+        window = self._decode(self.ids[self.prefix : self.read])
+        full = self._decode(self.ids[self.prefix :])
         if full.endswith(INCOMPLETE) or len(full) <= len(window):
             return ""
-        piece = full[len(window):]
+        piece = full[len(window) :]
         self.prefix, self.read = self.read, len(self.ids)
         before = len(self.text)
         self.text += piece
@@ -63,7 +63,7 @@ class Detokenizer:
 
     def _emit(self, end: int) -> str:
         end = max(end, self.emitted)  # a match never starts before what was emitted (the hold-back)
-        out, self.emitted = self.text[self.emitted:end], end
+        out, self.emitted = self.text[self.emitted : end], end
         return out
 
     def _check_stop(self, before: int) -> None:

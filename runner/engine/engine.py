@@ -65,12 +65,18 @@ class LLMEngine:
         self._prompts: dict[int | str, str | None] = {}
         self._detokenizers: dict[int | str, Detokenizer] = {}
 
-    def add_request(self, prompt_token_ids: Seq[int], params: SamplingParams, prompt: str | None = None,
-                    request_id: int | str | None = None) -> Sequence:
+    def add_request(
+        self,
+        prompt_token_ids: Seq[int],
+        params: SamplingParams,
+        prompt: str | None = None,
+        request_id: int | str | None = None,
+    ) -> Sequence:
         if params.stop and self.tokenizer is None:
             raise ValueError("params: stop strings need a tokenizer; this model has none")
-        seq = Sequence(list(prompt_token_ids), params, request_id=request_id,
-                       block_size=self.scheduler.config.block_size)
+        seq = Sequence(
+            list(prompt_token_ids), params, request_id=request_id, block_size=self.scheduler.config.block_size
+        )
         self.scheduler.add(seq)
         self._prompts[seq.request_id] = prompt
         return seq
@@ -89,14 +95,21 @@ class LLMEngine:
 
     def load(self) -> EngineLoad:
         s = self.scheduler
-        return EngineLoad(len(s.running), len(s.waiting), s.kv.num_usable_blocks, s.kv.pool.num_free_blocks,
-                          s.num_prompt_tokens_queried, s.num_prompt_tokens_hit)
+        return EngineLoad(
+            len(s.running),
+            len(s.waiting),
+            s.kv.num_usable_blocks,
+            s.kv.pool.num_free_blocks,
+            s.num_prompt_tokens_queried,
+            s.num_prompt_tokens_hit,
+        )
 
     def _stop_checker(self, seq: Sequence) -> str | None:
         detok = self._detokenizers.get(seq.request_id)
         if detok is None:
-            detok = self._detokenizers[seq.request_id] = Detokenizer(self.tokenizer, seq.prompt_token_ids,
-                                                                     seq.params.stop)
+            detok = self._detokenizers[seq.request_id] = Detokenizer(
+                self.tokenizer, seq.prompt_token_ids, seq.params.stop
+            )
         detok.add(seq.token_ids[-1])
         return detok.stopped_by
 
@@ -133,5 +146,12 @@ class LLMEngine:
         else:
             text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
         reason = seq.finish_reason.value if seq.finish_reason is not None else "abort"
-        return RequestOutput(seq.request_id, self._prompts.pop(seq.request_id, None), seq.prompt_token_ids,
-                             seq.output_token_ids, text, reason, seq.stop_reason)
+        return RequestOutput(
+            seq.request_id,
+            self._prompts.pop(seq.request_id, None),
+            seq.prompt_token_ids,
+            seq.output_token_ids,
+            text,
+            reason,
+            seq.stop_reason,
+        )

@@ -42,7 +42,7 @@ def extend_block_hashes(hashes: list[BlockHash], token_ids: Sequence[int], block
         raise ValueError(f"block_size: must be >= 1, got {block_size}")
     for j in range(len(hashes), len(token_ids) // block_size):
         parent = hashes[j - 1] if j else None
-        hashes.append(hash_block_tokens(parent, token_ids[j * block_size:(j + 1) * block_size]))
+        hashes.append(hash_block_tokens(parent, token_ids[j * block_size : (j + 1) * block_size]))
     return hashes
 
 

@@ -48,8 +48,9 @@ class KVCacheManager:
             hits.append(block)
         return hits, len(hits) * self.block_size
 
-    def allocate_slots(self, seq: Sequence, num_new_tokens: int,
-                       computed_blocks: list[KVCacheBlock] | tuple[()] = ()) -> bool:
+    def allocate_slots(
+        self, seq: Sequence, num_new_tokens: int, computed_blocks: list[KVCacheBlock] | tuple[()] = ()
+    ) -> bool:
         if num_new_tokens < 1:
             raise ValueError(f"num_new_tokens: must be >= 1, got {num_new_tokens}")
         if computed_blocks and (seq.block_table or seq.num_computed_tokens):

@@ -38,8 +38,9 @@ def bytes_per_block(spec: CacheSpec, num_layers: int) -> int:
     return spec.buffer_bytes(1, num_layers)
 
 
-def num_kv_blocks(total_bytes: int, used_bytes: int, memory_fraction: float, block_bytes: int,
-                  max_blocks: int | None = None) -> int:
+def num_kv_blocks(
+    total_bytes: int, used_bytes: int, memory_fraction: float, block_bytes: int, max_blocks: int | None = None
+) -> int:
     if not 0 < memory_fraction <= 1:
         raise ValueError(f"memory_fraction: must be in (0, 1], got {memory_fraction}")
     for name, value in (("total_bytes", total_bytes), ("used_bytes", used_bytes), ("block_bytes", block_bytes)):
@@ -53,7 +54,8 @@ def num_kv_blocks(total_bytes: int, used_bytes: int, memory_fraction: float, blo
         raise ValueError(
             f"memory_fraction: {memory_fraction} of {total_bytes / 2**30:.2f} GiB leaves "
             f"{budget / 2**30:.3f} GiB after {used_bytes / 2**30:.2f} GiB in use: {blocks} blocks of "
-            f"{block_bytes} bytes, need at least 2 (null block + 1); raise the fraction or shrink the model")
+            f"{block_bytes} bytes, need at least 2 (null block + 1); raise the fraction or shrink the model"
+        )
     return blocks
 
 

@@ -30,21 +30,29 @@ from runner.model.attention import AttentionBatch
 
 def cache_spec(config, block_size: int, dtype: torch.dtype) -> FullAttentionSpec:
     """The model's per-layer KV block: its KV heads and head size, in the model dtype, NHD."""
-    return FullAttentionSpec(block_size=block_size, num_kv_heads=config.num_key_value_heads,
-                             head_size=config.head_dim, dtype=dtype)
+    return FullAttentionSpec(
+        block_size=block_size, num_kv_heads=config.num_key_value_heads, head_size=config.head_dim, dtype=dtype
+    )
 
 
-def allocate_kv(config, num_blocks: int, block_size: int, dtype: torch.dtype,
-                device: torch.device | str) -> tuple[KVCache, list[tuple[torch.Tensor, torch.Tensor]]]:
-    cache = allocate_kv_cache(cache_spec(config, block_size, dtype), num_blocks, config.num_hidden_layers,
-                              device=device)
+def allocate_kv(
+    config, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device | str
+) -> tuple[KVCache, list[tuple[torch.Tensor, torch.Tensor]]]:
+    cache = allocate_kv_cache(
+        cache_spec(config, block_size, dtype), num_blocks, config.num_hidden_layers, device=device
+    )
     return cache, [(view["k"], view["v"]) for view in cache.views]
 
 
 def attention_batch(inputs: StepInputs) -> AttentionBatch:
-    return AttentionBatch(slot_mapping=inputs.slot_mapping, block_table=inputs.block_table, seq_lens=inputs.seq_lens,
-                          cu_seqlens_q=inputs.cu_seqlens_q, is_decode=inputs.is_decode,
-                          logits_indices=inputs.logits_indices)
+    return AttentionBatch(
+        slot_mapping=inputs.slot_mapping,
+        block_table=inputs.block_table,
+        seq_lens=inputs.seq_lens,
+        cu_seqlens_q=inputs.cu_seqlens_q,
+        is_decode=inputs.is_decode,
+        logits_indices=inputs.logits_indices,
+    )
 
 
 @dataclasses.dataclass
@@ -57,17 +65,34 @@ class StepTimes:
 
 
 class ModelRunner:
-    def __init__(self, model, config, *, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: torch.device | str, max_model_len: int, capture_sizes: list[int] | tuple[int, ...] = (),
-                 enforce_eager: bool = False):
+    def __init__(
+        self,
+        model,
+        config,
+        *,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        max_model_len: int,
+        capture_sizes: list[int] | tuple[int, ...] = (),
+        enforce_eager: bool = False,
+    ):
         self.model, self.config = model, config
         self.device = torch.device(device)
         self.block_size = block_size
         self.cache, self.kv_caches = allocate_kv(config, num_blocks, block_size, dtype, self.device)
         self.max_blocks = -(-max_model_len // block_size)
         self.packer = StepPacker(self.device)
-        self.graphs = DecodeGraphs(self._forward, AttentionBatch, () if enforce_eager else capture_sizes,
-                                   self.max_blocks, config.hidden_size, dtype, self.device)
+        self.graphs = DecodeGraphs(
+            self._forward,
+            AttentionBatch,
+            () if enforce_eager else capture_sizes,
+            self.max_blocks,
+            config.hidden_size,
+            dtype,
+            self.device,
+        )
         self.graphs.capture()
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
@@ -86,12 +111,16 @@ class ModelRunner:
         # Built before the model runs: these are pageable copies, which block the host until the stream gets to
         # them (after the whole forward, were they queued behind it). An all-greedy batch needs none of them.
         seqs = [rows[i].seq for i in sampling]
-        batch = (None if all(is_greedy(s.params) for s in seqs)
-                 else SamplingBatch.from_sequences(seqs, self.config.vocab_size, self.device))
+        batch = (
+            None
+            if all(is_greedy(s.params) for s in seqs)
+            else SamplingBatch.from_sequences(seqs, self.config.vocab_size, self.device)
+        )
         clock.lap("prepare_s")
         if inputs.is_decode:  # one token a row: hidden row i is sequence i's token
-            step = DecodeInputs(inputs.input_ids, inputs.positions, inputs.slot_mapping, inputs.block_table,
-                                inputs.seq_lens)
+            step = DecodeInputs(
+                inputs.input_ids, inputs.positions, inputs.slot_mapping, inputs.block_table, inputs.seq_lens
+            )
             hidden = self.graphs.run(step, lambda: attention_batch(inputs))
             hidden = hidden if some is None else hidden[some]  # a 1-token prompt chunk that is not the last
         else:

@@ -47,8 +47,13 @@ class SamplingBatch:
     any_top_p: bool
 
     @classmethod
-    def build(cls, params: Seq[SamplingParams], vocab_size: int, device: torch.device | str = "cpu",
-              generators: Seq[torch.Generator | None] | None = None) -> SamplingBatch:
+    def build(
+        cls,
+        params: Seq[SamplingParams],
+        vocab_size: int,
+        device: torch.device | str = "cpu",
+        generators: Seq[torch.Generator | None] | None = None,
+    ) -> SamplingBatch:
         generators = tuple(generators) if generators is not None else (None,) * len(params)
         if len(generators) != len(params):
             raise ValueError(f"generators: {len(generators)} for {len(params)} rows")
@@ -88,8 +93,10 @@ def sample(logits: torch.Tensor, batch: SamplingBatch | None) -> torch.Tensor:
     """One token id per row (int64 [B]). `batch` None: every row is greedy (the caller saw it from the params
     and built no per-row tensors: the common decode batch costs no host-to-device copies)."""
     if not isinstance(logits, torch.Tensor) or logits.dtype != torch.float32 or logits.dim() != 2:
-        raise TypeError(f"logits: must be a 2-D float32 tensor, got {getattr(logits, 'dtype', type(logits))} "
-                        f"of shape {tuple(getattr(logits, 'shape', ()))}")
+        raise TypeError(
+            f"logits: must be a 2-D float32 tensor, got {getattr(logits, 'dtype', type(logits))} "
+            f"of shape {tuple(getattr(logits, 'shape', ()))}"
+        )
     if batch is not None and logits.shape[0] != batch.temperature.shape[0]:
         raise ValueError(f"logits: {logits.shape[0]} rows for a batch of {batch.temperature.shape[0]}")
     greedy_tokens = logits.argmax(dim=-1)
@@ -98,8 +105,9 @@ def sample(logits: torch.Tensor, batch: SamplingBatch | None) -> torch.Tensor:
     greedy = batch.temperature < GREEDY_EPS
     scaled = logits / torch.where(greedy, 1.0, batch.temperature)[:, None]
     if batch.any_top_k or batch.any_top_p:
-        scaled = apply_top_k_top_p(scaled, batch.top_k if batch.any_top_k else None,
-                                   batch.top_p if batch.any_top_p else None)
+        scaled = apply_top_k_top_p(
+            scaled, batch.top_k if batch.any_top_k else None, batch.top_p if batch.any_top_p else None
+        )
     # Unnormalised probabilities: the race's argmax does not depend on the row's normaliser.
     weights = (scaled - scaled.amax(dim=-1, keepdim=True)).exp_()
     race = torch.empty_like(weights).exponential_()

@@ -47,7 +47,7 @@ class SamplingParams:
             raise ValueError(f"top_p: must be in (0, 1], got {self.top_p}")
         if _check_int("top_k", self.top_k) < -1:
             raise ValueError(f"top_k: must be >= 1, or 0 / -1 for off, got {self.top_k}")
-        if self.seed is not None and not -2**63 <= _check_int("seed", self.seed) < 2**64:
+        if self.seed is not None and not -(2**63) <= _check_int("seed", self.seed) < 2**64:
             raise ValueError(f"seed: must be in [-2**63, 2**64) (a torch.Generator seed), got {self.seed}")
         if _check_int("max_tokens", self.max_tokens) < 1:
             raise ValueError(f"max_tokens: must be >= 1, got {self.max_tokens}")

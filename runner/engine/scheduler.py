@@ -65,11 +65,15 @@ class SchedulerConfig:
         for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len"):
             _positive(name, getattr(self, name))
         if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(f"max_num_batched_tokens: {self.max_num_batched_tokens} must be >= max_num_seqs "
-                             f"{self.max_num_seqs}, so every running request's decode token fits one step")
+            raise ValueError(
+                f"max_num_batched_tokens: {self.max_num_batched_tokens} must be >= max_num_seqs "
+                f"{self.max_num_seqs}, so every running request's decode token fits one step"
+            )
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            raise ValueError(f"max_num_batched_tokens: {self.max_num_batched_tokens} must be >= max_model_len "
-                             f"{self.max_model_len} without chunked prefill (a whole prompt runs in one step)")
+            raise ValueError(
+                f"max_num_batched_tokens: {self.max_num_batched_tokens} must be >= max_model_len "
+                f"{self.max_model_len} without chunked prefill (a whole prompt runs in one step)"
+            )
         object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
 
 
@@ -133,8 +137,7 @@ class SchedulerOutput:
         rows, table = self.scheduled, self.block_table
         if block_table_width is not None:
             if block_table_width < table.shape[1]:
-                raise ValueError(f"block_table_width: {block_table_width} < the step's widest table "
-                                 f"{table.shape[1]}")
+                raise ValueError(f"block_table_width: {block_table_width} < the step's widest table {table.shape[1]}")
             table = torch.nn.functional.pad(table, (0, block_table_width - table.shape[1]))
         cu = [0]
         for s in rows:
@@ -153,8 +156,14 @@ class SchedulerOutput:
         )
         if torch.device(device).type == "cpu":
             return out
-        return dataclasses.replace(out, **{f.name: getattr(out, f.name).to(device, non_blocking=True)
-                                          for f in dataclasses.fields(out) if f.name != "is_decode"})
+        return dataclasses.replace(
+            out,
+            **{
+                f.name: getattr(out, f.name).to(device, non_blocking=True)
+                for f in dataclasses.fields(out)
+                if f.name != "is_decode"
+            },
+        )
 
 
 StopChecker = Callable[[Sequence], str | None]
@@ -181,14 +190,16 @@ class Scheduler:
         if seq.status is not SequenceStatus.WAITING or seq.num_computed_tokens or seq.block_table:
             raise ValueError(f"seq: {seq} is not a new request")
         if seq.num_tokens >= cfg.max_model_len:
-            raise ValueError(f"seq: prompt of {seq.num_tokens} tokens leaves no room under max_model_len "
-                             f"{cfg.max_model_len}")
+            raise ValueError(
+                f"seq: prompt of {seq.num_tokens} tokens leaves no room under max_model_len {cfg.max_model_len}"
+            )
         # The most K/V it can hold: every token but the last it may generate. A request that could outgrow
         # the whole cache would preempt itself forever.
         peak = min(seq.num_prompt_tokens + seq.params.max_tokens, cfg.max_model_len) - 1
         if cdiv(peak, cfg.block_size) > self.kv.num_usable_blocks:
-            raise ValueError(f"seq: may need {cdiv(peak, cfg.block_size)} blocks, the cache has "
-                             f"{self.kv.num_usable_blocks}")
+            raise ValueError(
+                f"seq: may need {cdiv(peak, cfg.block_size)} blocks, the cache has {self.kv.num_usable_blocks}"
+            )
         self.waiting.append(seq)
 
     def abort(self, request_id: str | int) -> Sequence | None:
@@ -240,7 +251,8 @@ class Scheduler:
             # Fast path (most decode steps of a request): its last block still has a free slot, so there is
             # nothing to allocate and nothing to preempt. A preempted request is no longer RUNNING.
             if seq.status is SequenceStatus.RUNNING and (
-                    seq.num_computed_tokens < len(seq.block_ids) * bs or allocate(seq, 1)):
+                seq.num_computed_tokens < len(seq.block_ids) * bs or allocate(seq, 1)
+            ):
                 plan[seq] = 1
                 budget -= 1
         for seq in prefills:
@@ -283,12 +295,22 @@ class Scheduler:
     def _entry(self, seq: Sequence, n: int) -> ScheduledSequence:
         start, bs, ids = seq.num_computed_tokens, self.config.block_size, seq.block_ids
         if n == 1:  # a decode token: no slices or comprehensions (256 rows a step)
-            return ScheduledSequence(seq, start, 1, [seq.token_ids[start]], [ids[start // bs] * bs + start % bs],
-                                     start + 1 == len(seq.token_ids))
+            return ScheduledSequence(
+                seq,
+                start,
+                1,
+                [seq.token_ids[start]],
+                [ids[start // bs] * bs + start % bs],
+                start + 1 == len(seq.token_ids),
+            )
         return ScheduledSequence(
-            seq=seq, start=start, num_new_tokens=n, token_ids=seq.token_ids[start:start + n],
+            seq=seq,
+            start=start,
+            num_new_tokens=n,
+            token_ids=seq.token_ids[start : start + n],
             slot_mapping=[ids[p // bs] * bs + p % bs for p in range(start, start + n)],
-            samples=start + n == seq.num_tokens)
+            samples=start + n == seq.num_tokens,
+        )
 
     def update(self, output: SchedulerOutput, sampled_token_ids: Seq[int] | torch.Tensor) -> list[Sequence]:
         """Advance the step's requests; `sampled_token_ids[i]` is row i's token (ignored where the row does
@@ -299,8 +321,9 @@ class Scheduler:
         if isinstance(sampled_token_ids, torch.Tensor):
             sampled_token_ids = sampled_token_ids.tolist()
         if len(sampled_token_ids) != len(output.scheduled):
-            raise ValueError(f"sampled_token_ids: {len(sampled_token_ids)} tokens for "
-                             f"{len(output.scheduled)} scheduled requests")
+            raise ValueError(
+                f"sampled_token_ids: {len(sampled_token_ids)} tokens for {len(output.scheduled)} scheduled requests"
+            )
         finished = []
         for entry, token in zip(output.scheduled, sampled_token_ids, strict=True):
             seq = entry.seq

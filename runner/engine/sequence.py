@@ -43,8 +43,14 @@ _arrivals = itertools.count()
 
 
 class Sequence:
-    def __init__(self, prompt_token_ids: list[int], params: SamplingParams | None = None, *,
-                 request_id: str | int | None = None, block_size: int = 16) -> None:
+    def __init__(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams | None = None,
+        *,
+        request_id: str | int | None = None,
+        block_size: int = 16,
+    ) -> None:
         if not isinstance(prompt_token_ids, list | tuple) or not prompt_token_ids:
             raise ValueError(f"prompt_token_ids: must be a non-empty list of token ids, got {prompt_token_ids!r}")
         if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in prompt_token_ids):
@@ -82,11 +88,11 @@ class Sequence:
 
     @property
     def prompt_token_ids(self) -> list[int]:
-        return self.token_ids[:self.num_prompt_tokens]
+        return self.token_ids[: self.num_prompt_tokens]
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
+        return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def num_uncomputed_tokens(self) -> int:
@@ -129,5 +135,7 @@ class Sequence:
         return self._generator
 
     def __repr__(self) -> str:
-        return (f"Sequence(id={self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
-                f"prompt={self.num_prompt_tokens}, computed={self.num_computed_tokens}, blocks={self.block_ids})")
+        return (
+            f"Sequence(id={self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
+            f"prompt={self.num_prompt_tokens}, computed={self.num_computed_tokens}, blocks={self.block_ids})"
+        )

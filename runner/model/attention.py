@@ -43,35 +43,55 @@ class AttentionBatch:
     logits_indices: torch.Tensor  # int64 [B]: row of each sequence's last new token (the one to sample from)
 
 
-def make_batch(block_tables: list[list[int]], seq_lens: list[int], query_lens: list[int], block_size: int,
-               device: torch.device | str = "cpu") -> AttentionBatch:
+def make_batch(
+    block_tables: list[list[int]],
+    seq_lens: list[int],
+    query_lens: list[int],
+    block_size: int,
+    device: torch.device | str = "cpu",
+) -> AttentionBatch:
     """An AttentionBatch from per-sequence lists (tests and simple drivers): sequence b has seq_lens[b] tokens
     after the step, the last query_lens[b] of them new, stored in the blocks block_tables[b] in order."""
     if not len(block_tables) == len(seq_lens) == len(query_lens):
-        raise ValueError(f"block_tables, seq_lens, query_lens: need one entry per sequence, got "
-                         f"{len(block_tables)}, {len(seq_lens)}, {len(query_lens)}")
+        raise ValueError(
+            f"block_tables, seq_lens, query_lens: need one entry per sequence, got "
+            f"{len(block_tables)}, {len(seq_lens)}, {len(query_lens)}"
+        )
     slots, cu = [], [0]
     for b, (table, length, n) in enumerate(zip(block_tables, seq_lens, query_lens, strict=True)):
         if not 1 <= n <= length <= len(table) * block_size:
-            raise ValueError(f"seq_lens: sequence {b} needs 1 <= {n} new <= {length} tokens <= "
-                             f"{len(table) * block_size} (its blocks' capacity)")
+            raise ValueError(
+                f"seq_lens: sequence {b} needs 1 <= {n} new <= {length} tokens <= "
+                f"{len(table) * block_size} (its blocks' capacity)"
+            )
         slots += [table[p // block_size] * block_size + p % block_size for p in range(length - n, length)]
         cu.append(cu[-1] + n)
     width = max(len(t) for t in block_tables)
     table = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32, device=device)
     cu_t = torch.tensor(cu, dtype=torch.int32, device=device)
     return AttentionBatch(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device), block_table=table,
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device), cu_seqlens_q=cu_t,
-        is_decode=all(n == 1 for n in query_lens), logits_indices=(cu_t[1:] - 1).to(torch.int64))
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        block_table=table,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        cu_seqlens_q=cu_t,
+        is_decode=all(n == 1 for n in query_lens),
+        logits_indices=(cu_t[1:] - 1).to(torch.int64),
+    )
 
 
 def uses_kernels(q: torch.Tensor) -> bool:
     return q.device.type == "cuda" and q.dtype in KERNEL_DTYPES
 
 
-def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, batch: AttentionBatch, scale: float) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: AttentionBatch,
+    scale: float,
+) -> torch.Tensor:
     """Store k, v [T, Hkv, D] at batch.slot_mapping, then causal paged attention of q [T, Hq, D] over each
     sequence's cache; returns [T, Hq, D] in q's dtype."""
     if uses_kernels(q):
@@ -81,8 +101,9 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
 
         store_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         if batch.is_decode:
-            return paged_decode(q, k_cache, v_cache, batch.block_table, batch.seq_lens, scale=scale,
-                                num_splits=DECODE_SPLITS)
+            return paged_decode(
+                q, k_cache, v_cache, batch.block_table, batch.seq_lens, scale=scale, num_splits=DECODE_SPLITS
+            )
         return paged_prefill(q, k_cache, v_cache, batch.block_table, batch.seq_lens, batch.cu_seqlens_q, scale=scale)
     reference_store_kv(k, v, k_cache, v_cache, batch.slot_mapping)
     cu = None if batch.is_decode else batch.cu_seqlens_q

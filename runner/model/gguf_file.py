@@ -27,10 +27,15 @@ import torch
 from runner.model.config import LlamaConfig
 
 _LAYER_NAMES = {
-    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
 }
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight)$")
@@ -46,8 +51,10 @@ def hf_name(gguf_name: str) -> str:
         base, _, kind = gguf_name.rpartition(".")
         if base in _TOP_NAMES and kind == "weight":
             return f"{_TOP_NAMES[base]}.weight"
-    raise ValueError(f"weights: GGUF tensor {gguf_name!r} has no place in a Llama model (rope_freqs, biases and "
-                     f"other architectures are not supported)")
+    raise ValueError(
+        f"weights: GGUF tensor {gguf_name!r} has no place in a Llama model (rope_freqs, biases and "
+        f"other architectures are not supported)"
+    )
 
 
 def _check_heads(w: torch.Tensor, heads: int) -> int:
@@ -82,8 +89,11 @@ class GGUFCheckpoint:
         if not self.path.is_file():
             raise ValueError(f"model: GGUF file {self.path} does not exist")
         self._reader = gguf.GGUFReader(str(self.path))
-        self.metadata = {key: _value(field) for key, field in self._reader.fields.items()
-                         if not key.startswith("tokenizer.ggml.") or key.endswith("_id")}
+        self.metadata = {
+            key: _value(field)
+            for key, field in self._reader.fields.items()
+            if not key.startswith("tokenizer.ggml.") or key.endswith("_id")
+        }
         self.tensor_names = [t.name for t in self._reader.tensors]
         if "llama.vocab_size" not in self.metadata:  # older files: the embedding's row count (shape is [in, out])
             embd = [t for t in self._reader.tensors if t.name == "token_embd.weight"]
@@ -123,18 +133,27 @@ def config_from_metadata(meta: dict, tied: bool) -> LlamaConfig:
 
     heads = int(get("attention.head_count"))
     hidden = int(get("embedding_length"))
-    head_dim = int(meta.get("llama.attention.key_length") or meta.get("llama.rope.dimension_count")
-                   or hidden // heads)
-    if meta.get("llama.rope.scaling.type", "none") not in ("none", "linear") or float(
-            meta.get("llama.rope.scaling.factor", 1.0) or 1.0) != 1.0:
+    head_dim = int(meta.get("llama.attention.key_length") or meta.get("llama.rope.dimension_count") or hidden // heads)
+    if (
+        meta.get("llama.rope.scaling.type", "none") not in ("none", "linear")
+        or float(meta.get("llama.rope.scaling.factor", 1.0) or 1.0) != 1.0
+    ):
         raise ValueError("model: GGUF rope scaling is not supported (plain RoPE only)")
     vocab = meta.get("llama.vocab_size")
     if vocab is None:
         raise ValueError("model: GGUF metadata lacks llama.vocab_size")
     return LlamaConfig(
-        vocab_size=int(vocab), hidden_size=hidden, intermediate_size=int(get("feed_forward_length")),
-        num_hidden_layers=int(get("block_count")), num_attention_heads=heads,
-        num_key_value_heads=int(get("attention.head_count_kv", heads)), head_dim=head_dim,
-        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")), rope_theta=float(get("rope.freq_base", 10000.0)),
-        max_position_embeddings=int(get("context_length")), tie_word_embeddings=tied,
-        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"), eos_token_id=meta.get("tokenizer.ggml.eos_token_id"))
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(get("feed_forward_length")),
+        num_hidden_layers=int(get("block_count")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(get("attention.head_count_kv", heads)),
+        head_dim=head_dim,
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
+        rope_theta=float(get("rope.freq_base", 10000.0)),
+        max_position_embeddings=int(get("context_length")),
+        tie_word_embeddings=tied,
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
+    )

@@ -27,8 +27,10 @@ from runner.model.attention import uses_kernels
 def default_weight_loader(param: nn.Parameter, tensor: torch.Tensor) -> None:
     """Copy a checkpoint tensor into a parameter of the same shape (any dtype/device: converted on copy)."""
     if tuple(tensor.shape) != tuple(param.shape):
-        raise ValueError(f"weight: checkpoint tensor of shape {tuple(tensor.shape)} does not fit the parameter's "
-                         f"{tuple(param.shape)}")
+        raise ValueError(
+            f"weight: checkpoint tensor of shape {tuple(tensor.shape)} does not fit the parameter's "
+            f"{tuple(param.shape)}"
+        )
     param.data.copy_(tensor)
 
 
@@ -66,8 +68,9 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, base: float, max_positions: int, device) -> None:
         super().__init__()
-        self.register_buffer("cos_sin_cache", rope_cos_sin_cache(head_dim, base, max_positions, device=device),
-                             persistent=False)
+        self.register_buffer(
+            "cos_sin_cache", rope_cos_sin_cache(head_dim, base, max_positions, device=device), persistent=False
+        )
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if uses_kernels(q):
@@ -115,8 +118,9 @@ class FusedLinear(Linear):
             raise ValueError(f"shard_id: must be one of {list(self.shard_sizes)}, got {shard_id!r}")
         rows = self.shard_sizes[shard_id]
         if tuple(tensor.shape) != (rows, param.shape[1]):
-            raise ValueError(f"weight: shard {shard_id!r} must be [{rows}, {param.shape[1]}], got "
-                             f"{tuple(tensor.shape)}")
+            raise ValueError(
+                f"weight: shard {shard_id!r} must be [{rows}, {param.shape[1]}], got {tuple(tensor.shape)}"
+            )
         param.data.narrow(0, self.shard_offsets[shard_id], rows).copy_(tensor)
 
     def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -128,8 +132,12 @@ class QKVLinear(FusedLinear):
     """Shards "q" (Hq * D rows), "k" and "v" (Hkv * D rows each)."""
 
     def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, dtype, device) -> None:
-        super().__init__(hidden, {"q": num_heads * head_dim, "k": num_kv_heads * head_dim,
-                                  "v": num_kv_heads * head_dim}, dtype, device)
+        super().__init__(
+            hidden,
+            {"q": num_heads * head_dim, "k": num_kv_heads * head_dim, "v": num_kv_heads * head_dim},
+            dtype,
+            device,
+        )
 
 
 class GateUpLinear(FusedLinear):

@@ -39,14 +39,23 @@ STACKED_PARAMS = (
 class LlamaAttention(nn.Module):
     def __init__(self, config: LlamaConfig, dtype: torch.dtype, device) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = (config.num_attention_heads, config.num_key_value_heads,
-                                                            config.head_dim)
-        self.scale = self.head_dim ** -0.5
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
+        self.scale = self.head_dim**-0.5
         self.qkv_proj = QKVLinear(config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, dtype, device)
         self.o_proj = Linear(config.q_size, config.hidden_size, dtype, device)
 
-    def forward(self, rotary_emb: RotaryEmbedding, positions: torch.Tensor, x: torch.Tensor, batch: AttentionBatch,
-                kv_cache: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def forward(
+        self,
+        rotary_emb: RotaryEmbedding,
+        positions: torch.Tensor,
+        x: torch.Tensor,
+        batch: AttentionBatch,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
         """rotary_emb: the model's one RotaryEmbedding (its cos/sin table is shared by every layer)."""
         tokens = x.shape[0]
         q, k, v = self.qkv_proj.split(self.qkv_proj(x))
@@ -77,8 +86,9 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         self.mlp = LlamaMLP(config, dtype, device)
 
-    def forward(self, rotary_emb, positions, x: torch.Tensor, residual: torch.Tensor | None, batch,
-                kv_cache) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, rotary_emb, positions, x: torch.Tensor, residual: torch.Tensor | None, batch, kv_cache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The residual stream h is carried as (x, residual) with h = x + residual (residual None: h = x), so
         each residual add fuses into the norm after it: h = h + attn(norm(h)); h = h + mlp(norm(h)), with the
         same roundings (one per add)."""
@@ -97,8 +107,9 @@ class LlamaModel(nn.Module):
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype, device)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype, device) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
-        self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position_embeddings,
-                                          device)  # shared by every layer
+        self.rotary_emb = RotaryEmbedding(
+            config.head_dim, config.rope_theta, config.max_position_embeddings, device
+        )  # shared by every layer
 
 
 class LlamaForCausalLM(nn.Module):
@@ -108,19 +119,27 @@ class LlamaForCausalLM(nn.Module):
             raise TypeError(f"config: must be a LlamaConfig, got {type(config).__name__}")
         self.config, self.dtype = config, dtype
         self.model = LlamaModel(config, dtype, device)
-        self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size, dtype,
-                                                                       device)
+        self.lm_head = (
+            None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size, dtype, device)
+        )
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        batch: AttentionBatch,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
         """Hidden states [T, hidden] of the step's T new tokens (the final norm applied)."""
         if len(kv_caches) != len(self.model.layers):
-            raise ValueError(f"kv_caches: need one (k_cache, v_cache) per layer ({len(self.model.layers)}), got "
-                             f"{len(kv_caches)}")
+            raise ValueError(
+                f"kv_caches: need one (k_cache, v_cache) per layer ({len(self.model.layers)}), got {len(kv_caches)}"
+            )
         if input_ids.shape != positions.shape or input_ids.dim() != 1:
-            raise ValueError(f"input_ids, positions: must both be [T], got {tuple(input_ids.shape)} and "
-                             f"{tuple(positions.shape)}")
+            raise ValueError(
+                f"input_ids, positions: must both be [T], got {tuple(input_ids.shape)} and {tuple(positions.shape)}"
+            )
         h = self.model.embed_tokens(input_ids)
         residual = None
         for layer, kv_cache in zip(self.model.layers, kv_caches, strict=True):
@@ -154,9 +173,14 @@ class LlamaForCausalLM(nn.Module):
                 raise ValueError(f"weights: checkpoint tensor {name!r} has no parameter in this model")
             if (target, shard) not in pending:
                 fused_on_disk = shard is None and any(f in target for f, _, _ in STACKED_PARAMS)
-                raise ValueError(f"weights: checkpoint tensor {name!r} " + (
-                    "is stored fused; give its shards (q/k/v_proj, gate/up_proj) separately" if fused_on_disk
-                    else "given twice"))
+                raise ValueError(
+                    f"weights: checkpoint tensor {name!r} "
+                    + (
+                        "is stored fused; give its shards (q/k/v_proj, gate/up_proj) separately"
+                        if fused_on_disk
+                        else "given twice"
+                    )
+                )
             param = params[target]
             try:
                 if shard is None:

@@ -37,7 +37,7 @@ def block_keys(tokens: list[int], align: int) -> list[bytes]:
     """Chained keys of the full `align`-token blocks of `tokens`."""
     keys, parent = [], b""
     for j in range(len(tokens) // align):
-        block = tokens[j * align:(j + 1) * align]
+        block = tokens[j * align : (j + 1) * align]
         parent = hashlib.sha256(parent + b"".join(t.to_bytes(8, "little") for t in block)).digest()
         keys.append(parent)
     return keys
@@ -67,20 +67,24 @@ class PrefixStateStore:
         to `end`), and the Mamba states at `end` when `end` is a block boundary."""
         a = self.align
         for j in range(start // a, end // a):  # blocks whose last token lies in [start, end)
-            kv = tuple(AttentionKV(_to_cpu(s.k[:, j * a:(j + 1) * a]), _to_cpu(s.v[:, j * a:(j + 1) * a]))
-                       for s in states.layers if isinstance(s, AttentionKV))
+            kv = tuple(
+                AttentionKV(_to_cpu(s.k[:, j * a : (j + 1) * a]), _to_cpu(s.v[:, j * a : (j + 1) * a]))
+                for s in states.layers
+                if isinstance(s, AttentionKV)
+            )
             self.blocks.setdefault(keys[j], StoredBlock(kv))
         if end % a == 0 and end > start:
             block = self.blocks[keys[end // a - 1]]
             if block.mamba is None:
-                block.mamba = tuple(MambaState(_to_cpu(s.conv), _to_cpu(s.ssm))
-                                    for s in states.layers if isinstance(s, MambaState))
+                block.mamba = tuple(
+                    MambaState(_to_cpu(s.conv), _to_cpu(s.ssm)) for s in states.layers if isinstance(s, MambaState)
+                )
 
     def lookup(self, keys: list[bytes], max_tokens: int) -> int:
         """Longest restorable prefix in tokens: a run of stored blocks from the start whose last block carries
         Mamba states, ending at most at `max_tokens`."""
         hit = 0
-        for j, key in enumerate(keys[:max_tokens // self.align]):
+        for j, key in enumerate(keys[: max_tokens // self.align]):
             block = self.blocks.get(key)
             if block is None:
                 break
@@ -91,15 +95,19 @@ class PrefixStateStore:
     def load(self, model: TinyHybridModel, keys: list[bytes], hit: int, num_tokens: int) -> HybridStates:
         """States for resuming at `num_tokens` (<= hit) from the blocks of the first `hit` tokens: KV of the first
         `num_tokens` tokens, the Mamba states after `hit` tokens."""
-        blocks = [self.blocks[k] for k in keys[:hit // self.align]]
+        blocks = [self.blocks[k] for k in keys[: hit // self.align]]
         kv = iter(zip(*(b.kv for b in blocks), strict=True))
         mamba = iter(blocks[-1].mamba)
         layers = []
         for t in model.config.layer_types:
             if t == "attention":
                 parts = next(kv)
-                layers.append(AttentionKV(torch.cat([p.k for p in parts], dim=1)[:, :num_tokens].clone(),
-                                          torch.cat([p.v for p in parts], dim=1)[:, :num_tokens].clone()))
+                layers.append(
+                    AttentionKV(
+                        torch.cat([p.k for p in parts], dim=1)[:, :num_tokens].clone(),
+                        torch.cat([p.v for p in parts], dim=1)[:, :num_tokens].clone(),
+                    )
+                )
             else:
                 state = next(mamba)
                 layers.append(MambaState(state.conv.clone(), state.ssm.clone()))
@@ -114,8 +122,15 @@ class OffloadRun:
     chunks: tuple[tuple[int, int], ...]  # the prefill chunks run
 
 
-def generate_with_offload(model: TinyHybridModel, prompt: list[int], store: PrefixStateStore, *,
-                          max_new_tokens: int, token_budget: int, fault: str = "none") -> OffloadRun:
+def generate_with_offload(
+    model: TinyHybridModel,
+    prompt: list[int],
+    store: PrefixStateStore,
+    *,
+    max_new_tokens: int,
+    token_budget: int,
+    fault: str = "none",
+) -> OffloadRun:
     """Greedy generation for one request through `store`: restore the longest allowed prefix, prefill the rest
     in block-aligned chunks of at most `token_budget` tokens (saving blocks and states into `store`), decode."""
     if not isinstance(prompt, list) or not prompt or not all(isinstance(t, int) for t in prompt):

@@ -53,21 +53,32 @@ class TinyHybridConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_attention_heads", "attention_head_dim", "mamba_num_heads",
-                     "mamba_head_dim", "mamba_n_groups", "mamba_state_size", "mamba_chunk_size"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_attention_heads",
+            "attention_head_dim",
+            "mamba_num_heads",
+            "mamba_head_dim",
+            "mamba_n_groups",
+            "mamba_state_size",
+            "mamba_chunk_size",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: must be an integer >= 1, got {value!r}")
         if not self.layer_types or any(t not in LAYER_TYPES for t in self.layer_types):
             raise ValueError(f"layer_types: need at least one of {LAYER_TYPES}, got {self.layer_types!r}")
         if self.mamba_num_heads % self.mamba_n_groups:
-            raise ValueError(f"mamba_n_groups: must divide mamba_num_heads {self.mamba_num_heads}, got "
-                             f"{self.mamba_n_groups}")
+            raise ValueError(
+                f"mamba_n_groups: must divide mamba_num_heads {self.mamba_num_heads}, got {self.mamba_n_groups}"
+            )
         if self.mamba_conv_kernel < 2:
             raise ValueError(f"mamba_conv_kernel: must be >= 2, got {self.mamba_conv_kernel}")
         if self.rope_theta is not None and self.attention_head_dim % 2:
-            raise ValueError(f"attention_head_dim: must be even for the rotary embedding, got "
-                             f"{self.attention_head_dim}")
+            raise ValueError(
+                f"attention_head_dim: must be even for the rotary embedding, got {self.attention_head_dim}"
+            )
 
     @property
     def mamba_inner(self) -> int:
@@ -111,28 +122,35 @@ class TinyHybridModel:
         self.embed = _randn(g, cfg.vocab_size, d)
         self.final_norm = 1.0 + _randn(g, d, scale=0.1)
         self.lm_head = _randn(g, cfg.vocab_size, d, scale=2.0 / math.sqrt(d))
-        self.layers = [self._attention_weights(g) if t == "attention" else self._mamba_weights(g)
-                       for t in cfg.layer_types]
+        self.layers = [
+            self._attention_weights(g) if t == "attention" else self._mamba_weights(g) for t in cfg.layer_types
+        ]
 
     def _attention_weights(self, g: torch.Generator) -> dict[str, torch.Tensor]:
         cfg, d = self.config, self.config.hidden_size
         inner = cfg.num_attention_heads * cfg.attention_head_dim
-        return {"norm": 1.0 + _randn(g, d, scale=0.1), "wq": _randn(g, inner, d, scale=d**-0.5),
-                "wk": _randn(g, inner, d, scale=d**-0.5), "wv": _randn(g, inner, d, scale=d**-0.5),
-                "wo": _randn(g, d, inner, scale=inner**-0.5)}
+        return {
+            "norm": 1.0 + _randn(g, d, scale=0.1),
+            "wq": _randn(g, inner, d, scale=d**-0.5),
+            "wk": _randn(g, inner, d, scale=d**-0.5),
+            "wv": _randn(g, inner, d, scale=d**-0.5),
+            "wo": _randn(g, d, inner, scale=inner**-0.5),
+        }
 
     def _mamba_weights(self, g: torch.Generator) -> dict[str, torch.Tensor]:
         cfg, d = self.config, self.config.hidden_size
         h = cfg.mamba_num_heads
         dt = _uniform(g, h, math.log(0.05), math.log(0.5)).exp()  # dt after softplus in [0.05, 0.5]
-        return {"norm": 1.0 + _randn(g, d, scale=0.1),
-                "in_proj": _randn(g, cfg.mamba_inner + cfg.mamba_conv_dim + h, d, scale=d**-0.5),
-                "conv_weight": _randn(g, cfg.mamba_conv_dim, cfg.mamba_conv_kernel, scale=cfg.mamba_conv_kernel**-0.5),
-                "conv_bias": _randn(g, cfg.mamba_conv_dim, scale=0.1),
-                "dt_bias": dt + torch.log(-torch.expm1(-dt)),  # inverse softplus
-                "A": -_uniform(g, h, 1.0, 4.0),  # A = -exp(A_log), stored already exponentiated
-                "D": _randn(g, h),
-                "out_proj": _randn(g, d, cfg.mamba_inner, scale=cfg.mamba_inner**-0.5)}
+        return {
+            "norm": 1.0 + _randn(g, d, scale=0.1),
+            "in_proj": _randn(g, cfg.mamba_inner + cfg.mamba_conv_dim + h, d, scale=d**-0.5),
+            "conv_weight": _randn(g, cfg.mamba_conv_dim, cfg.mamba_conv_kernel, scale=cfg.mamba_conv_kernel**-0.5),
+            "conv_bias": _randn(g, cfg.mamba_conv_dim, scale=0.1),
+            "dt_bias": dt + torch.log(-torch.expm1(-dt)),  # inverse softplus
+            "A": -_uniform(g, h, 1.0, 4.0),  # A = -exp(A_log), stored already exponentiated
+            "D": _randn(g, h),
+            "out_proj": _randn(g, d, cfg.mamba_inner, scale=cfg.mamba_inner**-0.5),
+        }
 
     # -- states ---------------------------------------------------------------------------------------------
     def empty_states(self, batch: int) -> HybridStates:
@@ -143,9 +161,12 @@ class TinyHybridModel:
                 kv = torch.zeros(batch, 0, cfg.num_attention_heads, cfg.attention_head_dim)
                 layers.append(AttentionKV(kv, kv.clone()))
             else:
-                layers.append(MambaState(torch.zeros(batch, cfg.mamba_conv_kernel - 1, cfg.mamba_conv_dim),
-                                         torch.zeros(batch, cfg.mamba_num_heads, cfg.mamba_head_dim,
-                                                     cfg.mamba_state_size)))
+                layers.append(
+                    MambaState(
+                        torch.zeros(batch, cfg.mamba_conv_kernel - 1, cfg.mamba_conv_dim),
+                        torch.zeros(batch, cfg.mamba_num_heads, cfg.mamba_head_dim, cfg.mamba_state_size),
+                    )
+                )
         return HybridStates(0, tuple(layers))
 
     def _check_states(self, states: HybridStates | None, batch: int) -> HybridStates:
@@ -158,8 +179,9 @@ class TinyHybridModel:
             if not isinstance(s, kind) or s[0].shape[0] != batch:
                 raise ValueError(f"states: layer {i} must be a {kind.__name__} for batch {batch}")
             if t == "attention" and s.k.shape[1] != states.num_tokens:
-                raise ValueError(f"states: layer {i} holds KV of {s.k.shape[1]} tokens, num_tokens is "
-                                 f"{states.num_tokens}")
+                raise ValueError(
+                    f"states: layer {i} holds KV of {s.k.shape[1]} tokens, num_tokens is {states.num_tokens}"
+                )
         return states
 
     # -- mixers ---------------------------------------------------------------------------------------------
@@ -197,18 +219,30 @@ class TinyHybridModel:
         gn = cfg.mamba_n_groups * cfg.mamba_state_size
         x, B, C = torch.split(xbc, [cfg.mamba_inner, gn, gn], dim=-1)
         lead = xbc.shape[:-1]
-        return (x.reshape(*lead, cfg.mamba_num_heads, cfg.mamba_head_dim),
-                B.reshape(*lead, cfg.mamba_n_groups, cfg.mamba_state_size),
-                C.reshape(*lead, cfg.mamba_n_groups, cfg.mamba_state_size))
+        return (
+            x.reshape(*lead, cfg.mamba_num_heads, cfg.mamba_head_dim),
+            B.reshape(*lead, cfg.mamba_n_groups, cfg.mamba_state_size),
+            C.reshape(*lead, cfg.mamba_n_groups, cfg.mamba_state_size),
+        )
 
     def _mamba_prefill(self, w, u: torch.Tensor, state: MambaState) -> tuple[torch.Tensor, MambaState]:
         cfg = self.config
         z, xbc, dt = self._mamba_split(w, u)
-        xbc, conv = causal_conv1d(xbc, w["conv_weight"], w["conv_bias"], initial_state=state.conv,
-                                  activation="silu")
+        xbc, conv = causal_conv1d(xbc, w["conv_weight"], w["conv_bias"], initial_state=state.conv, activation="silu")
         x, B, C = self._xbc(xbc)
-        y, ssm = ssd_chunked_scan(x, dt, w["A"], B, C, cfg.mamba_chunk_size, D=w["D"], z=z.reshape(x.shape),
-                                  dt_bias=w["dt_bias"], dt_softplus=True, initial_states=state.ssm)
+        y, ssm = ssd_chunked_scan(
+            x,
+            dt,
+            w["A"],
+            B,
+            C,
+            cfg.mamba_chunk_size,
+            D=w["D"],
+            z=z.reshape(x.shape),
+            dt_bias=w["dt_bias"],
+            dt_softplus=True,
+            initial_states=state.ssm,
+        )
         return y.reshape(*u.shape[:2], -1) @ w["out_proj"].T, MambaState(conv, ssm)
 
     def _mamba_decode(self, w, u: torch.Tensor, state: MambaState) -> tuple[torch.Tensor, MambaState]:
@@ -216,8 +250,9 @@ class TinyHybridModel:
         conv, ssm = state.conv.clone(), state.ssm.clone()
         xbc = causal_conv1d_update(xbc, conv, w["conv_weight"], w["conv_bias"], activation="silu")
         x, B, C = self._xbc(xbc)
-        y = selective_state_update(ssm, x, dt, w["A"], B, C, D=w["D"], z=z.reshape(x.shape), dt_bias=w["dt_bias"],
-                                   dt_softplus=True)
+        y = selective_state_update(
+            ssm, x, dt, w["A"], B, C, D=w["D"], z=z.reshape(x.shape), dt_bias=w["dt_bias"], dt_softplus=True
+        )
         return y.reshape(u.shape[0], -1) @ w["out_proj"].T, MambaState(conv, ssm)
 
     # -- forward --------------------------------------------------------------------------------------------
@@ -237,8 +272,7 @@ class TinyHybridModel:
         new = []
         for t, w, s in zip(self.config.layer_types, self.layers, states.layers, strict=True):
             u = rms_norm(h, w["norm"], self.config.norm_eps)
-            out, s = (self._attention(w, u, s, states.num_tokens) if t == "attention"
-                      else self._mamba_prefill(w, u, s))
+            out, s = self._attention(w, u, s, states.num_tokens) if t == "attention" else self._mamba_prefill(w, u, s)
             h = h + out
             new.append(s)
         logits = rms_norm(h, self.final_norm, self.config.norm_eps) @ self.lm_head.T
@@ -263,8 +297,9 @@ class TinyHybridModel:
         return logits, HybridStates(states.num_tokens + 1, tuple(new))
 
 
-def greedy_decode(model: TinyHybridModel, last_logits: torch.Tensor, states: HybridStates,
-                  max_new_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+def greedy_decode(
+    model: TinyHybridModel, last_logits: torch.Tensor, states: HybridStates, max_new_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy continuation after a prefill whose last-position logits are `last_logits` [B, vocab]: returns
     (tokens [B, max_new_tokens], the logits each token was chosen from [B, max_new_tokens, vocab])."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:

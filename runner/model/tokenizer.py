@@ -12,14 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def load_gguf_tokenizer(path: str | Path, bos_token_id: int | None, eos_token_id: int | None,
-                        pad_token_id: int | None = None):
+def load_gguf_tokenizer(
+    path: str | Path, bos_token_id: int | None, eos_token_id: int | None, pad_token_id: int | None = None
+):
     """A transformers tokenizer with the file's chat template and special ids."""
     from transformers import AutoTokenizer
 
     path = Path(path)
-    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True,
-                                        clean_up_tokenization_spaces=False)
+    tok = AutoTokenizer.from_pretrained(
+        str(path.parent), gguf_file=path.name, local_files_only=True, clean_up_tokenization_spaces=False
+    )
     tok.clean_up_tokenization_spaces = False  # a BPE tokenizer must not strip spaces before punctuation
     for role, token_id in (("bos_token", bos_token_id), ("eos_token", eos_token_id), ("pad_token", pad_token_id)):
         if token_id is not None:

@@ -24,21 +24,28 @@ def hf_tensor_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
     shapes = {"model.embed_tokens.weight": (config.vocab_size, h)}
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (config.q_size, h), p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, config.q_size),
-            p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
-            p + "mlp.down_proj.weight": (h, inter),
-        })
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (config.q_size, h),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.o_proj.weight": (h, config.q_size),
+                p + "mlp.gate_proj.weight": (inter, h),
+                p + "mlp.up_proj.weight": (inter, h),
+                p + "mlp.down_proj.weight": (h, inter),
+            }
+        )
     shapes["model.norm.weight"] = (h,)
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (config.vocab_size, h)
     return shapes
 
 
-def dummy_weights(config: LlamaConfig, seed: int = 0, device: torch.device | str = "cpu",
-                  dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
+def dummy_weights(
+    config: LlamaConfig, seed: int = 0, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Seeded random weights: norms 1, matrices N(0, 1/in_features) (activations keep unit scale through the
     layers, so logits stay finite in bf16), drawn on `device` tensor by tensor."""
     gen = torch.Generator(device=device).manual_seed(seed)

@@ -71,8 +71,16 @@ def build_app(state: ServerState) -> Starlette:
         return await generate(request, chat=True)
 
     async def models(request: Request) -> Response:
-        data = [{"id": name, "object": "model", "created": 0, "owned_by": "touchstone",
-                 "max_model_len": state.limits.max_model_len} for name in state.limits.model_names]
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "touchstone",
+                "max_model_len": state.limits.max_model_len,
+            }
+            for name in state.limits.model_names
+        ]
         return JSONResponse({"object": "list", "data": data})
 
     async def health(request: Request) -> Response:
@@ -88,16 +96,21 @@ def build_app(state: ServerState) -> Starlette:
 
     async def on_http_error(request: Request, err: HTTPException) -> Response:
         kind = "not_found_error" if err.status_code == 404 else "invalid_request_error"
-        return error_response(APIError(err.status_code, f"{request.method} {request.url.path}: {err.detail}",
-                                       kind=kind))
+        return error_response(
+            APIError(err.status_code, f"{request.method} {request.url.path}: {err.detail}", kind=kind)
+        )
 
     async def on_error(request: Request, err: Exception) -> Response:
         log.exception("unhandled error in %s %s", request.method, request.url.path)
         return error_response(APIError(500, f"internal error: {type(err).__name__}: {err}", kind="server_error"))
 
-    routes = [Route("/v1/completions", completions, methods=["POST"]),
-              Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-              Route("/v1/models", models, methods=["GET"]), Route("/health", health, methods=["GET"]),
-              Route("/metrics", metrics, methods=["GET"])]
-    return Starlette(routes=routes, exception_handlers={APIError: on_api_error, HTTPException: on_http_error,
-                                                       Exception: on_error})
+    routes = [
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    return Starlette(
+        routes=routes, exception_handlers={APIError: on_api_error, HTTPException: on_http_error, Exception: on_error}
+    )

@@ -187,8 +187,9 @@ class AsyncEngine:
         except BaseException as err:
             self.error = err
             log.exception("engine thread died")
-            dead = APIError(500, f"the engine failed: {type(err).__name__}: {err}", kind="server_error",
-                            code="engine_dead")
+            dead = APIError(
+                500, f"the engine failed: {type(err).__name__}: {err}", kind="server_error", code="engine_dead"
+            )
             items = [(live.stream, dead) for live in self._live.values()]
             items += [(cmd[1], ("accepted", dead)) for cmd in pending if cmd[0] == "add"]
             self._live.clear()
@@ -233,7 +234,7 @@ class AsyncEngine:
             n = seq.num_output_tokens
             if n == live.sent and not seq.is_finished:
                 continue
-            new = seq.output_token_ids[live.sent:]
+            new = seq.output_token_ids[live.sent :]
             text = "".join(live.detok.add(t) for t in new) if live.detok is not None else ""
             if live.detok is not None and seq.is_finished:
                 text += live.detok.flush()  # what was held back for a stop string that never matched

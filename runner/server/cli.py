@@ -43,8 +43,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--shutdown-timeout", type=float, default=30.0,
-                   help="seconds a SIGTERM waits for in-flight requests before aborting them (default 30)")
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a SIGTERM waits for in-flight requests before aborting them (default 30)",
+    )
     p.add_argument("--log-level", default="info")
     return p
 
@@ -62,14 +66,28 @@ def build_state(args: argparse.Namespace):
     faults = faults_from_env()
     if args.threads:
         torch.set_num_threads(args.threads)
-    llm = LLM(args.model, load_format=args.load_format, dtype=args.dtype, device=args.device,
-              max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-              max_num_batched_tokens=args.max_num_batched_tokens, kv_cache_bytes=args.kv_cache_bytes,
-              num_kv_blocks=args.num_kv_blocks, gpu_memory_utilization=args.gpu_memory_utilization,
-              enforce_eager=args.enforce_eager, seed=args.seed)
+    llm = LLM(
+        args.model,
+        load_format=args.load_format,
+        dtype=args.dtype,
+        device=args.device,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_bytes=args.kv_cache_bytes,
+        num_kv_blocks=args.num_kv_blocks,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
+        seed=args.seed,
+    )
     engine, cfg = llm.engine, llm.engine.scheduler.config
-    limits = Limits((args.served_model_name or args.model,), cfg.max_model_len,
-                    engine.scheduler.kv.num_usable_blocks * cfg.block_size, cfg.block_size, llm.config.vocab_size)
+    limits = Limits(
+        (args.served_model_name or args.model,),
+        cfg.max_model_len,
+        engine.scheduler.kv.num_usable_blocks * cfg.block_size,
+        cfg.block_size,
+        llm.config.vocab_size,
+    )
     holder: dict = {}
     metrics = Metrics(lambda: holder["bridge"].snapshot, lambda: len(holder["bridge"].active))
     bridge = holder["bridge"] = AsyncEngine(engine, llm.tokenizer, metrics, faults)
@@ -84,8 +102,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         sock = launcher.bind(args.host, args.port)
     except OSError as err:
-        print(f"touchstone serve: cannot listen on {args.host}:{args.port}: {err.strerror or err}",
-              file=sys.stderr, flush=True)
+        print(
+            f"touchstone serve: cannot listen on {args.host}:{args.port}: {err.strerror or err}",
+            file=sys.stderr,
+            flush=True,
+        )
         return PORT_IN_USE
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("touchstone.server")
@@ -93,15 +114,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     from runner.server.app import build_app
 
     state, llm = build_state(args)
-    log.info("model loaded in %.1f s: %s on %s, %d KV blocks of %d tokens, max_model_len %d; serving %s",
-             time.monotonic() - started, args.model, llm.device, state.limits.kv_tokens // state.limits.block_size,
-             state.limits.block_size, state.limits.max_model_len, state.limits.model_names[0])
+    log.info(
+        "model loaded in %.1f s: %s on %s, %d KV blocks of %d tokens, max_model_len %d; serving %s",
+        time.monotonic() - started,
+        args.model,
+        llm.device,
+        state.limits.kv_tokens // state.limits.block_size,
+        state.limits.block_size,
+        state.limits.max_model_len,
+        state.limits.model_names[0],
+    )
 
     def ready(server) -> None:
         log.info("ready: http://%s:%d/v1", args.host, args.port)
 
-    status = asyncio.run(launcher.serve(build_app(state), sock, state, args.shutdown_timeout,
-                                        args.log_level.lower(), on_started=ready))
+    status = asyncio.run(
+        launcher.serve(build_app(state), sock, state, args.shutdown_timeout, args.log_level.lower(), on_started=ready)
+    )
     log.info("exit %d", status)
     return status
 

@@ -68,8 +68,9 @@ class Shutdown:
         (self.hurry if self.requested.is_set() else self.requested).set()
 
 
-async def serve(app, sock: socket.socket, state, shutdown_timeout: float, log_level: str = "info",
-                on_started=None) -> int:
+async def serve(
+    app, sock: socket.socket, state, shutdown_timeout: float, log_level: str = "info", on_started=None
+) -> int:
     """Run `app` on `sock` until a signal or the engine's death; `state` is the app's ServerState (its bridge is
     started here). Returns the exit status."""
     from runner.server.protocol import APIError
@@ -79,8 +80,7 @@ async def serve(app, sock: socket.socket, state, shutdown_timeout: float, log_le
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, shutdown, sig)
     state.bridge.start()
-    config = uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5,
-                            timeout_keep_alive=5)
+    config = uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5, timeout_keep_alive=5)
     server = NoSignalServer(config)
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
 
@@ -115,8 +115,12 @@ async def serve(app, sock: socket.socket, state, shutdown_timeout: float, log_le
         status = ENGINE_DIED
     else:
         live = len(state.bridge.active)
-        log.info("shutting down (signal %s): %d requests in flight, waiting up to %.1f s", shutdown.signals, live,
-                 shutdown_timeout)
+        log.info(
+            "shutting down (signal %s): %d requests in flight, waiting up to %.1f s",
+            shutdown.signals,
+            live,
+            shutdown_timeout,
+        )
         hurry = asyncio.ensure_future(shutdown.hurry.wait())
         drain = asyncio.ensure_future(state.bridge.drain(shutdown_timeout))
         await asyncio.wait([hurry, drain], return_when=asyncio.FIRST_COMPLETED)
@@ -124,9 +128,15 @@ async def serve(app, sock: socket.socket, state, shutdown_timeout: float, log_le
         left = len(state.bridge.active)
         if left:
             log.warning("aborting %d requests still running after the shutdown timeout", left)
-            state.bridge.abort_all(APIError(503, f"the server is shutting down: the request was aborted after the "
-                                                 f"{shutdown_timeout:g} s shutdown timeout", kind="service_unavailable",
-                                            code="shutting_down"))
+            state.bridge.abort_all(
+                APIError(
+                    503,
+                    f"the server is shutting down: the request was aborted after the "
+                    f"{shutdown_timeout:g} s shutdown timeout",
+                    kind="service_unavailable",
+                    code="shutting_down",
+                )
+            )
             await state.bridge.drain(5.0)
         drain.cancel()
     server.should_exit = True

@@ -36,32 +36,48 @@ class _EngineCollector:
             ("num_requests_running", "requests the scheduler is running", s.running),
             ("num_requests_waiting", "requests waiting to be scheduled", s.waiting),
             ("kv_blocks_usable", "KV-cache blocks (the null block excluded)", s.blocks_usable),
-            ("kv_blocks_free", "KV-cache blocks in the free queue (cached ones nobody holds included)",
-             s.blocks_free),
+            ("kv_blocks_free", "KV-cache blocks in the free queue (cached ones nobody holds included)", s.blocks_free),
             ("kv_blocks_in_use", "KV-cache blocks held by requests", s.blocks_usable - s.blocks_free),
-            ("prefix_cache_hit_rate", "prompt tokens found in the prefix cache / prompt tokens looked up",
-             s.prefix_hit_tokens / s.prefix_queried_tokens if s.prefix_queried_tokens else 0.0),
+            (
+                "prefix_cache_hit_rate",
+                "prompt tokens found in the prefix cache / prompt tokens looked up",
+                s.prefix_hit_tokens / s.prefix_queried_tokens if s.prefix_queried_tokens else 0.0,
+            ),
             ("server_live_requests", "requests the server holds (submitted, not yet released)", self.live()),
         ):
             yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
-        yield CounterMetricFamily(f"{PREFIX}_prefix_cache_queried_tokens", "prompt tokens looked up in the prefix "
-                                  "cache", value=s.prefix_queried_tokens)
-        yield CounterMetricFamily(f"{PREFIX}_prefix_cache_hit_tokens", "prompt tokens found in the prefix cache",
-                                  value=s.prefix_hit_tokens)
+        yield CounterMetricFamily(
+            f"{PREFIX}_prefix_cache_queried_tokens",
+            "prompt tokens looked up in the prefix cache",
+            value=s.prefix_queried_tokens,
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_prefix_cache_hit_tokens", "prompt tokens found in the prefix cache", value=s.prefix_hit_tokens
+        )
 
 
 class Metrics:
     def __init__(self, load: Callable[[], EngineLoad], live: Callable[[], int]) -> None:
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
-        self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds", "arrival to the first generated token",
-                              buckets=TTFT_BUCKETS, registry=self.registry)
-        self.itl = Histogram(f"{PREFIX}_inter_token_latency_seconds", "gap between a request's consecutive tokens",
-                             buckets=ITL_BUCKETS, registry=self.registry)
-        self.finished = Counter(f"{PREFIX}_requests_finished", "finished requests by reason", ["finish_reason"],
-                                registry=self.registry)
-        self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "prompt tokens of accepted requests",
-                                     registry=self.registry)
+        self.ttft = Histogram(
+            f"{PREFIX}_time_to_first_token_seconds",
+            "arrival to the first generated token",
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        )
+        self.itl = Histogram(
+            f"{PREFIX}_inter_token_latency_seconds",
+            "gap between a request's consecutive tokens",
+            buckets=ITL_BUCKETS,
+            registry=self.registry,
+        )
+        self.finished = Counter(
+            f"{PREFIX}_requests_finished", "finished requests by reason", ["finish_reason"], registry=self.registry
+        )
+        self.prompt_tokens = Counter(
+            f"{PREFIX}_prompt_tokens", "prompt tokens of accepted requests", registry=self.registry
+        )
         self.generation_tokens = Counter(f"{PREFIX}_generation_tokens", "generated tokens", registry=self.registry)
         self.registry.register(_EngineCollector(load, live))
 

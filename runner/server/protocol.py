@@ -22,22 +22,44 @@ import math
 from runner.engine.sampling_params import SamplingParams
 
 # Not implemented: accepted only absent, null, or at their neutral value (what a client sends to mean "off").
-UNSUPPORTED = {"n": (1,), "best_of": (1,), "logprobs": (False,), "top_logprobs": (0,), "echo": (False,),
-               "suffix": ("",), "presence_penalty": (0,), "frequency_penalty": (0,), "logit_bias": ({},),
-               "tools": ([],), "response_format": ()}
+UNSUPPORTED = {
+    "n": (1,),
+    "best_of": (1,),
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "echo": (False,),
+    "suffix": ("",),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "logit_bias": ({},),
+    "tools": ([],),
+    "response_format": (),
+}
 MAX_STOP = 16
 ROLES = ("system", "developer", "user", "assistant")
 
 
 class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error") -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
-                          "code": self.code if self.code is not None else self.status}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code if self.code is not None else self.status,
+            }
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,8 +123,9 @@ def check_model(body: dict, limits: Limits) -> str:
     if not isinstance(model, str):
         raise _bad(f"model: required, a string (served: {', '.join(limits.model_names)})", "model")
     if model not in limits.model_names:
-        raise APIError(404, f"model: {model!r} does not exist; served: {', '.join(limits.model_names)}", "model",
-                       "model_not_found")
+        raise APIError(
+            404, f"model: {model!r} does not exist; served: {', '.join(limits.model_names)}", "model", "model_not_found"
+        )
     return model
 
 
@@ -146,13 +169,16 @@ def _token_ids(value: list, limits: Limits, param: str) -> list[int]:
     return list(value)
 
 
-def _sampling(body: dict, prompt_len: int, limits: Limits, default_max_tokens: int | None,
-              max_tokens_field: str = "max_tokens") -> SamplingParams:
+def _sampling(
+    body: dict, prompt_len: int, limits: Limits, default_max_tokens: int | None, max_tokens_field: str = "max_tokens"
+) -> SamplingParams:
     _check_unsupported(body)
     room = limits.max_model_len - prompt_len
     if room < 1:
-        raise _bad(f"prompt: {prompt_len} tokens leave no room in the model's context of {limits.max_model_len} "
-                   f"tokens", "prompt" if max_tokens_field == "max_tokens" else "messages")
+        raise _bad(
+            f"prompt: {prompt_len} tokens leave no room in the model's context of {limits.max_model_len} tokens",
+            "prompt" if max_tokens_field == "max_tokens" else "messages",
+        )
     # A request holds at most prompt + max_tokens - 1 tokens of K/V (the last sampled token is never run).
     cache_room = limits.kv_tokens - prompt_len + 1
     max_tokens = _typed(body, max_tokens_field, int, "an int >= 1")
@@ -163,11 +189,17 @@ def _sampling(body: dict, prompt_len: int, limits: Limits, default_max_tokens: i
     if max_tokens < 1:
         raise _bad(f"{max_tokens_field}: must be >= 1, got {max_tokens}", max_tokens_field)
     if max_tokens > room:
-        raise _bad(f"{max_tokens_field}: {max_tokens} + the prompt's {prompt_len} tokens pass the model's "
-                   f"context of {limits.max_model_len} tokens", max_tokens_field)
+        raise _bad(
+            f"{max_tokens_field}: {max_tokens} + the prompt's {prompt_len} tokens pass the model's "
+            f"context of {limits.max_model_len} tokens",
+            max_tokens_field,
+        )
     if max_tokens > cache_room:
-        raise _bad(f"{max_tokens_field}: {max_tokens} + the prompt's {prompt_len} tokens do not fit the KV cache "
-                   f"({limits.kv_tokens} tokens)", max_tokens_field)
+        raise _bad(
+            f"{max_tokens_field}: {max_tokens} + the prompt's {prompt_len} tokens do not fit the KV cache "
+            f"({limits.kv_tokens} tokens)",
+            max_tokens_field,
+        )
     temperature = _typed(body, "temperature", (int, float), "a number in [0, 2]", 1.0)
     if not 0 <= temperature <= 2:
         raise _bad(f"temperature: must be in [0, 2], got {temperature}", "temperature")
@@ -175,9 +207,15 @@ def _sampling(body: dict, prompt_len: int, limits: Limits, default_max_tokens: i
     if not 0 < top_p <= 1:
         raise _bad(f"top_p: must be in (0, 1], got {top_p}", "top_p")
     try:
-        return SamplingParams(temperature=temperature, top_p=top_p, top_k=_typed(body, "top_k", int, "an int", -1),
-                              seed=_typed(body, "seed", int, "an int"), max_tokens=max_tokens, stop=_stop(body),
-                              ignore_eos=_typed(body, "ignore_eos", bool, "a bool", False))
+        return SamplingParams(
+            temperature=temperature,
+            top_p=top_p,
+            top_k=_typed(body, "top_k", int, "an int", -1),
+            seed=_typed(body, "seed", int, "an int"),
+            max_tokens=max_tokens,
+            stop=_stop(body),
+            ignore_eos=_typed(body, "ignore_eos", bool, "a bool", False),
+        )
     except (TypeError, ValueError) as err:  # SamplingParams names the field first: "top_k: must be ..."
         raise _bad(str(err), str(err).split(":")[0]) from None
 
@@ -219,8 +257,9 @@ def _content(message: dict, index: int) -> str:
     content = message.get("content")
     if isinstance(content, str):
         return content
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                         and isinstance(p.get("text"), str) for p in content):
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+    ):
         return "".join(p["text"] for p in content)
     raise _bad(f"messages[{index}].content: must be a string or a list of text parts", "messages")
 

@@ -10,8 +10,11 @@ import time
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def sse(payload: dict | str) -> bytes:
@@ -34,12 +37,19 @@ class Shape:
 
     def whole(self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> dict:
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish_reason}
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
-                "usage": usage(prompt_tokens, completion_tokens)}
+        return {
+            **self._head("chat.completion" if self.chat else "text_completion"),
+            "choices": [choice],
+            "usage": usage(prompt_tokens, completion_tokens),
+        }
 
     def chunk(self, text: str | None, finish_reason: str | None = None, first: bool = False) -> dict:
         if self.chat:
@@ -50,5 +60,8 @@ class Shape:
         return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict:
-        return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [],
-                "usage": usage(prompt_tokens, completion_tokens)}
+        return {
+            **self._head("chat.completion.chunk" if self.chat else "text_completion"),
+            "choices": [],
+            "usage": usage(prompt_tokens, completion_tokens),
+        }

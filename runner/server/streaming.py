@@ -67,9 +67,17 @@ class EventStream:
         await send({"type": "http.response.body", "body": DONE, "more_body": False})
 
     async def __call__(self, scope, receive, send) -> None:
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
-                                (b"x-request-id", self.stream.request_id.encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"text/event-stream; charset=utf-8"),
+                    (b"cache-control", b"no-cache"),
+                    (b"x-request-id", self.stream.request_id.encode()),
+                ],
+            }
+        )
         completed = False
         try:
             completed = await _race(self._produce(send), receive)

@@ -55,7 +55,7 @@ def _build(p: dict, fp8: bool):
         reuse = table[0, :shared].tolist() if b == 1 else []
         own = reuse + [ids.pop() for _ in range(count - len(reuse))]
         table[b, :count] = torch.tensor(own, dtype=torch.int32)
-        for j, block in enumerate(own[len(reuse):], start=len(reuse)):
+        for j, block in enumerate(own[len(reuse) :], start=len(reuse)):
             fill = min(bs, n - j * bs)
             for name, cache in (("k", k_cache), ("v", v_cache)):
                 x = torch.randn(cache[block, :fill].shape, generator=gen)
@@ -69,8 +69,15 @@ def _build(p: dict, fp8: bool):
     scales = (None, None)
     if fp8:
         scales = tuple(torch.full(k_cache.shape[:3], torch.nan) for _ in range(2))
-        store_kv(torch.cat(rows["k"]), torch.cat(rows["v"]), k_cache, v_cache, torch.cat(rows["slots"]),
-                 k_scale=scales[0], v_scale=scales[1])
+        store_kv(
+            torch.cat(rows["k"]),
+            torch.cat(rows["v"]),
+            k_cache,
+            v_cache,
+            torch.cat(rows["slots"]),
+            k_scale=scales[0],
+            v_scale=scales[1],
+        )
     return q, k_cache, v_cache, table, torch.tensor(lens, dtype=torch.int32), p["head"] ** -0.5, *scales
 
 
@@ -81,7 +88,7 @@ def on(device: str, *tensors: torch.Tensor):
 def named(dtype=torch.bfloat16, head=64, kv_heads=2, group=2, block_size=16, num_blocks=6):
     k_cache, v_cache = make_cache(block_size, kv_heads, head, dtype, num_blocks)
     table = torch.tensor([[4, 1, 5, 0]], dtype=torch.int32)  # out of order, block 2 and 3 never owned
-    return k_cache, v_cache, table, head ** -0.5
+    return k_cache, v_cache, table, head**-0.5
 
 
 def equal_keys(gen: torch.Generator):

@@ -26,25 +26,33 @@ kernel = pytest.importorskip("kernels.paged_decode")
 @st.composite
 def decode_problems(draw):
     return dict(
-        dtype=draw(st.sampled_from(DTYPES)), block_size=draw(st.sampled_from([16, 32])),
-        kv_heads=draw(st.integers(1, 2)), group=draw(st.sampled_from([1, 2, 4, 8])),
-        head=draw(st.sampled_from([64, 128])), seq_lens=draw(st.lists(st.integers(1, 300), min_size=1, max_size=3)),
-        num_splits=draw(st.sampled_from([1, 2, 3, 8])), share_prefix=draw(st.booleans()),
-        extra_width=draw(st.integers(0, 2)), spare_blocks=draw(st.integers(1, 4)),
-        unused=draw(st.sampled_from(["minus_one", "garbage"])), sharpness=draw(st.sampled_from([1.0, 4.0])),
+        dtype=draw(st.sampled_from(DTYPES)),
+        block_size=draw(st.sampled_from([16, 32])),
+        kv_heads=draw(st.integers(1, 2)),
+        group=draw(st.sampled_from([1, 2, 4, 8])),
+        head=draw(st.sampled_from([64, 128])),
+        seq_lens=draw(st.lists(st.integers(1, 300), min_size=1, max_size=3)),
+        num_splits=draw(st.sampled_from([1, 2, 3, 8])),
+        share_prefix=draw(st.booleans()),
+        extra_width=draw(st.integers(0, 2)),
+        spare_blocks=draw(st.integers(1, 4)),
+        unused=draw(st.sampled_from(["minus_one", "garbage"])),
+        sharpness=draw(st.sampled_from([1.0, 4.0])),
         seed=draw(st.integers(0, 2**31 - 1)),
     )
 
 
 def check(p: dict, device: str, fault: str = "none") -> None:
     """p with a "spread" key: over FP8 caches (build_fp8)."""
-    q, k_cache, v_cache, table, lens, scale, k_scale, v_scale = build_fp8(p) if "spread" in p else (*build(p), None,
-                                                                                                   None)
+    q, k_cache, v_cache, table, lens, scale, k_scale, v_scale = (
+        build_fp8(p) if "spread" in p else (*build(p), None, None)
+    )
     mirror = ref.paged_decode_mirror(q, k_cache, v_cache, table, lens, scale, p["num_splits"], k_scale, v_scale)
     ideal = ref.paged_attention_ideal(q, k_cache, v_cache, table, lens, scale, k_scale=k_scale, v_scale=v_scale)
     scales = on(device, k_scale, v_scale) if k_scale is not None else (None, None)
-    got = kernel.launch_paged_decode(*on(device, q, k_cache, v_cache, table, lens), scale, p["num_splits"], *scales,
-                                     fault=fault)
+    got = kernel.launch_paged_decode(
+        *on(device, q, k_cache, v_cache, table, lens), scale, p["num_splits"], *scales, fault=fault
+    )
     assert_lossy("paged_decode", got.cpu(), mirror, ideal, f"paged decode {p}")
 
 
@@ -120,8 +128,13 @@ def test_fp8_dominant_key_by_its_scale_alone(device):
     lens = torch.tensor([50], dtype=torch.int32)
     want = (v_cache[5, 5].float() * v_scale[5, 5, :, None]).bfloat16().expand(1, 4, 64)
     mirror = ref.paged_decode_mirror(q, k_cache, v_cache, table, lens, 0.125, 3, k_scale, v_scale)
-    got = kernel.paged_decode(*on(device, q, k_cache, v_cache, table, lens), scale=0.125, num_splits=3,
-                              k_scale=k_scale.to(device), v_scale=v_scale.to(device)).cpu()
+    got = kernel.paged_decode(
+        *on(device, q, k_cache, v_cache, table, lens),
+        scale=0.125,
+        num_splits=3,
+        k_scale=k_scale.to(device),
+        v_scale=v_scale.to(device),
+    ).cpu()
     for out in (got, mirror):
         assert torch.equal(out, want), f"max diff {(out.float() - want.float()).abs().max()}"
 
@@ -130,8 +143,21 @@ def test_fp8_dominant_key_by_its_scale_alone(device):
 def test_ideal_prefill_matches_dense_causal_attention():
     """paged_attention_ideal with a cached prefix (3 new tokens after 37 cached; 5 and 9 new with no prefix)
     equals fp64 SDPA on the gathered contiguous K/V with the query rows at the sequence's last positions."""
-    p = dict(dtype=torch.float16, block_size=16, kv_heads=2, group=2, head=64, seq_lens=[40, 5, 9], num_splits=1,
-             share_prefix=True, extra_width=1, spare_blocks=2, unused="garbage", sharpness=1.0, seed=5)
+    p = dict(
+        dtype=torch.float16,
+        block_size=16,
+        kv_heads=2,
+        group=2,
+        head=64,
+        seq_lens=[40, 5, 9],
+        num_splits=1,
+        share_prefix=True,
+        extra_width=1,
+        spare_blocks=2,
+        unused="garbage",
+        sharpness=1.0,
+        seed=5,
+    )
     _, k_cache, v_cache, table, lens, scale = build(p)
     news = [3, 5, 9]
     q = torch.randn(sum(news), 4, 64, generator=torch.Generator().manual_seed(1)).half()
@@ -139,11 +165,10 @@ def test_ideal_prefill_matches_dense_causal_attention():
     got = ref.paged_attention_ideal(q, k_cache, v_cache, table, lens, scale, cu_seqlens=cu)
     for b, (n, length) in enumerate(zip(news, lens.tolist(), strict=True)):
         k, v = (ref.gather_kv(c, table[b], length).double().transpose(0, 1) for c in (k_cache, v_cache))
-        qs = q[cu[b]:cu[b + 1]].double().transpose(0, 1)
+        qs = q[cu[b] : cu[b + 1]].double().transpose(0, 1)
         mask = torch.arange(length)[None, :] <= torch.arange(length - n, length)[:, None]
-        want = torch.nn.functional.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale,
-                                                                enable_gqa=True)
-        torch.testing.assert_close(got[cu[b]:cu[b + 1]], want.transpose(0, 1), rtol=1e-12, atol=1e-12)
+        want = torch.nn.functional.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        torch.testing.assert_close(got[cu[b] : cu[b + 1]], want.transpose(0, 1), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
@@ -151,11 +176,24 @@ def test_ideal_prefill_matches_dense_causal_attention():
 def test_mirror_is_close_to_the_ideal(num_splits, fp8):
     """The mirror alone (got = mirror) holds the table's SQNR floor against the ideal, at one and four splits,
     on a bf16 cache and on an FP8 one (whose ideal is on the exactly dequantized K/V)."""
-    p = dict(dtype=torch.bfloat16, block_size=16, kv_heads=1, group=4, head=64, seq_lens=[200, 17],
-             num_splits=num_splits, share_prefix=False, extra_width=0, spare_blocks=1, unused="minus_one",
-             sharpness=4.0, seed=11)
-    q, k_cache, v_cache, table, lens, scale, k_scale, v_scale = build_fp8(p | dict(spread=4.0)) if fp8 else (
-        *build(p), None, None)
+    p = dict(
+        dtype=torch.bfloat16,
+        block_size=16,
+        kv_heads=1,
+        group=4,
+        head=64,
+        seq_lens=[200, 17],
+        num_splits=num_splits,
+        share_prefix=False,
+        extra_width=0,
+        spare_blocks=1,
+        unused="minus_one",
+        sharpness=4.0,
+        seed=11,
+    )
+    q, k_cache, v_cache, table, lens, scale, k_scale, v_scale = (
+        build_fp8(p | dict(spread=4.0)) if fp8 else (*build(p), None, None)
+    )
     mirror = ref.paged_decode_mirror(q, k_cache, v_cache, table, lens, scale, num_splits, k_scale, v_scale)
     ideal = ref.paged_attention_ideal(q, k_cache, v_cache, table, lens, scale, k_scale=k_scale, v_scale=v_scale)
     assert_lossy("paged_decode", mirror, mirror, ideal)
@@ -172,29 +210,57 @@ def _scale():
 
 def _args(**change):
     k_cache, v_cache = torch.zeros(4, 16, 2, 64, dtype=torch.bfloat16), torch.zeros(4, 16, 2, 64, dtype=torch.bfloat16)
-    args = dict(q=torch.zeros(2, 4, 64, dtype=torch.bfloat16), k_cache=k_cache, v_cache=v_cache,
-                block_table=torch.zeros(2, 4, dtype=torch.int32), seq_lens=torch.ones(2, dtype=torch.int32),
-                scale=0.125, num_splits=2)
+    args = dict(
+        q=torch.zeros(2, 4, 64, dtype=torch.bfloat16),
+        k_cache=k_cache,
+        v_cache=v_cache,
+        block_table=torch.zeros(2, 4, dtype=torch.int32),
+        seq_lens=torch.ones(2, dtype=torch.int32),
+        scale=0.125,
+        num_splits=2,
+    )
     return args | change
 
 
-@pytest.mark.parametrize(("change", "error", "name"), [
-    (dict(q=torch.zeros(2, 4, 64)), TypeError, "q: dtype"),
-    (dict(q=torch.zeros(2, 3, 64, dtype=torch.bfloat16)), ValueError, "q: 3 query heads"),
-    (dict(q=torch.zeros(3, 4, 64, dtype=torch.bfloat16)), ValueError, "q: decode"),
-    (dict(v_cache=torch.zeros(4, 16, 2, 64, dtype=torch.float16)), TypeError, "v_cache: dtype"),
-    (dict(k_cache=torch.zeros(4, 16, 2, 128, dtype=torch.bfloat16)[..., ::2]), ValueError, "k_cache: last dim"),
-    (dict(block_table=torch.zeros(2, 4, dtype=torch.int64)), TypeError, "block_table"),
-    (dict(seq_lens=torch.ones(3, dtype=torch.int32)), TypeError, "seq_lens"),
-    (dict(scale=0.0), ValueError, "scale"),
-    (dict(num_splits=0), ValueError, "num_splits"),
-    (dict(k_cache=_fp8(), v_cache=_fp8(), v_scale=_scale()), ValueError, "k_scale: a torch.float8_e4m3fn cache"),
-    (dict(k_scale=_scale(), v_scale=_scale()), ValueError, "k_scale: only a torch.float8_e4m3fn cache"),
-    (dict(k_cache=_fp8(), k_scale=_scale(), v_scale=_scale()), TypeError, "v_cache: dtype"),
-    (dict(k_cache=_fp8(), v_cache=_fp8(), k_scale=_scale(), v_scale=_scale().double()), TypeError, "v_scale: dtype"),
-    (dict(k_cache=_fp8(), v_cache=_fp8(), k_scale=_scale()[:3], v_scale=_scale()), ValueError, "k_scale: shape"),
-], ids=["q-dtype", "q-heads", "q-rows", "v-dtype", "k-stride", "table-dtype", "lens-shape", "scale", "splits",
-        "fp8-no-k-scale", "bf16-with-scales", "fp8-k-only", "v-scale-dtype", "k-scale-shape"])
+@pytest.mark.parametrize(
+    ("change", "error", "name"),
+    [
+        (dict(q=torch.zeros(2, 4, 64)), TypeError, "q: dtype"),
+        (dict(q=torch.zeros(2, 3, 64, dtype=torch.bfloat16)), ValueError, "q: 3 query heads"),
+        (dict(q=torch.zeros(3, 4, 64, dtype=torch.bfloat16)), ValueError, "q: decode"),
+        (dict(v_cache=torch.zeros(4, 16, 2, 64, dtype=torch.float16)), TypeError, "v_cache: dtype"),
+        (dict(k_cache=torch.zeros(4, 16, 2, 128, dtype=torch.bfloat16)[..., ::2]), ValueError, "k_cache: last dim"),
+        (dict(block_table=torch.zeros(2, 4, dtype=torch.int64)), TypeError, "block_table"),
+        (dict(seq_lens=torch.ones(3, dtype=torch.int32)), TypeError, "seq_lens"),
+        (dict(scale=0.0), ValueError, "scale"),
+        (dict(num_splits=0), ValueError, "num_splits"),
+        (dict(k_cache=_fp8(), v_cache=_fp8(), v_scale=_scale()), ValueError, "k_scale: a torch.float8_e4m3fn cache"),
+        (dict(k_scale=_scale(), v_scale=_scale()), ValueError, "k_scale: only a torch.float8_e4m3fn cache"),
+        (dict(k_cache=_fp8(), k_scale=_scale(), v_scale=_scale()), TypeError, "v_cache: dtype"),
+        (
+            dict(k_cache=_fp8(), v_cache=_fp8(), k_scale=_scale(), v_scale=_scale().double()),
+            TypeError,
+            "v_scale: dtype",
+        ),
+        (dict(k_cache=_fp8(), v_cache=_fp8(), k_scale=_scale()[:3], v_scale=_scale()), ValueError, "k_scale: shape"),
+    ],
+    ids=[
+        "q-dtype",
+        "q-heads",
+        "q-rows",
+        "v-dtype",
+        "k-stride",
+        "table-dtype",
+        "lens-shape",
+        "scale",
+        "splits",
+        "fp8-no-k-scale",
+        "bf16-with-scales",
+        "fp8-k-only",
+        "v-scale-dtype",
+        "k-scale-shape",
+    ],
+)
 def test_bad_arguments_name_the_argument(change, error, name):
     a = _args(**change)
     with pytest.raises(error, match=name):
@@ -220,13 +286,27 @@ def test_reference_checks_lengths_and_table_values():
 
 
 def test_opcheck(device):
-    p = dict(dtype=torch.bfloat16, block_size=16, kv_heads=2, group=2, head=64, seq_lens=[20, 3], num_splits=2,
-             share_prefix=False, extra_width=1, spare_blocks=1, unused="minus_one", sharpness=1.0, seed=3)
+    p = dict(
+        dtype=torch.bfloat16,
+        block_size=16,
+        kv_heads=2,
+        group=2,
+        head=64,
+        seq_lens=[20, 3],
+        num_splits=2,
+        share_prefix=False,
+        extra_width=1,
+        spare_blocks=1,
+        unused="minus_one",
+        sharpness=1.0,
+        seed=3,
+    )
     q, k_cache, v_cache, table, lens, scale = build(p)
     k_cache, v_cache = k_cache.nan_to_num(0.0), v_cache.nan_to_num(0.0)  # opcheck compares inputs with ==
     # One opcheck, on the bf16 path (k_scale = v_scale = None): opcheck compares float8 tensors with ops torch lacks.
-    torch.library.opcheck(torch.ops.touchstone.paged_decode.default,
-                          (*on(device, q, k_cache, v_cache, table, lens), scale, 2))
+    torch.library.opcheck(
+        torch.ops.touchstone.paged_decode.default, (*on(device, q, k_cache, v_cache, table, lens), scale, 2)
+    )
 
 
 # ---- negative control: the planted block-table off-by-one must be caught ----
@@ -234,8 +314,21 @@ def test_opcheck(device):
 def test_negative_control_block_table_off_by_one(fp8, device):
     """Logical block j read through entry j + 1: the next block's data, and past a sequence's last block an
     unused entry (here a never-owned NaN block); on the FP8 path the scales come through the same entry."""
-    p = dict(dtype=torch.bfloat16, block_size=16, kv_heads=1, group=2, head=64, seq_lens=[40, 7], num_splits=2,
-             share_prefix=False, extra_width=1, spare_blocks=2, unused="garbage", sharpness=1.0, seed=4)
+    p = dict(
+        dtype=torch.bfloat16,
+        block_size=16,
+        kv_heads=1,
+        group=2,
+        head=64,
+        seq_lens=[40, 7],
+        num_splits=2,
+        share_prefix=False,
+        extra_width=1,
+        spare_blocks=2,
+        unused="garbage",
+        sharpness=1.0,
+        seed=4,
+    )
     p = p | dict(spread=4.0) if fp8 else p
     with pytest.raises(AssertionError, match="paged decode"):
         check(p, device, fault="block_table_off_by_one")

@@ -25,11 +25,19 @@ def prefill_problems(draw):
     news = [draw(st.one_of(st.just(1), st.integers(1, 40))) for _ in range(seqs)]
     prefixes = [draw(st.one_of(st.just(0), st.integers(1, 100))) for _ in range(seqs)]
     return dict(
-        dtype=draw(st.sampled_from(DTYPES)), block_size=draw(st.sampled_from([16, 32, 64])),
-        kv_heads=draw(st.integers(1, 2)), group=draw(st.sampled_from([1, 2, 4])), head=draw(st.sampled_from([64, 128])),
-        news=news, seq_lens=[n + c for n, c in zip(news, prefixes, strict=True)], num_splits=1,
-        share_prefix=draw(st.booleans()), extra_width=draw(st.integers(0, 2)), spare_blocks=draw(st.integers(1, 3)),
-        unused=draw(st.sampled_from(["minus_one", "garbage"])), sharpness=draw(st.sampled_from([1.0, 4.0])),
+        dtype=draw(st.sampled_from(DTYPES)),
+        block_size=draw(st.sampled_from([16, 32, 64])),
+        kv_heads=draw(st.integers(1, 2)),
+        group=draw(st.sampled_from([1, 2, 4])),
+        head=draw(st.sampled_from([64, 128])),
+        news=news,
+        seq_lens=[n + c for n, c in zip(news, prefixes, strict=True)],
+        num_splits=1,
+        share_prefix=draw(st.booleans()),
+        extra_width=draw(st.integers(0, 2)),
+        spare_blocks=draw(st.integers(1, 3)),
+        unused=draw(st.sampled_from(["minus_one", "garbage"])),
+        sharpness=draw(st.sampled_from([1.0, 4.0])),
         seed=draw(st.integers(0, 2**31 - 1)),
     )
 
@@ -117,9 +125,22 @@ def test_dominant_key_is_seen_only_from_its_position(device):
 @pytest.mark.parametrize("tile_n", [16, 64])
 def test_mirror_is_close_to_the_ideal(tile_n):
     """The mirror alone (got = mirror) holds the table's SQNR floor against the ideal, at two KV tilings."""
-    p = dict(dtype=torch.bfloat16, block_size=16, kv_heads=1, group=4, head=64, news=[40, 1], seq_lens=[200, 17],
-             num_splits=1, share_prefix=False, extra_width=0, spare_blocks=1, unused="minus_one", sharpness=4.0,
-             seed=11)
+    p = dict(
+        dtype=torch.bfloat16,
+        block_size=16,
+        kv_heads=1,
+        group=4,
+        head=64,
+        news=[40, 1],
+        seq_lens=[200, 17],
+        num_splits=1,
+        share_prefix=False,
+        extra_width=0,
+        spare_blocks=1,
+        unused="minus_one",
+        sharpness=4.0,
+        seed=11,
+    )
     q, k_cache, v_cache, table, lens, cu, scale = build_prefill(p)
     mirror = ref.paged_prefill_mirror(q, k_cache, v_cache, table, lens, cu, scale, tile_n)
     ideal = ref.paged_attention_ideal(q, k_cache, v_cache, table, lens, scale, cu_seqlens=cu)
@@ -129,21 +150,31 @@ def test_mirror_is_close_to_the_ideal(tile_n):
 # ---- arguments ----
 def _args(**change):
     k_cache, v_cache = torch.zeros(4, 16, 2, 64, dtype=torch.bfloat16), torch.zeros(4, 16, 2, 64, dtype=torch.bfloat16)
-    args = dict(q=torch.zeros(5, 4, 64, dtype=torch.bfloat16), k_cache=k_cache, v_cache=v_cache,
-                block_table=torch.zeros(2, 4, dtype=torch.int32), seq_lens=torch.full((2,), 9, dtype=torch.int32),
-                cu_seqlens=torch.tensor([0, 2, 5], dtype=torch.int32), scale=0.125)
+    args = dict(
+        q=torch.zeros(5, 4, 64, dtype=torch.bfloat16),
+        k_cache=k_cache,
+        v_cache=v_cache,
+        block_table=torch.zeros(2, 4, dtype=torch.int32),
+        seq_lens=torch.full((2,), 9, dtype=torch.int32),
+        cu_seqlens=torch.tensor([0, 2, 5], dtype=torch.int32),
+        scale=0.125,
+    )
     return args | change
 
 
-@pytest.mark.parametrize(("change", "error", "name"), [
-    (dict(q=torch.zeros(5, 4, 64)), TypeError, "q: dtype"),
-    (dict(q=torch.zeros(5, 3, 64, dtype=torch.bfloat16)), ValueError, "q: 3 query heads"),
-    (dict(cu_seqlens=None), TypeError, "cu_seqlens"),
-    (dict(cu_seqlens=torch.tensor([0, 5], dtype=torch.int32)), TypeError, "cu_seqlens"),
-    (dict(k_cache=torch.zeros(4, 16, 2, 128, dtype=torch.bfloat16)[..., ::2]), ValueError, "k_cache: last dim"),
-    (dict(block_table=torch.zeros(2, 4, dtype=torch.int64)), TypeError, "block_table"),
-    (dict(scale=-1.0), ValueError, "scale"),
-], ids=["q-dtype", "q-heads", "cu-none", "cu-shape", "k-stride", "table-dtype", "scale"])
+@pytest.mark.parametrize(
+    ("change", "error", "name"),
+    [
+        (dict(q=torch.zeros(5, 4, 64)), TypeError, "q: dtype"),
+        (dict(q=torch.zeros(5, 3, 64, dtype=torch.bfloat16)), ValueError, "q: 3 query heads"),
+        (dict(cu_seqlens=None), TypeError, "cu_seqlens"),
+        (dict(cu_seqlens=torch.tensor([0, 5], dtype=torch.int32)), TypeError, "cu_seqlens"),
+        (dict(k_cache=torch.zeros(4, 16, 2, 128, dtype=torch.bfloat16)[..., ::2]), ValueError, "k_cache: last dim"),
+        (dict(block_table=torch.zeros(2, 4, dtype=torch.int64)), TypeError, "block_table"),
+        (dict(scale=-1.0), ValueError, "scale"),
+    ],
+    ids=["q-dtype", "q-heads", "cu-none", "cu-shape", "k-stride", "table-dtype", "scale"],
+)
 def test_bad_arguments_name_the_argument(change, error, name):
     a = _args(**change)
     with pytest.raises(error, match=name):
@@ -162,22 +193,49 @@ def test_reference_checks_query_counts():
 
 
 def test_opcheck(device):
-    p = dict(dtype=torch.bfloat16, block_size=16, kv_heads=2, group=2, head=64, news=[3, 1], seq_lens=[20, 1],
-             num_splits=1, share_prefix=False, extra_width=1, spare_blocks=1, unused="minus_one", sharpness=1.0,
-             seed=3)
+    p = dict(
+        dtype=torch.bfloat16,
+        block_size=16,
+        kv_heads=2,
+        group=2,
+        head=64,
+        news=[3, 1],
+        seq_lens=[20, 1],
+        num_splits=1,
+        share_prefix=False,
+        extra_width=1,
+        spare_blocks=1,
+        unused="minus_one",
+        sharpness=1.0,
+        seed=3,
+    )
     q, k_cache, v_cache, table, lens, cu, scale = build_prefill(p)
     k_cache, v_cache = k_cache.nan_to_num(0.0), v_cache.nan_to_num(0.0)  # opcheck compares inputs with ==
-    torch.library.opcheck(torch.ops.touchstone.paged_prefill.default,
-                          (*on(device, q, k_cache, v_cache, table, lens, cu), scale))
+    torch.library.opcheck(
+        torch.ops.touchstone.paged_prefill.default, (*on(device, q, k_cache, v_cache, table, lens, cu), scale)
+    )
 
 
 # ---- negative control: the planted block-table off-by-one must be caught ----
 def test_negative_control_block_table_off_by_one(device):
     """Logical block j read through entry j + 1: the next block's data, and past a sequence's last block an
     unused entry (here any block id, NaN spares included)."""
-    p = dict(dtype=torch.bfloat16, block_size=16, kv_heads=1, group=2, head=64, news=[12, 7], seq_lens=[40, 7],
-             num_splits=1, share_prefix=False, extra_width=1, spare_blocks=2, unused="garbage", sharpness=1.0,
-             seed=4)
+    p = dict(
+        dtype=torch.bfloat16,
+        block_size=16,
+        kv_heads=1,
+        group=2,
+        head=64,
+        news=[12, 7],
+        seq_lens=[40, 7],
+        num_splits=1,
+        share_prefix=False,
+        extra_width=1,
+        spare_blocks=2,
+        unused="garbage",
+        sharpness=1.0,
+        seed=4,
+    )
     with pytest.raises(AssertionError, match="paged prefill"):
         check(p, device, fault="block_table_off_by_one")
     check(p, device)

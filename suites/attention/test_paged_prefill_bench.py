@@ -27,8 +27,11 @@ def test_definitions():
     mirror = op.impl("reference-mirror")
     assert mirror.skip_reason(bar, "cpu") and mirror.skip_reason(full["B8_S4096"], "cuda") is None
     # right after the decode bench; the many block-FP8 shapes stay last
-    assert FAMILY_MODULES[-3:] == ("bench.attention.paged_decode", "bench.attention.paged_prefill",
-                                   "bench.gemm.block_fp8")
+    assert FAMILY_MODULES[-3:] == (
+        "bench.attention.paged_decode",
+        "bench.attention.paged_prefill",
+        "bench.gemm.block_fp8",
+    )
 
 
 def test_problem_layout():

@@ -75,9 +75,16 @@ def run_kernel(operands, device, out_dtype, config=None, fault="none", column_ma
     return kernel.launch_block_fp8_gemm(*args, out_dtype=out_dtype, config=config, fault=fault)
 
 
-@given(m=st.integers(1, 70), n=st.integers(17, 300), k_blocks=st.integers(1, 4), seed=st.integers(0, 2**31 - 1),
-       spread=st.sampled_from([0.0, 4.0, 12.0]), out_dtype=st.sampled_from(ref.OUT_DTYPES),
-       config=st.sampled_from(CONFIGS), column_major=st.booleans())
+@given(
+    m=st.integers(1, 70),
+    n=st.integers(17, 300),
+    k_blocks=st.integers(1, 4),
+    seed=st.integers(0, 2**31 - 1),
+    spread=st.sampled_from([0.0, 4.0, 12.0]),
+    out_dtype=st.sampled_from(ref.OUT_DTYPES),
+    config=st.sampled_from(CONFIGS),
+    column_major=st.booleans(),
+)
 def test_kernel_matches_references(m, n, k_blocks, seed, spread, out_dtype, config, column_major, device):
     operands, ideal = make_operands(m, n, 128 * k_blocks, seed, spread)
     got = run_kernel(operands, device, out_dtype, config, column_major_scales=column_major)
@@ -152,9 +159,16 @@ def case_overflow_rounds_to_inf():
     return (a, torch.full((1, 1), 2.0**60), b, torch.full((1, 1), 2.0**60)), want
 
 
-NAMED = {f.__name__.removeprefix("case_"): f for f in (
-    case_scale_per_k_block, case_n_not_a_multiple_of_128, case_nan_code_poisons_its_row,
-    case_all_negative_zero_gives_positive_zero, case_overflow_rounds_to_inf)}
+NAMED = {
+    f.__name__.removeprefix("case_"): f
+    for f in (
+        case_scale_per_k_block,
+        case_n_not_a_multiple_of_128,
+        case_nan_code_poisons_its_row,
+        case_all_negative_zero_gives_positive_zero,
+        case_overflow_rounds_to_inf,
+    )
+}
 
 
 @pytest.mark.parametrize("out_dtype", ref.OUT_DTYPES, ids=str)
@@ -183,10 +197,10 @@ def test_block_quantizer_is_per_tensor_quantization_of_each_tile():
     assert scales.shape == (2, 3) and q.shape == w.shape
     for i in range(2):
         for j in range(3):
-            tile = w[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128]  # edge tiles are smaller: padding is 0
+            tile = w[i * 128 : (i + 1) * 128, j * 128 : (j + 1) * 128]  # edge tiles are smaller: padding is 0
             want_q, want_s = quant.quantize_fp8(tile.contiguous(), granularity="tensor")
             assert_exact(scales[i, j].reshape(1), want_s, f"scale of tile {i},{j}")
-            assert_exact(q[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128], want_q, f"codes of tile {i},{j}")
+            assert_exact(q[i * 128 : (i + 1) * 128, j * 128 : (j + 1) * 128], want_q, f"codes of tile {i},{j}")
     back = quant.dequantize_fp8_blocks(q, scales)
     assert ((back - w).abs() <= w.abs() * 2.0**-4 + scales.max() * 2.0**-10).all()
 
@@ -209,16 +223,22 @@ OPCHECK_UTILS = ("test_autograd_registration", "test_faketensor", "test_aot_disp
 def test_opcheck(device):
     operands = on(device, make_operands(5, 130, 256, seed=3, spread=2.0)[0])
     before = [t.clone() for t in operands]
-    torch.library.opcheck(torch.ops.touchstone.block_fp8_gemm.default, (*operands, torch.bfloat16),
-                          test_utils=OPCHECK_UTILS)
+    torch.library.opcheck(
+        torch.ops.touchstone.block_fp8_gemm.default, (*operands, torch.bfloat16), test_utils=OPCHECK_UTILS
+    )
     for name, old, new in zip(("a", "a_scales", "b", "b_scales"), before, operands, strict=True):
-        assert torch.equal(old.view(torch.uint8) if old.dtype == FP8 else old,
-                           new.view(torch.uint8) if new.dtype == FP8 else new), f"{name} was mutated"
+        assert torch.equal(
+            old.view(torch.uint8) if old.dtype == FP8 else old, new.view(torch.uint8) if new.dtype == FP8 else new
+        ), f"{name} was mutated"
 
 
 def _bad(**change):
-    a, a_scales, b, b_scales = torch.zeros(4, 256, dtype=FP8), torch.ones(4, 2), torch.zeros(130, 256, dtype=FP8), \
-        torch.ones(2, 2)
+    a, a_scales, b, b_scales = (
+        torch.zeros(4, 256, dtype=FP8),
+        torch.ones(4, 2),
+        torch.zeros(130, 256, dtype=FP8),
+        torch.ones(2, 2),
+    )
     args = dict(a=a, a_scales=a_scales, b=b, b_scales=b_scales, out_dtype=torch.bfloat16)
     args.update(change)
     return args

@@ -44,9 +44,13 @@ def check(x, codes, scales, device, ideal, gemm=kernel.w4a16_mxfp4_gemm):
 def problems(draw):
     x_exponent = draw(st.integers(-60, 60))
     return dict(
-        m=draw(st.sampled_from([1, 1, 2, 3, 8, 17, 33])), n=draw(st.integers(16, 40)), k=32 * draw(st.integers(1, 7)),
-        seed=draw(st.integers(0, 2**31 - 1)), spread=draw(st.sampled_from([0.0, 4.0, 12.0])),
-        mode=draw(st.sampled_from(SCALE_MODES)), x_exponent=x_exponent,
+        m=draw(st.sampled_from([1, 1, 2, 3, 8, 17, 33])),
+        n=draw(st.integers(16, 40)),
+        k=32 * draw(st.integers(1, 7)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+        spread=draw(st.sampled_from([0.0, 4.0, 12.0])),
+        mode=draw(st.sampled_from(SCALE_MODES)),
+        x_exponent=x_exponent,
         w_exponent=draw(st.integers(max(-100, -100 - x_exponent), min(100, 100 - x_exponent))),
         zero_block=draw(st.booleans()),
     )
@@ -58,7 +62,7 @@ def test_matches_mirror_and_ideal(p, device):
     if p["zero_block"]:  # an all-zero block: scale byte 0 (2**-127)
         w[0, :32] = 0.0
         codes[0, :16], scales[0, 0] = 0, 0
-    x = (random_blocks((p["m"], p["k"]), torch.float32, p["seed"] + 1, 2.0) * 2.0 ** p["x_exponent"])
+    x = random_blocks((p["m"], p["k"]), torch.float32, p["seed"] + 1, 2.0) * 2.0 ** p["x_exponent"]
     x = x.to(torch.bfloat16)
     # SQNR against the unquantized product measures MXFP4's loss; with blocks spread over 2**+-12 a small
     # output is dominated by a few blocks and that figure is noise, so those draws use the exact product of
@@ -67,8 +71,9 @@ def test_matches_mirror_and_ideal(p, device):
     check(x, codes, scales, device, ideal)
 
 
-@given(seed=st.integers(0, 2**31 - 1), m=st.sampled_from([1, 5]), nan_row=st.integers(0, 5),
-       nan_block=st.integers(0, 2))
+@given(
+    seed=st.integers(0, 2**31 - 1), m=st.sampled_from([1, 5]), nan_row=st.integers(0, 5), nan_block=st.integers(0, 2)
+)
 def test_nan_scale_poisons_its_row_only(seed, m, nan_row, nan_block, device):
     _, codes, scales = quantized_weights(6, 96, seed, 4.0, 0, "floor")
     scales[nan_row, nan_block] = 0xFF
@@ -82,22 +87,64 @@ def test_nan_scale_poisons_its_row_only(seed, m, nan_row, nan_block, device):
 # Named cases: (name, x rows of one K = 64 problem as {index: value}, codes bytes of row 0 as {byte: value},
 # scale bytes of row 0, expected y[., 0] per x row). Every other code byte is 0x00 (+0) and scale 127.
 NAMED = [
-    ("nibble_order_and_scale", [{0: 1.0}, {1: 1.0}, {33: 1.0}], {0: 0x21, 16: 0x70}, (128, 125),
-     [1.0, 2.0, 1.5], "byte 0 = 0x21: element 0 is code 1 (0.5), element 1 code 2 (1.0), times 2**1; "
-     "block 1 byte 0 = 0x70: element 33 is code 7 (6), times 2**-2"),
-    ("negative_codes", [{0: 1.0}, {1: -2.0}], {0: 0xF9}, (127, 127), [-0.5, 12.0],
-     "0xF9: element 0 code 9 (-0.5), element 1 code 0xF (-6); -2 * -6 = 12"),
-    ("smallest_scale", [{0: 2.0**40}], {0: 0x07}, (0, 127), [6.0 * 2.0**-87],
-     "scale byte 0 is 2**-127 (subnormal): 6 * 2**-127 * 2**40"),
-    ("largest_contract_scale", [{0: 1.0}, {0: -0.5}], {0: 0x07}, (252, 127), [1.5 * 2.0**127, -0.75 * 2.0**127],
-     "scale byte 252 is 2**125: 6 * 2**125 = 1.5 * 2**127, still below bf16 max"),
-    ("fp32_overflow_to_inf", [{0: 1.0, 1: 1.0}], {0: 0x77}, (252, 127), [math.inf],
-     "two weights of 1.5 * 2**127 sum past fp32 max"),
-    ("one_rounding_tie_to_even", [{0: 1.0, 32: 2.0**-8}], {0: 0x02, 16: 0x02}, (127, 127), [1.0],
-     "1 + 2**-8 is exact in fp32 and a bf16 tie: RNE gives 1.0"),
-    ("one_rounding_sticky", [{0: 1.0, 32: 2.0**-8, 33: 2.0**-20}], {0: 0x02, 16: 0x22}, (127, 127),
-     [1.0 + 2.0**-7], "1 + 2**-8 + 2**-20 in fp32, rounded once, is above the tie: 1 + 2**-7 (bf16 partial "
-     "sums would lose the 2**-20)"),
+    (
+        "nibble_order_and_scale",
+        [{0: 1.0}, {1: 1.0}, {33: 1.0}],
+        {0: 0x21, 16: 0x70},
+        (128, 125),
+        [1.0, 2.0, 1.5],
+        "byte 0 = 0x21: element 0 is code 1 (0.5), element 1 code 2 (1.0), times 2**1; "
+        "block 1 byte 0 = 0x70: element 33 is code 7 (6), times 2**-2",
+    ),
+    (
+        "negative_codes",
+        [{0: 1.0}, {1: -2.0}],
+        {0: 0xF9},
+        (127, 127),
+        [-0.5, 12.0],
+        "0xF9: element 0 code 9 (-0.5), element 1 code 0xF (-6); -2 * -6 = 12",
+    ),
+    (
+        "smallest_scale",
+        [{0: 2.0**40}],
+        {0: 0x07},
+        (0, 127),
+        [6.0 * 2.0**-87],
+        "scale byte 0 is 2**-127 (subnormal): 6 * 2**-127 * 2**40",
+    ),
+    (
+        "largest_contract_scale",
+        [{0: 1.0}, {0: -0.5}],
+        {0: 0x07},
+        (252, 127),
+        [1.5 * 2.0**127, -0.75 * 2.0**127],
+        "scale byte 252 is 2**125: 6 * 2**125 = 1.5 * 2**127, still below bf16 max",
+    ),
+    (
+        "fp32_overflow_to_inf",
+        [{0: 1.0, 1: 1.0}],
+        {0: 0x77},
+        (252, 127),
+        [math.inf],
+        "two weights of 1.5 * 2**127 sum past fp32 max",
+    ),
+    (
+        "one_rounding_tie_to_even",
+        [{0: 1.0, 32: 2.0**-8}],
+        {0: 0x02, 16: 0x02},
+        (127, 127),
+        [1.0],
+        "1 + 2**-8 is exact in fp32 and a bf16 tie: RNE gives 1.0",
+    ),
+    (
+        "one_rounding_sticky",
+        [{0: 1.0, 32: 2.0**-8, 33: 2.0**-20}],
+        {0: 0x02, 16: 0x22},
+        (127, 127),
+        [1.0 + 2.0**-7],
+        "1 + 2**-8 + 2**-20 in fp32, rounded once, is above the tie: 1 + 2**-7 (bf16 partial "
+        "sums would lose the 2**-20)",
+    ),
 ]
 
 
@@ -116,21 +163,23 @@ def named_problem(x_rows, code_bytes, scale_bytes):
 
 
 @pytest.mark.parametrize("rows", [1, 17], ids=["gemv", "dot"])
-@pytest.mark.parametrize(("name", "x_rows", "code_bytes", "scale_bytes", "want", "note"), NAMED,
-                         ids=[c[0] for c in NAMED])
+@pytest.mark.parametrize(
+    ("name", "x_rows", "code_bytes", "scale_bytes", "want", "note"), NAMED, ids=[c[0] for c in NAMED]
+)
 def test_named_cases(name, x_rows, code_bytes, scale_bytes, want, note, rows, device):
     x, codes, scales = named_problem(x_rows, code_bytes, scale_bytes)
     want = torch.tensor(want, dtype=torch.bfloat16)
     assert_exact(ref.w4a16_mxfp4_gemm_mirror(x, codes, scales)[:, 0], want, f"{name}: mirror ({note})")
     # Each x row on its own (M = 1, GEMV) or all of them repeated to 17 rows (tensor-core kernel).
     for r in range(x.shape[0]):
-        xr = x[r:r + 1].expand(rows, -1).contiguous()
+        xr = x[r : r + 1].expand(rows, -1).contiguous()
         got = kernel.w4a16_mxfp4_gemm(xr.to(device), codes.to(device), scales.to(device)).cpu()
         assert_exact(got[:, 0], want[r].expand(rows), f"{name}: kernel, x row {r} ({note})")
 
 
-@pytest.mark.parametrize(("kind", "stages"), [("gemv", 1), ("gemv", 2), ("dot", 1)],
-                         ids=["gemv", "gemv_prefetch", "dot"])
+@pytest.mark.parametrize(
+    ("kind", "stages"), [("gemv", 1), ("gemv", 2), ("dot", 1)], ids=["gemv", "gemv_prefetch", "dot"]
+)
 @pytest.mark.parametrize("split_k", [1, 2, 4])
 def test_split_k_and_ragged_k_tiles(kind, stages, split_k, device):
     """K = 7 blocks in tiles of 2 (the last tile half empty), split over up to 4 programs per output (one
@@ -139,8 +188,9 @@ def test_split_k_and_ragged_k_tiles(kind, stages, split_k, device):
     m = 1 if kind == "gemv" else 20
     x = random_blocks((m, 224), torch.bfloat16, 6, 3.0)
     config = (kind, 16, 16, 2, split_k, 4, stages)
-    check(x, codes, scales, device, ref.unquantized_product(x, w),
-          gemm=lambda *args: kernel.launch(*args, config=config))
+    check(
+        x, codes, scales, device, ref.unquantized_product(x, w), gemm=lambda *args: kernel.launch(*args, config=config)
+    )
 
 
 def test_strided_rows_are_read_in_place(device):
@@ -152,11 +202,14 @@ def test_strided_rows_are_read_in_place(device):
 
 def test_empty_and_degenerate_shapes(device):
     codes, scales = torch.zeros(4, 16, dtype=torch.uint8), torch.full((4, 1), 127, dtype=torch.uint8)
-    assert kernel.w4a16_mxfp4_gemm(torch.zeros(0, 32, dtype=torch.bfloat16, device=device),
-                                   codes.to(device), scales.to(device)).shape == (0, 4)
-    y = kernel.w4a16_mxfp4_gemm(torch.ones(2, 0, dtype=torch.bfloat16, device=device),
-                                torch.zeros(4, 0, dtype=torch.uint8, device=device),
-                                torch.zeros(4, 0, dtype=torch.uint8, device=device))
+    assert kernel.w4a16_mxfp4_gemm(
+        torch.zeros(0, 32, dtype=torch.bfloat16, device=device), codes.to(device), scales.to(device)
+    ).shape == (0, 4)
+    y = kernel.w4a16_mxfp4_gemm(
+        torch.ones(2, 0, dtype=torch.bfloat16, device=device),
+        torch.zeros(4, 0, dtype=torch.uint8, device=device),
+        torch.zeros(4, 0, dtype=torch.uint8, device=device),
+    )
     assert_exact(y.cpu(), torch.zeros(2, 4, dtype=torch.bfloat16))
 
 
@@ -173,26 +226,33 @@ def test_mirror_is_the_ideal_rounded_once():
 def test_opcheck(device):
     _, codes, scales = quantized_weights(16, 64, 11, 2.0, 0, "floor")
     x = random_blocks((2, 64), torch.bfloat16, 12, 2.0)
-    torch.library.opcheck(torch.ops.touchstone.w4a16_mxfp4_gemm.default,
-                          (x.to(device), codes.to(device), scales.to(device)))
+    torch.library.opcheck(
+        torch.ops.touchstone.w4a16_mxfp4_gemm.default, (x.to(device), codes.to(device), scales.to(device))
+    )
 
 
 def _args(**change):
-    args = dict(x=torch.zeros(2, 64, dtype=torch.bfloat16), codes=torch.zeros(3, 32, dtype=torch.uint8),
-                scales=torch.zeros(3, 2, dtype=torch.uint8))
+    args = dict(
+        x=torch.zeros(2, 64, dtype=torch.bfloat16),
+        codes=torch.zeros(3, 32, dtype=torch.uint8),
+        scales=torch.zeros(3, 2, dtype=torch.uint8),
+    )
     args.update(change)
     return args
 
 
-@pytest.mark.parametrize(("args", "error", "message"), [
-    (_args(x=torch.zeros(2, 64)), TypeError, "x: dtype"),
-    (_args(codes=torch.zeros(3, 32, dtype=torch.int8)), TypeError, "codes: dtype"),
-    (_args(scales=torch.zeros(3, 2, dtype=torch.float8_e8m0fnu)), TypeError, "scales: dtype"),
-    (_args(x=torch.zeros(2, 48, dtype=torch.bfloat16)), ValueError, "x: K = 48"),
-    (_args(codes=torch.zeros(3, 16, dtype=torch.uint8)), ValueError, "codes: shape"),
-    (_args(scales=torch.zeros(2, 2, dtype=torch.uint8)), ValueError, "scales: shape"),
-    (_args(x=torch.zeros(64, dtype=torch.bfloat16)), ValueError, "x: must be 2-D"),
-])
+@pytest.mark.parametrize(
+    ("args", "error", "message"),
+    [
+        (_args(x=torch.zeros(2, 64)), TypeError, "x: dtype"),
+        (_args(codes=torch.zeros(3, 32, dtype=torch.int8)), TypeError, "codes: dtype"),
+        (_args(scales=torch.zeros(3, 2, dtype=torch.float8_e8m0fnu)), TypeError, "scales: dtype"),
+        (_args(x=torch.zeros(2, 48, dtype=torch.bfloat16)), ValueError, "x: K = 48"),
+        (_args(codes=torch.zeros(3, 16, dtype=torch.uint8)), ValueError, "codes: shape"),
+        (_args(scales=torch.zeros(2, 2, dtype=torch.uint8)), ValueError, "scales: shape"),
+        (_args(x=torch.zeros(64, dtype=torch.bfloat16)), ValueError, "x: must be 2-D"),
+    ],
+)
 def test_bad_arguments(args, error, message, device):
     for impl, dev in ((ref.w4a16_mxfp4_gemm_mirror, "cpu"), (kernel.w4a16_mxfp4_gemm, device)):
         with pytest.raises(error, match=message):
@@ -201,8 +261,10 @@ def test_bad_arguments(args, error, message, device):
 
 def test_kernel_rejects_layouts_it_cannot_read(device):
     x = torch.zeros(64, 2, dtype=torch.bfloat16, device=device).T  # K not contiguous
-    codes, scales = torch.zeros(3, 32, dtype=torch.uint8, device=device), torch.zeros(3, 2, dtype=torch.uint8,
-                                                                                      device=device)
+    codes, scales = (
+        torch.zeros(3, 32, dtype=torch.uint8, device=device),
+        torch.zeros(3, 2, dtype=torch.uint8, device=device),
+    )
     with pytest.raises(ValueError, match="x: last dim must have stride 1"):
         kernel.w4a16_mxfp4_gemm(x, codes, scales)
     wide = torch.zeros(3, 34, dtype=torch.uint8, device=device)[:, 1:33]  # rows off 4-byte boundaries

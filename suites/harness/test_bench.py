@@ -58,21 +58,32 @@ def _fails_to_compile(x: torch.Tensor):
 
 def dummy_op() -> OpBench:
     impls = (
-        Impl("copy", lambda x: (lambda: x.clone())),
-        Impl("add-zero", lambda x: (lambda: x + 0)),
-        Impl("off-by-one", lambda x: (lambda: x + 1)),
-        Impl("small-only", lambda x: (lambda: x.clone()),
-             lambda case, backend: "too large for this impl" if case.x_value > 8 else None),
+        Impl("copy", lambda x: lambda: x.clone()),
+        Impl("add-zero", lambda x: lambda: x + 0),
+        Impl("off-by-one", lambda x: lambda: x + 1),
+        Impl(
+            "small-only",
+            lambda x: lambda: x.clone(),
+            lambda case, backend: "too large for this impl" if case.x_value > 8 else None,
+        ),
         Impl("missing", _unavailable),
         Impl("broken", _broken),
         Impl("oom", _out_of_memory),
         Impl("no-compile", _fails_to_compile),
     )
     return OpBench(
-        name="dummy_copy", area="test", dtype="float32", x_name="KiB", sweeps={"small": CASES, "full": CASES},
+        name="dummy_copy",
+        area="test",
+        dtype="float32",
+        x_name="KiB",
+        sweeps={"small": CASES, "full": CASES},
         make_inputs=lambda case, device: torch.arange(case.shape[0], dtype=torch.float32, device=device),
-        impls=impls, bytes_model=lambda case: 2 * 4 * case.shape[0], flops_model=lambda case: 0,
-        roof="memcpy", baselines=("copy",), compare_to="copy",
+        impls=impls,
+        bytes_model=lambda case: 2 * 4 * case.shape[0],
+        flops_model=lambda case: 0,
+        roof="memcpy",
+        baselines=("copy",),
+        compare_to="copy",
         headline=(("add-zero", "copy"), ("add-zero", "memcpy")),
     )
 
@@ -198,8 +209,13 @@ def test_cli_bench_end_to_end_with_mismatch(tmp_path, monkeypatch, capsys):
     assert status == 1  # a mismatch fails the run
     assert "[4/4]" in out and "1 mismatches/errors" not in out and "2 mismatches/errors" in out
     (folder,) = [path for path in tmp_path.iterdir() if path.is_dir()]
-    assert {p.name for p in folder.iterdir()} >= {"dummy_copy.csv", "dummy_copy.md", "dummy_copy.png",
-                                                   "index.md", "roofs.csv"}
+    assert {p.name for p in folder.iterdir()} >= {
+        "dummy_copy.csv",
+        "dummy_copy.md",
+        "dummy_copy.png",
+        "index.md",
+        "roofs.csv",
+    }
     roofs = read_csv(folder / "roofs.csv")
     assert [row["roof_name"] for row in roofs] == ["memcpy", "gemm"] and roofs[1]["tflops"] > 0
     row = read_csv(folder / "dummy_copy.csv")[0]
@@ -297,12 +313,13 @@ def test_nvidia_smi_parsing_picks_torch_device():
     full, clocks_only = NVIDIA_SMI_QUERIES
     driver, clocks = parse_nvidia_smi(text, full, (0, 0x2A, 0))
     assert driver == "570.124.06"
-    assert clocks == ("sm=1980 MHz; mem=3201 MHz; max_sm=1980 MHz; max_mem=3201 MHz; "
-                      "power_limit=700.00 W; temp_c=36")
+    assert clocks == ("sm=1980 MHz; mem=3201 MHz; max_sm=1980 MHz; max_mem=3201 MHz; power_limit=700.00 W; temp_c=36")
     assert parse_nvidia_smi(text, full, None)[1].endswith("(first GPU listed; torch's not matched)")
     one_gpu = "1755 MHz, 3201 MHz, 1980 MHz, 3201 MHz, 700.00 W, 30\n"
     assert parse_nvidia_smi(one_gpu, clocks_only, (0, 0x2A, 0)) == (
-        "unknown", "sm=1755 MHz; mem=3201 MHz; max_sm=1980 MHz; max_mem=3201 MHz; power_limit=700.00 W; temp_c=30")
+        "unknown",
+        "sm=1755 MHz; mem=3201 MHz; max_sm=1980 MHz; max_mem=3201 MHz; power_limit=700.00 W; temp_c=30",
+    )
 
 
 def test_environment_fields(env):
@@ -341,7 +358,10 @@ def test_mxfp4_eager_runs_on_cpu(env):
 
 def dummy_accuracy(ops=("dummy_copy",)) -> AccuracyReport:
     return AccuracyReport(
-        name="dummy_accuracy", title="Dummy accuracy table", ops=ops, note="Two rows, two columns.",
+        name="dummy_accuracy",
+        title="Dummy accuracy table",
+        ops=ops,
+        note="Two rows, two columns.",
         rows=lambda: [{"policy": "a", "sqnr_db": 20.123456}, {"policy": "b", "sqnr_db": "refused"}],
     )
 
@@ -370,8 +390,9 @@ def test_cli_bench_writes_the_accuracy_tables_of_its_ops(tmp_path, monkeypatch, 
     monkeypatch.setattr("bench.environment.detect_platform", lambda: CPU)
     monkeypatch.setitem(REGISTRY, "dummy_copy", dummy_op())
     monkeypatch.setitem(ACCURACY_REPORTS, "dummy_accuracy", dummy_accuracy())
-    monkeypatch.setitem(ACCURACY_REPORTS, "other_accuracy", dataclasses.replace(
-        dummy_accuracy(("other_op",)), name="other_accuracy"))
+    monkeypatch.setitem(
+        ACCURACY_REPORTS, "other_accuracy", dataclasses.replace(dummy_accuracy(("other_op",)), name="other_accuracy")
+    )
     monkeypatch.setattr("bench.roofs.MEMCPY_BYTES", {"cpu": 1 << 20, "gpu": 1 << 20})
     monkeypatch.setattr("bench.roofs.GEMM_N", {"cpu": 64, "gpu": 64})
     assert cli.main(["bench", "--ops", "dummy_copy", "--impls", "copy", "--out", str(tmp_path)]) == 0

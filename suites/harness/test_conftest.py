@@ -56,18 +56,23 @@ def _run(pytester, source, *args, env=None):
 
 
 def test_ledger_xfails_and_flags_an_unexpected_pass(pytester):
-    result = _run(pytester, """
+    result = _run(
+        pytester,
+        """
 def test_known_bad():
     assert False
 def test_known_but_fixed():
     assert True
-""")
+""",
+    )
     result.assert_outcomes(xfailed=1, failed=1)
     result.stdout.fnmatch_lines(["*XPASS(strict)*planted (touchstone#2)*"])
 
 
 def test_markers_skip_on_the_cpu_tier_and_need_reasons(pytester):
-    result = _run(pytester, """
+    result = _run(
+        pytester,
+        """
 import pytest
 @pytest.mark.interpreter_unsupported(reason="bf16 dot")
 def test_a(): pass
@@ -75,14 +80,19 @@ def test_a(): pass
 def test_b(): pass
 def test_c(device):
     assert device == "cpu"
-""", "-rs")
+""",
+        "-rs",
+    )
     result.assert_outcomes(passed=1, skipped=2)
     result.stdout.fnmatch_lines(["*interpreter_unsupported: bf16 dot*", "*gpu_only: timing*"])
-    result = _run(pytester, """
+    result = _run(
+        pytester,
+        """
 import pytest
 @pytest.mark.gpu_only
 def test_a(): pass
-""")
+""",
+    )
     result.stderr.fnmatch_lines(["*@pytest.mark.gpu_only needs a reason*"])
     assert result.ret != 0
 

@@ -320,7 +320,8 @@ def test_fma_rounds_once(device, inputs):
         x = torch.randint(1, 2**13, (512,), generator=gen).float()
         y = torch.randint(1, 2**13, (512,), generator=gen).float()
         z = torch.randint(0, 2, (512,), generator=gen).float().mul(2).sub(1) * torch.exp2(
-            -torch.randint(1, 40, (512,), generator=gen).float())
+            -torch.randint(1, 40, (512,), generator=gen).float()
+        )
     assert_same(fma(x, y, z, device), exact_fma(x, y, z), x, "tl.fma")
 
 

@@ -25,14 +25,17 @@ def probe(*, cuda=False, hip=None, xpu=False, name="", capability=(0, 0), gcn=""
     )
 
 
-@pytest.mark.parametrize(("name", "capability", "family", "slug"), [
-    ("NVIDIA H200", (9, 0), "hopper", "h200"),
-    ("NVIDIA H100 80GB HBM3", (9, 0), "hopper", "h100-80gb-hbm3"),
-    ("NVIDIA B200", (10, 0), "blackwell", "b200"),
-    ("NVIDIA GeForce RTX 5090", (12, 0), "blackwell", "geforce-rtx-5090"),
-    ("NVIDIA A100-SXM4-80GB", (8, 0), "ampere", "a100-sxm4-80gb"),
-    ("NVIDIA L40S", (8, 9), "ada", "l40s"),
-])
+@pytest.mark.parametrize(
+    ("name", "capability", "family", "slug"),
+    [
+        ("NVIDIA H200", (9, 0), "hopper", "h200"),
+        ("NVIDIA H100 80GB HBM3", (9, 0), "hopper", "h100-80gb-hbm3"),
+        ("NVIDIA B200", (10, 0), "blackwell", "b200"),
+        ("NVIDIA GeForce RTX 5090", (12, 0), "blackwell", "geforce-rtx-5090"),
+        ("NVIDIA A100-SXM4-80GB", (8, 0), "ampere", "a100-sxm4-80gb"),
+        ("NVIDIA L40S", (8, 9), "ada", "l40s"),
+    ],
+)
 def test_cuda_targets(name, capability, family, slug):
     p = detect_platform(probe(cuda=True, name=name, capability=capability, count=2))
     assert (p.backend, p.family, p.slug, p.torch_device, p.device_count) == ("cuda", family, slug, "cuda", 2)
@@ -41,9 +44,15 @@ def test_cuda_targets(name, capability, family, slug):
     assert not p.has_device_capability((capability[0] + 1, 0))
 
 
-@pytest.mark.parametrize(("gcn", "family"), [
-    ("gfx942:sramecc+:xnack-", "cdna3"), ("gfx950", "cdna4"), ("gfx90a", "cdna2"), ("gfx1100", "rdna3"),
-])
+@pytest.mark.parametrize(
+    ("gcn", "family"),
+    [
+        ("gfx942:sramecc+:xnack-", "cdna3"),
+        ("gfx950", "cdna4"),
+        ("gfx90a", "cdna2"),
+        ("gfx1100", "rdna3"),
+    ],
+)
 def test_rocm_targets(gcn, family):
     p = detect_platform(probe(cuda=True, hip="6.4.1", name="AMD Instinct MI300X", capability=(9, 4), gcn=gcn))
     assert (p.backend, p.family, p.arch, p.torch_device) == ("rocm", family, gcn.split(":")[0], "cuda")

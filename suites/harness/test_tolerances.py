@@ -23,8 +23,7 @@ def test_equal_infinities_and_nans_are_not_errors():
     assert lossy_check(FAMILY)(x, x).startswith("close")
 
 
-@pytest.mark.parametrize("got", [[-INF, -INF, NAN, 1.0, -2.0], [INF, -INF, 0.0, 1.0, -2.0],
-                                 [INF, 5.0, NAN, 1.0, -2.0]])
+@pytest.mark.parametrize("got", [[-INF, -INF, NAN, 1.0, -2.0], [INF, -INF, 0.0, 1.0, -2.0], [INF, 5.0, NAN, 1.0, -2.0]])
 def test_nonfinite_disagreement_fails_both_checks(got):
     want = torch.tensor([INF, -INF, NAN, 1.0, -2.0])
     got = torch.tensor(got)

@@ -33,7 +33,7 @@ def segment_mask(cache: KVCache, layer: int) -> torch.Tensor:
     geometry = cache.geometry[layer]
     for block in range(geometry.num_blocks):
         for offset, nbytes in geometry.segments(block):
-            mask[offset:offset + nbytes] = True
+            mask[offset : offset + nbytes] = True
     return mask
 
 
@@ -45,23 +45,27 @@ def check_geometry(cache: KVCache) -> None:
             segments = geometry.segments(block)
             assert sum(n for _, n in segments) == cache.spec.real_page_bytes, (
                 f"layer {geometry.layer} block {block}: segments {segments} do not add up to the real page "
-                f"{cache.spec.real_page_bytes} bytes")
+                f"{cache.spec.real_page_bytes} bytes"
+            )
             for offset, nbytes in segments:
                 assert 0 <= offset and offset + nbytes <= size, (
-                    f"layer {geometry.layer} block {block}: segment ({offset}, {nbytes}) outside the {size}-byte "
-                    f"buffer")
-                taken = owner[offset:offset + nbytes]
+                    f"layer {geometry.layer} block {block}: segment ({offset}, {nbytes}) outside the {size}-byte buffer"
+                )
+                taken = owner[offset : offset + nbytes]
                 clash = taken[taken >= 0]
                 assert clash.numel() == 0, (
                     f"layer {geometry.layer} block {block}: segment ({offset}, {nbytes}) overlaps a segment of "
-                    f"layer {int(clash[0]) // geometry.num_blocks} block {int(clash[0]) % geometry.num_blocks}")
-                owner[offset:offset + nbytes] = geometry.layer * geometry.num_blocks + block
+                    f"layer {int(clash[0]) // geometry.num_blocks} block {int(clash[0]) % geometry.num_blocks}"
+                )
+                owner[offset : offset + nbytes] = geometry.layer * geometry.num_blocks + block
     for geometry in cache.geometry:
         strides = {view.stride(0) * view.element_size() for view in cache.views[geometry.layer].values()}
         assert strides == {r.block_stride for r in geometry.regions}, (
             f"layer {geometry.layer}: view block strides {strides} are not the regions' "
-            f"{[r.block_stride for r in geometry.regions]}")
+            f"{[r.block_stride for r in geometry.regions]}"
+        )
         got, want = written_bytes(cache, geometry.layer), segment_mask(cache, geometry.layer)
         assert torch.equal(got, want), (
             f"layer {geometry.layer}: the views write {int(got.sum())} bytes, the segments hold {int(want.sum())}; "
-            f"first differing byte {int((got != want).nonzero()[0])}")
+            f"first differing byte {int((got != want).nonzero()[0])}"
+        )

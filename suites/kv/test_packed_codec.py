@@ -57,8 +57,13 @@ def latents(draw):
     lead = tuple(draw(st.lists(st.integers(1, 3), max_size=2)))
     positions = st.tuples(st.floats(0, 1, exclude_max=True), st.sampled_from(sorted(cases.SPECIALS)))
     width = FORMATS[fmt][0] + 64
-    x = cases.random_blocks((*lead, width), torch.float32, draw(st.integers(0, 2**31 - 1)),
-                            draw(st.sampled_from([0.0, 8.0, 30.0])), block=64)
+    x = cases.random_blocks(
+        (*lead, width),
+        torch.float32,
+        draw(st.integers(0, 2**31 - 1)),
+        draw(st.sampled_from([0.0, 8.0, 30.0])),
+        block=64,
+    )
     if draw(st.booleans()):  # a tile of zeros or of values under the 1e-4 scale floor
         tile = FORMATS[fmt][1]
         x[..., :tile] *= draw(st.sampled_from([0.0, 2.0**-20]))
@@ -114,7 +119,7 @@ def named_latent(nope: int) -> torch.Tensor:
     tile = FORMATS["fp8_ds_mla" if nope == 512 else "dsv4"][1]
     x[0:4] = torch.tensor([448.0, 1.0, -2.0, -0.0])
     x[2 * tile], x[3 * tile + 5] = 3.0, math.nan
-    x[nope:nope + 2] = torch.tensor([1.0, -2.0])
+    x[nope : nope + 2] = torch.tensor([1.0, -2.0])
     return x.to(torch.bfloat16)
 
 
@@ -124,10 +129,24 @@ def test_fp8_ds_mla_named_bytes():
     assert e[0:4].tolist() == [0x7E, 0x38, 0xC0, 0x80]  # 448, 1, -2, -0 at scale 1
     assert e[256].item() == 0x7C  # 3.0 / 2**-7 = 384 = 1.5 * 2**8
     assert e[384:512].tolist() == [0x7F] * 128  # the NaN poisons its tile
-    assert e[512:528].tolist() == [0x00, 0x00, 0x80, 0x3F,  # 1.0
-                                   0x00, 0x00, 0x00, 0x39,  # 2**-13: the 1e-4 floor rounded up
-                                   0x00, 0x00, 0x00, 0x3C,  # 2**-7 >= 3 / 448
-                                   0x00, 0x00, 0xC0, 0x7F]  # NaN
+    assert e[512:528].tolist() == [
+        0x00,
+        0x00,
+        0x80,
+        0x3F,  # 1.0
+        0x00,
+        0x00,
+        0x00,
+        0x39,  # 2**-13: the 1e-4 floor rounded up
+        0x00,
+        0x00,
+        0x00,
+        0x3C,  # 2**-7 >= 3 / 448
+        0x00,
+        0x00,
+        0xC0,
+        0x7F,
+    ]  # NaN
     assert e[528:532].tolist() == [0x80, 0x3F, 0x00, 0xC0]  # bf16 1.0, -2.0, little-endian
 
 
@@ -167,22 +186,31 @@ def test_tokens_written_through_views_sit_at_their_segments(fmt, packed):
         for block in range(2):
             (page,) = geometry.segments(block)
             for slot in range(3):
-                raw = [cache.buffer[page.offset + o:page.offset + o + n] for o, n in spec.token_segments(slot)]
+                raw = [cache.buffer[page.offset + o : page.offset + o + n] for o, n in spec.token_segments(slot)]
                 got = decode(fmt, raw[0] if fmt == "fp8_ds_mla" else tuple(raw))
                 assert_exact(got, decode(fmt, encode(fmt, latent[layer, block, slot])), f"{layer=} {block=} {slot=}")
 
 
-@pytest.mark.parametrize(("call", "error", "name"), [
-    (lambda: codec.encode_fp8_ds_mla(torch.zeros(576)), TypeError, "latent"),
-    (lambda: codec.encode_fp8_ds_mla(torch.zeros(512, dtype=torch.bfloat16)), ValueError, "latent"),
-    (lambda: codec.encode_dsv4(torch.zeros(576, dtype=torch.bfloat16)), ValueError, "latent"),
-    (lambda: codec.decode_fp8_ds_mla(torch.zeros(656, dtype=torch.int8)), TypeError, "entries"),
-    (lambda: codec.decode_fp8_ds_mla(torch.zeros(584, dtype=torch.uint8)), ValueError, "entries"),
-    (lambda: codec.decode_dsv4(torch.zeros(576, dtype=torch.uint8), torch.zeros(7, dtype=torch.uint8)), ValueError,
-     "scales"),
-    (lambda: codec.decode_dsv4(torch.zeros(2, 576, dtype=torch.uint8), torch.zeros(3, 8, dtype=torch.uint8)),
-     ValueError, "scales"),
-])
+@pytest.mark.parametrize(
+    ("call", "error", "name"),
+    [
+        (lambda: codec.encode_fp8_ds_mla(torch.zeros(576)), TypeError, "latent"),
+        (lambda: codec.encode_fp8_ds_mla(torch.zeros(512, dtype=torch.bfloat16)), ValueError, "latent"),
+        (lambda: codec.encode_dsv4(torch.zeros(576, dtype=torch.bfloat16)), ValueError, "latent"),
+        (lambda: codec.decode_fp8_ds_mla(torch.zeros(656, dtype=torch.int8)), TypeError, "entries"),
+        (lambda: codec.decode_fp8_ds_mla(torch.zeros(584, dtype=torch.uint8)), ValueError, "entries"),
+        (
+            lambda: codec.decode_dsv4(torch.zeros(576, dtype=torch.uint8), torch.zeros(7, dtype=torch.uint8)),
+            ValueError,
+            "scales",
+        ),
+        (
+            lambda: codec.decode_dsv4(torch.zeros(2, 576, dtype=torch.uint8), torch.zeros(3, 8, dtype=torch.uint8)),
+            ValueError,
+            "scales",
+        ),
+    ],
+)
 def test_bad_arguments_name_the_argument(call, error, name):
     with pytest.raises(error, match=name):
         call()

@@ -28,9 +28,14 @@ def specs(draw):
         dtype = draw(st.sampled_from(ATTN_DTYPES))
         kv_outer = draw(st.booleans())
         spec = FullAttentionSpec(
-            block_size=block_size, num_kv_heads=draw(st.integers(1, 4)), head_size=draw(st.sampled_from([8, 16, 24])),
-            head_size_v=draw(st.sampled_from([None, 8, 32])), dtype=dtype, layout=draw(st.sampled_from(["NHD", "HND"])),
-            kv_outer=kv_outer)
+            block_size=block_size,
+            num_kv_heads=draw(st.integers(1, 4)),
+            head_size=draw(st.sampled_from([8, 16, 24])),
+            head_size_v=draw(st.sampled_from([None, 8, 32])),
+            dtype=dtype,
+            layout=draw(st.sampled_from(["NHD", "HND"])),
+            kv_outer=kv_outer,
+        )
     elif kind == "mla":
         spec = MLASpec(block_size=block_size, dtype=draw(st.sampled_from(ATTN_DTYPES)))
     elif kind == "fp8_ds_mla":
@@ -95,8 +100,9 @@ def test_dsv4_scale_rows_follow_all_data_rows():
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("kv_outer", [False, True], ids=["block-first", "kv-outer"])
 def test_attention_element_lands_at_its_documented_byte(layout, kv_outer):
-    spec = FullAttentionSpec(block_size=3, num_kv_heads=2, head_size=4, head_size_v=2, dtype=torch.float16,
-                             layout=layout, kv_outer=kv_outer)
+    spec = FullAttentionSpec(
+        block_size=3, num_kv_heads=2, head_size=4, head_size_v=2, dtype=torch.float16, layout=layout, kv_outer=kv_outer
+    )
     cache = allocate_kv_cache(spec, num_blocks=2, num_layers=2)
     k, v = cache.views[1]["k"], cache.views[1]["v"]
     block, token, head = 1, 2, 1
@@ -107,8 +113,8 @@ def test_attention_element_lands_at_its_documented_byte(layout, kv_outer):
     inner = (token * 2 + head) if layout == "NHD" else (head * 3 + token)  # element rows of the block's K or V
     k_at = k_seg.offset + inner * 4 * 2
     v_at = v_seg.offset + inner * 2 * 2 + (0 if kv_outer else spec.k_block_bytes)
-    assert cache.buffer[k_at:k_at + 8].view(torch.float16).tolist() == [1.0, 2.0, 3.0, 4.0]
-    assert cache.buffer[v_at:v_at + 4].view(torch.float16).tolist() == [5.0, 6.0]
+    assert cache.buffer[k_at : k_at + 8].view(torch.float16).tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert cache.buffer[v_at : v_at + 4].view(torch.float16).tolist() == [5.0, 6.0]
     written = (cache.buffer != 0).nonzero().flatten().tolist()
     assert set(written) <= set(range(k_at, k_at + 8)) | set(range(v_at, v_at + 4))  # nothing else was touched
 
@@ -119,35 +125,66 @@ def test_one_buffer_serves_every_layer():
         assert views["latent"].untyped_storage().data_ptr() == cache.buffer.untyped_storage().data_ptr()
 
 
-@pytest.mark.parametrize(("make", "error", "name"), [
-    (lambda: FullAttentionSpec(block_size=0, num_kv_heads=1, head_size=8), ValueError, "block_size"),
-    (lambda: FullAttentionSpec(block_size=True, num_kv_heads=1, head_size=8), ValueError, "block_size"),
-    (lambda: FullAttentionSpec(block_size=4, num_kv_heads=0, head_size=8), ValueError, "num_kv_heads"),
-    (lambda: FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=-8), ValueError, "head_size"),
-    (lambda: FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, head_size_v=0), ValueError, "head_size_v"),
-    (lambda: FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype=torch.int32), TypeError, "dtype"),
-    (lambda: FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, layout="NDH"), ValueError, "layout"),
-    (lambda: FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, page_bytes_padded=8), ValueError,
-     "page_bytes_padded"),
-    (lambda: FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, page_bytes_padded=129), ValueError,
-     "page_bytes_padded"),
-    (lambda: FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, kv_outer=True, page_bytes_padded=256),
-     ValueError, "page_bytes_padded"),
-    (lambda: MLASpec(block_size=4, kv_lora_rank=0), ValueError, "kv_lora_rank"),
-    (lambda: MLASpec(block_size=4, dtype=torch.int8), TypeError, "dtype"),
-    (lambda: DeepseekV4Spec(block_size=4, page_bytes_padded=4 * 584), ValueError, "page_bytes_padded"),
-    (lambda: DeepseekV4Spec(block_size=4).token_segments(4), ValueError, "slot"),
-    (lambda: FP8DsMLASpec(block_size=4).geometry(num_blocks=0), ValueError, "num_blocks"),
-    (lambda: FP8DsMLASpec(block_size=4).geometry(num_blocks=2, num_layers=0), ValueError, "num_layers"),
-    (lambda: FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, kv_outer=True).geometry(2, 2, packed=True),
-     ValueError, "packed"),
-    (lambda: allocate_kv_cache("spec", 2), TypeError, "spec"),
-    (lambda: allocate_kv_cache(MLASpec(block_size=2), 2, fill=256), ValueError, "fill"),
-    (lambda: MLASpec(block_size=2).views(torch.zeros(4 * 1152, dtype=torch.int8),
-                                         MLASpec(block_size=2).geometry(2)[0]), TypeError, "buffer"),
-    (lambda: MLASpec(block_size=2).views(torch.zeros(1152, dtype=torch.uint8),
-                                         MLASpec(block_size=2).geometry(2)[0]), ValueError, "buffer"),
-])
+@pytest.mark.parametrize(
+    ("make", "error", "name"),
+    [
+        (lambda: FullAttentionSpec(block_size=0, num_kv_heads=1, head_size=8), ValueError, "block_size"),
+        (lambda: FullAttentionSpec(block_size=True, num_kv_heads=1, head_size=8), ValueError, "block_size"),
+        (lambda: FullAttentionSpec(block_size=4, num_kv_heads=0, head_size=8), ValueError, "num_kv_heads"),
+        (lambda: FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=-8), ValueError, "head_size"),
+        (
+            lambda: FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, head_size_v=0),
+            ValueError,
+            "head_size_v",
+        ),
+        (lambda: FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype=torch.int32), TypeError, "dtype"),
+        (lambda: FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, layout="NDH"), ValueError, "layout"),
+        (
+            lambda: FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, page_bytes_padded=8),
+            ValueError,
+            "page_bytes_padded",
+        ),
+        (
+            lambda: FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, page_bytes_padded=129),
+            ValueError,
+            "page_bytes_padded",
+        ),
+        (
+            lambda: FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, kv_outer=True, page_bytes_padded=256),
+            ValueError,
+            "page_bytes_padded",
+        ),
+        (lambda: MLASpec(block_size=4, kv_lora_rank=0), ValueError, "kv_lora_rank"),
+        (lambda: MLASpec(block_size=4, dtype=torch.int8), TypeError, "dtype"),
+        (lambda: DeepseekV4Spec(block_size=4, page_bytes_padded=4 * 584), ValueError, "page_bytes_padded"),
+        (lambda: DeepseekV4Spec(block_size=4).token_segments(4), ValueError, "slot"),
+        (lambda: FP8DsMLASpec(block_size=4).geometry(num_blocks=0), ValueError, "num_blocks"),
+        (lambda: FP8DsMLASpec(block_size=4).geometry(num_blocks=2, num_layers=0), ValueError, "num_layers"),
+        (
+            lambda: FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, kv_outer=True).geometry(
+                2, 2, packed=True
+            ),
+            ValueError,
+            "packed",
+        ),
+        (lambda: allocate_kv_cache("spec", 2), TypeError, "spec"),
+        (lambda: allocate_kv_cache(MLASpec(block_size=2), 2, fill=256), ValueError, "fill"),
+        (
+            lambda: MLASpec(block_size=2).views(
+                torch.zeros(4 * 1152, dtype=torch.int8), MLASpec(block_size=2).geometry(2)[0]
+            ),
+            TypeError,
+            "buffer",
+        ),
+        (
+            lambda: MLASpec(block_size=2).views(
+                torch.zeros(1152, dtype=torch.uint8), MLASpec(block_size=2).geometry(2)[0]
+            ),
+            ValueError,
+            "buffer",
+        ),
+    ],
+)
 def test_bad_arguments_name_the_argument(make, error, name):
     with pytest.raises(error, match=name):
         make()

@@ -65,18 +65,29 @@ def attention_problems(draw):
     dtype = draw(st.sampled_from([torch.bfloat16, torch.float16, torch.float32, FP8]))
     kv_outer = draw(st.booleans())
     spec = FullAttentionSpec(
-        block_size=draw(st.sampled_from([1, 2, 3, 4, 8, 16])), num_kv_heads=draw(st.integers(1, 5)),
-        head_size=draw(st.sampled_from([1, 8, 24, 64])), head_size_v=draw(st.sampled_from([None, 16, 40])),
-        dtype=dtype, layout=draw(st.sampled_from(["NHD", "HND"])), kv_outer=kv_outer)
+        block_size=draw(st.sampled_from([1, 2, 3, 4, 8, 16])),
+        num_kv_heads=draw(st.integers(1, 5)),
+        head_size=draw(st.sampled_from([1, 8, 24, 64])),
+        head_size_v=draw(st.sampled_from([None, 16, 40])),
+        dtype=dtype,
+        layout=draw(st.sampled_from(["NHD", "HND"])),
+        kv_outer=kv_outer,
+    )
     num_blocks, num_layers = draw(st.integers(1, 4)), draw(st.integers(1, 2))
     num_slots = num_blocks * spec.block_size
     positions = st.tuples(st.floats(0, 1, exclude_max=True), st.sampled_from(SPECIALS))
     return dict(
-        spec=spec, num_blocks=num_blocks, num_layers=num_layers, layer=draw(st.integers(0, num_layers - 1)),
-        packed=not kv_outer and draw(st.booleans()), seed=draw(st.integers(0, 2**31 - 1)),
-        n_valid=draw(st.integers(0, min(num_slots, 8))), n_pad=draw(st.integers(0, 3)),
+        spec=spec,
+        num_blocks=num_blocks,
+        num_layers=num_layers,
+        layer=draw(st.integers(0, num_layers - 1)),
+        packed=not kv_outer and draw(st.booleans()),
+        seed=draw(st.integers(0, 2**31 - 1)),
+        n_valid=draw(st.integers(0, min(num_slots, 8))),
+        n_pad=draw(st.integers(0, 3)),
         input_dtype=draw(st.sampled_from([torch.bfloat16, torch.float16, torch.float32])) if dtype == FP8 else dtype,
-        spread=draw(st.sampled_from([0.0, 6.0, 20.0])), strided=draw(st.booleans()),
+        spread=draw(st.sampled_from([0.0, 6.0, 20.0])),
+        strided=draw(st.booleans()),
         specials=draw(st.lists(positions, max_size=3)),
     )
 
@@ -104,12 +115,13 @@ def scale_shape(spec: FullAttentionSpec, num_blocks: int) -> tuple[int, int, int
 def run_store_kv(impl, p, key, value, mapping, device):
     """A fresh canary cache (and canary scales) on `device`, stored into by `impl`; returns (cache, scales)."""
     spec = p["spec"]
-    cache = allocate_kv_cache(spec, p["num_blocks"], p["num_layers"], packed=p["packed"], device=device,
-                              fill=CANARY)
+    cache = allocate_kv_cache(spec, p["num_blocks"], p["num_layers"], packed=p["packed"], device=device, fill=CANARY)
     scales = {}
     if spec.dtype == FP8:
-        scales = {name: torch.full(scale_shape(spec, p["num_blocks"]), SCALE_CANARY, device=device)
-                  for name in ("k_scale", "v_scale")}
+        scales = {
+            name: torch.full(scale_shape(spec, p["num_blocks"]), SCALE_CANARY, device=device)
+            for name in ("k_scale", "v_scale")
+        }
     views = cache.views[p["layer"]]
     impl(key.to(device), value.to(device), views["k"], views["v"], mapping.to(device), layout=spec.layout, **scales)
     return cache, scales
@@ -199,11 +211,19 @@ def mla_problems(draw):
     num_blocks, num_layers = draw(st.integers(1, 3)), draw(st.integers(1, 2))
     positions = st.tuples(st.floats(0, 1, exclude_max=True), st.sampled_from(SPECIALS))
     return dict(
-        fmt=fmt, spec=spec, num_blocks=num_blocks, num_layers=num_layers, layer=draw(st.integers(0, num_layers - 1)),
-        packed=draw(st.booleans()), seed=draw(st.integers(0, 2**31 - 1)),
-        n_valid=draw(st.integers(0, min(num_blocks * block_size, 5))), n_pad=draw(st.integers(0, 2)),
-        spread=draw(st.sampled_from([0.0, 8.0, 30.0])), tiny_tile=draw(st.sampled_from([None, 0.0, 2.0**-20])),
-        strided=draw(st.booleans()), specials=draw(st.lists(positions, max_size=3)),
+        fmt=fmt,
+        spec=spec,
+        num_blocks=num_blocks,
+        num_layers=num_layers,
+        layer=draw(st.integers(0, num_layers - 1)),
+        packed=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**31 - 1)),
+        n_valid=draw(st.integers(0, min(num_blocks * block_size, 5))),
+        n_pad=draw(st.integers(0, 2)),
+        spread=draw(st.sampled_from([0.0, 8.0, 30.0])),
+        tiny_tile=draw(st.sampled_from([None, 0.0, 2.0**-20])),
+        strided=draw(st.booleans()),
+        specials=draw(st.lists(positions, max_size=3)),
     )
 
 
@@ -225,8 +245,9 @@ def store_mla(impl_module, fmt, latent, views, mapping):
 
 
 def run_store_mla(impl_module, p, latent, mapping, device) -> KVCache:
-    cache = allocate_kv_cache(p["spec"], p["num_blocks"], p["num_layers"], packed=p["packed"], device=device,
-                              fill=CANARY)
+    cache = allocate_kv_cache(
+        p["spec"], p["num_blocks"], p["num_layers"], packed=p["packed"], device=device, fill=CANARY
+    )
     store_mla(impl_module, p["fmt"], latent.to(device), cache.views[p["layer"]], mapping.to(device))
     return cache
 
@@ -252,17 +273,17 @@ def test_packed_tokens_sit_at_the_spec_segments(fmt, packed, device):
     p = dict(fmt=fmt, spec=spec, num_blocks=2, num_layers=2, layer=1, packed=packed)
     latent = cases.random_blocks((3, MLA_WIDTH[fmt]), torch.float32, seed=7, spread=6.0, block=64).to(torch.bfloat16)
     mapping = torch.tensor([4, 0, -1])
-    cache = run_store_mla(kernel, p, latent[:, :MLA_WIDTH[fmt]], mapping, device)
+    cache = run_store_mla(kernel, p, latent[:, : MLA_WIDTH[fmt]], mapping, device)
     buffer = cache.buffer.cpu()
     touched = torch.zeros(buffer.numel(), dtype=torch.bool)
     for token, slot in ((0, 4), (1, 0)):
         (page,) = cache.geometry[1].segments(slot // 3)
         segments = spec.token_segments(slot % 3)
         want = encode_fp8_ds_mla(latent[token]) if fmt == "fp8_ds_mla" else torch.cat(encode_dsv4(latent[token]))
-        got = torch.cat([buffer[page.offset + o:page.offset + o + n] for o, n in segments])
+        got = torch.cat([buffer[page.offset + o : page.offset + o + n] for o, n in segments])
         assert_exact(got, want, f"token {token} at slot {slot}")
         for o, n in segments:
-            touched[page.offset + o:page.offset + o + n] = True
+            touched[page.offset + o : page.offset + o + n] = True
     assert (buffer[~touched] == CANARY).all(), "bytes outside the two tokens' segments changed"
 
 
@@ -273,8 +294,9 @@ def test_opcheck(device):
     views = allocate_kv_cache(spec, 2, device=device).views[0]
     key = torch.randn(3, 2, 8, device=device).to(torch.bfloat16)
     mapping = torch.tensor([1, -1, 6], device=device)
-    torch.library.opcheck(torch.ops.touchstone.store_kv.default,
-                          (key, key, views["k"], views["v"], mapping, "HND", None, None))
+    torch.library.opcheck(
+        torch.ops.touchstone.store_kv.default, (key, key, views["k"], views["v"], mapping, "HND", None, None)
+    )
     latent = torch.randn(3, 576, device=device).to(torch.bfloat16)
     entries = torch.zeros(2, 4, 656, dtype=torch.uint8, device=device)
     torch.library.opcheck(torch.ops.touchstone.store_fp8_ds_mla.default, (latent, entries, mapping))
@@ -285,9 +307,16 @@ def test_opcheck(device):
 def _bad_store_kv(**changes):
     spec = FullAttentionSpec(block_size=4, num_kv_heads=2, head_size=8, dtype=FP8)
     views = allocate_kv_cache(spec, 2).views[0]
-    args = dict(key=torch.zeros(3, 2, 8), value=torch.zeros(3, 2, 8), k_cache=views["k"], v_cache=views["v"],
-                slot_mapping=torch.zeros(3, dtype=torch.int64), layout="NHD", k_scale=torch.zeros(2, 4, 2),
-                v_scale=torch.zeros(2, 4, 2))
+    args = dict(
+        key=torch.zeros(3, 2, 8),
+        value=torch.zeros(3, 2, 8),
+        k_cache=views["k"],
+        v_cache=views["v"],
+        slot_mapping=torch.zeros(3, dtype=torch.int64),
+        layout="NHD",
+        k_scale=torch.zeros(2, 4, 2),
+        v_scale=torch.zeros(2, 4, 2),
+    )
     return args | changes
 
 
@@ -307,14 +336,21 @@ BAD_STORE_KV = [
 ]
 
 
-@pytest.mark.parametrize(("changes", "error", "name"), BAD_STORE_KV,
-                         ids=[f"{c[2]}-{i}" for i, c in enumerate(BAD_STORE_KV)])
+@pytest.mark.parametrize(
+    ("changes", "error", "name"), BAD_STORE_KV, ids=[f"{c[2]}-{i}" for i, c in enumerate(BAD_STORE_KV)]
+)
 def test_store_kv_bad_arguments_name_the_argument(changes, error, name, device):
     for impl, dev in ((ref.store_kv, "cpu"), (kernel.store_kv, device)):
         args = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in _bad_store_kv(**changes).items()}
         with pytest.raises(error, match=name):
-            impl(args.pop("key"), args.pop("value"), args.pop("k_cache"), args.pop("v_cache"),
-                 args.pop("slot_mapping"), **args)
+            impl(
+                args.pop("key"),
+                args.pop("value"),
+                args.pop("k_cache"),
+                args.pop("v_cache"),
+                args.pop("slot_mapping"),
+                **args,
+            )
 
 
 def test_copy_cache_refuses_scales_and_other_dtypes(device):
@@ -324,24 +360,62 @@ def test_copy_cache_refuses_scales_and_other_dtypes(device):
     with pytest.raises(TypeError, match="key"):
         kernel.store_kv(key, key.bfloat16(), views["k"], views["v"], mapping)
     with pytest.raises(ValueError, match="k_scale"):
-        kernel.store_kv(key.bfloat16(), key.bfloat16(), views["k"], views["v"], mapping,
-                        k_scale=torch.zeros(2, 4, 2, device=device))
+        kernel.store_kv(
+            key.bfloat16(), key.bfloat16(), views["k"], views["v"], mapping, k_scale=torch.zeros(2, 4, 2, device=device)
+        )
 
 
-@pytest.mark.parametrize(("call", "error", "name"), [
-    (lambda m: m.store_fp8_ds_mla(torch.zeros(2, 576), torch.zeros(1, 4, 656, dtype=torch.uint8),
-                                  torch.zeros(2, dtype=torch.int64)), TypeError, "latent"),
-    (lambda m: m.store_fp8_ds_mla(torch.zeros(2, 512, dtype=torch.bfloat16), torch.zeros(1, 4, 656, dtype=torch.uint8),
-                                  torch.zeros(2, dtype=torch.int64)), ValueError, "latent"),
-    (lambda m: m.store_fp8_ds_mla(torch.zeros(2, 576, dtype=torch.bfloat16), torch.zeros(1, 4, 584, dtype=torch.uint8),
-                                  torch.zeros(2, dtype=torch.int64)), ValueError, "entries"),
-    (lambda m: m.store_dsv4(torch.zeros(2, 512, dtype=torch.bfloat16), torch.zeros(1, 4, 576, dtype=torch.uint8),
-                            torch.zeros(2, 4, 8, dtype=torch.uint8), torch.zeros(2, dtype=torch.int64)),
-     ValueError, "scales"),
-    (lambda m: m.store_dsv4(torch.zeros(2, 512, dtype=torch.bfloat16), torch.zeros(1, 4, 576, dtype=torch.int8),
-                            torch.zeros(1, 4, 8, dtype=torch.uint8), torch.zeros(2, dtype=torch.int64)),
-     TypeError, "data"),
-], ids=["latent-dtype", "latent-width", "entries-width", "scales-blocks", "data-dtype"])
+@pytest.mark.parametrize(
+    ("call", "error", "name"),
+    [
+        (
+            lambda m: m.store_fp8_ds_mla(
+                torch.zeros(2, 576), torch.zeros(1, 4, 656, dtype=torch.uint8), torch.zeros(2, dtype=torch.int64)
+            ),
+            TypeError,
+            "latent",
+        ),
+        (
+            lambda m: m.store_fp8_ds_mla(
+                torch.zeros(2, 512, dtype=torch.bfloat16),
+                torch.zeros(1, 4, 656, dtype=torch.uint8),
+                torch.zeros(2, dtype=torch.int64),
+            ),
+            ValueError,
+            "latent",
+        ),
+        (
+            lambda m: m.store_fp8_ds_mla(
+                torch.zeros(2, 576, dtype=torch.bfloat16),
+                torch.zeros(1, 4, 584, dtype=torch.uint8),
+                torch.zeros(2, dtype=torch.int64),
+            ),
+            ValueError,
+            "entries",
+        ),
+        (
+            lambda m: m.store_dsv4(
+                torch.zeros(2, 512, dtype=torch.bfloat16),
+                torch.zeros(1, 4, 576, dtype=torch.uint8),
+                torch.zeros(2, 4, 8, dtype=torch.uint8),
+                torch.zeros(2, dtype=torch.int64),
+            ),
+            ValueError,
+            "scales",
+        ),
+        (
+            lambda m: m.store_dsv4(
+                torch.zeros(2, 512, dtype=torch.bfloat16),
+                torch.zeros(1, 4, 576, dtype=torch.int8),
+                torch.zeros(1, 4, 8, dtype=torch.uint8),
+                torch.zeros(2, dtype=torch.int64),
+            ),
+            TypeError,
+            "data",
+        ),
+    ],
+    ids=["latent-dtype", "latent-width", "entries-width", "scales-blocks", "data-dtype"],
+)
 def test_packed_bad_arguments_name_the_argument(call, error, name):
     for module in (ref, kernel):
         with pytest.raises(error, match=name):
@@ -367,11 +441,35 @@ class Faulty:
 
 def test_negative_control_slot_zero_taken_for_padding(device):
     """Every slot of a one-block cache is written, slot 0 among them: the faulty kernel leaves it untouched."""
-    attention = dict(spec=FullAttentionSpec(block_size=4, num_kv_heads=2, head_size=8, dtype=FP8, layout="HND"),
-                     num_blocks=1, num_layers=2, layer=1, packed=True, seed=1, n_valid=4, n_pad=1,
-                     input_dtype=torch.bfloat16, spread=4.0, strided=False, specials=[])
-    mla = dict(fmt="dsv4", spec=DeepseekV4Spec(block_size=2), num_blocks=1, num_layers=1, layer=0, packed=False,
-               seed=2, n_valid=2, n_pad=1, spread=4.0, tiny_tile=None, strided=False, specials=[])
+    attention = dict(
+        spec=FullAttentionSpec(block_size=4, num_kv_heads=2, head_size=8, dtype=FP8, layout="HND"),
+        num_blocks=1,
+        num_layers=2,
+        layer=1,
+        packed=True,
+        seed=1,
+        n_valid=4,
+        n_pad=1,
+        input_dtype=torch.bfloat16,
+        spread=4.0,
+        strided=False,
+        specials=[],
+    )
+    mla = dict(
+        fmt="dsv4",
+        spec=DeepseekV4Spec(block_size=2),
+        num_blocks=1,
+        num_layers=1,
+        layer=0,
+        packed=False,
+        seed=2,
+        n_valid=2,
+        n_pad=1,
+        spread=4.0,
+        tiny_tile=None,
+        strided=False,
+        specials=[],
+    )
     faulty, sound = Faulty("slot_zero_is_padding"), Faulty("none")
     with pytest.raises(AssertionError, match="not bit-exact"):
         check_store_kv(attention, device, faulty.store_kv)

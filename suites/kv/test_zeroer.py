@@ -30,13 +30,21 @@ def specs(draw):
     block_size = draw(st.integers(1, 6))
     if kind == "attention":  # head size 3 in fp8 gives odd byte offsets: the kernel's byte-wide path
         spec = FullAttentionSpec(
-            block_size=block_size, num_kv_heads=draw(st.integers(1, 2)), head_size=draw(st.sampled_from([3, 8, 16])),
-            head_size_v=draw(st.sampled_from([None, 8])), layout=draw(st.sampled_from(["NHD", "HND"])),
+            block_size=block_size,
+            num_kv_heads=draw(st.integers(1, 2)),
+            head_size=draw(st.sampled_from([3, 8, 16])),
+            head_size_v=draw(st.sampled_from([None, 8])),
+            layout=draw(st.sampled_from(["NHD", "HND"])),
             dtype=draw(st.sampled_from([torch.bfloat16, torch.float32, torch.float8_e4m3fn])),
-            kv_outer=draw(st.booleans()))
+            kv_outer=draw(st.booleans()),
+        )
     elif kind == "mla":
-        spec = MLASpec(block_size=block_size, kv_lora_rank=draw(st.sampled_from([8, 512])), rope_dim=8,
-                       dtype=draw(st.sampled_from([torch.bfloat16, torch.float8_e4m3fn])))
+        spec = MLASpec(
+            block_size=block_size,
+            kv_lora_rank=draw(st.sampled_from([8, 512])),
+            rope_dim=8,
+            dtype=draw(st.sampled_from([torch.bfloat16, torch.float8_e4m3fn])),
+        )
     elif kind == "fp8_ds_mla":
         spec = FP8DsMLASpec(block_size=block_size)
     else:
@@ -55,13 +63,20 @@ def problems(draw):
         spec = draw(specs())
         packed = draw(st.booleans()) and len(spec.part_spans()) == 1
         groups.append((spec, draw(st.integers(1, 3)), packed))
-    return dict(num_blocks=num_blocks, groups=groups, mamba=draw(st.booleans()), seed=draw(st.integers(0, 2**31 - 1)),
-                block_ids=draw(st.lists(st.integers(0, num_blocks - 1), max_size=3)))
+    return dict(
+        num_blocks=num_blocks,
+        groups=groups,
+        mamba=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**31 - 1)),
+        block_ids=draw(st.lists(st.integers(0, num_blocks - 1), max_size=3)),
+    )
 
 
 def build(p: dict, device: str) -> dict:
-    groups = {f"attn{i}": allocate_kv_cache(spec, p["num_blocks"], layers, packed=packed, device=device)
-              for i, (spec, layers, packed) in enumerate(p["groups"])}
+    groups = {
+        f"attn{i}": allocate_kv_cache(spec, p["num_blocks"], layers, packed=packed, device=device)
+        for i, (spec, layers, packed) in enumerate(p["groups"])
+    }
     if p["mamba"]:
         groups["mamba"] = MAMBA
     return groups
@@ -86,7 +101,7 @@ def expected_after(groups: dict, block_ids: list[int]) -> dict[str, torch.Tensor
         for layer in group.geometry:
             for block in block_ids:
                 for offset, nbytes in layer.segments(block):
-                    want[offset:offset + nbytes] = 0
+                    want[offset : offset + nbytes] = 0
         out[name] = want
     return out
 
@@ -108,6 +123,7 @@ def check_zeroing(groups: dict, block_ids: list[int], device: str, zero=kernel.z
 
 # ---- geometry regression: the table's meaning, through the real constructors ----
 
+
 @given(p=problems())
 def test_table_means_what_the_allocation_holds(p):
     groups = build(p, "cpu")
@@ -117,8 +133,9 @@ def test_table_means_what_the_allocation_holds(p):
 
 def dsv4_packed(num_blocks: int = 100, device: str = "cpu") -> dict:
     """vLLM's DeepSeek-V4 numbers (note §2.2-2.4): 64 entries a block, 4 layers packed in each block row."""
-    return {"dsv4": allocate_kv_cache(DeepseekV4Spec(block_size=64), num_blocks, num_layers=4, packed=True,
-                                      device=device)}
+    return {
+        "dsv4": allocate_kv_cache(DeepseekV4Spec(block_size=64), num_blocks, num_layers=4, packed=True, device=device)
+    }
 
 
 def test_dsv4_packed_table_named_numbers():
@@ -134,8 +151,9 @@ def test_dsv4_packed_table_named_numbers():
 
 
 def test_hybrid_mamba_groups_are_not_zeroed_and_padding_is_not_cleared():
-    attention, mamba = unify_attention_mamba(DeepseekV4Spec(block_size=4), MambaSpec(
-        shapes=((5000,),), dtypes=(torch.float32,)), alignment=1)
+    attention, mamba = unify_attention_mamba(
+        DeepseekV4Spec(block_size=4), MambaSpec(shapes=((5000,),), dtypes=(torch.float32,)), alignment=1
+    )
     groups = {"mamba": mamba, "attn": allocate_kv_cache(attention, num_blocks=3, num_layers=2, packed=True)}
     table = zeroer_table(groups)
     assert {owner for owner, _ in table.owners} == {"attn"}
@@ -174,6 +192,7 @@ def test_negative_control_layer_major_span_names_its_branch():
 
 # ---- the kernel on the same geometry, over canaries ----
 
+
 @given(p=problems())
 def test_kernel_clears_exactly_the_segments(p, device):
     groups = build(p, device)
@@ -197,9 +216,17 @@ def test_one_launch_for_every_group(device, monkeypatch):
             return real[grid]
 
     monkeypatch.setattr(kernel, "_zero_kv_blocks_kernel", Counting())
-    groups = build(dict(num_blocks=2, mamba=True, groups=[(FP8DsMLASpec(block_size=2), 2, True),
-                                                         (FullAttentionSpec(block_size=2, num_kv_heads=1, head_size=8,
-                                                                            kv_outer=True), 2, False)]), device)
+    groups = build(
+        dict(
+            num_blocks=2,
+            mamba=True,
+            groups=[
+                (FP8DsMLASpec(block_size=2), 2, True),
+                (FullAttentionSpec(block_size=2, num_kv_heads=1, head_size=8, kv_outer=True), 2, False),
+            ],
+        ),
+        device,
+    )
     fill_canaries(groups, seed=3)
     check_zeroing(groups, [1], device)
     assert len(launches) == 1 and launches[0][1] == 2 + 4  # 2 packed rows + 2 layers x (K, V)
@@ -208,18 +235,28 @@ def test_one_launch_for_every_group(device, monkeypatch):
 def test_many_chunks_per_segment_and_rows_of_different_lengths(device):
     """Small programs (64 bytes each): a segment spans many chunks, and the shorter rows' extra chunks of the
     shared grid must store nothing."""
+
     def small_chunks(buffers, table, block_ids):
         kernel.launch_zero_kv_blocks(buffers, table, block_ids, chunk_bytes=64)
 
-    groups = build(dict(num_blocks=3, mamba=False, groups=[
-        (FP8DsMLASpec(block_size=1), 1, False),  # 656 B segments: 11 chunks
-        (MLASpec(block_size=1, kv_lora_rank=8, rope_dim=8), 2, True)]), device)  # 32 B segments: 1 chunk
+    groups = build(
+        dict(
+            num_blocks=3,
+            mamba=False,
+            groups=[
+                (FP8DsMLASpec(block_size=1), 1, False),  # 656 B segments: 11 chunks
+                (MLASpec(block_size=1, kv_lora_rank=8, rope_dim=8), 2, True),
+            ],
+        ),
+        device,
+    )  # 32 B segments: 1 chunk
     fill_canaries(groups, seed=17)
     check_zeroing(groups, [2, 0], device, zero=small_chunks)
 
 
 def test_strided_block_ids(device):
     """block_ids as a slice of a wider tensor (stride 2): the kernel must read the slice, not memory."""
+
     def strided(buffers, table, block_ids):
         wide = torch.stack([block_ids, torch.zeros_like(block_ids)], dim=1)  # every other id is block 0
         kernel.zero_kv_blocks(buffers, table, wide[:, 0])
@@ -250,12 +287,16 @@ def test_out_of_range_block_ids(device):
 
 
 def test_opcheck(device):
-    groups = {"a": allocate_kv_cache(DeepseekV4Spec(block_size=2), 3, 2, packed=True, device=device),
-              "b": allocate_kv_cache(MLASpec(block_size=2, kv_lora_rank=8, rope_dim=8), 3, 1, device=device)}
+    groups = {
+        "a": allocate_kv_cache(DeepseekV4Spec(block_size=2), 3, 2, packed=True, device=device),
+        "b": allocate_kv_cache(MLASpec(block_size=2, kv_lora_rank=8, rope_dim=8), 3, 1, device=device),
+    }
     fill_canaries(groups, seed=11)
     table = zeroer_table(groups)
-    torch.library.opcheck(torch.ops.touchstone.zero_kv_blocks.default,
-                          (list(table.buffers), table.tensor(), torch.tensor([2, 0], device=device)))
+    torch.library.opcheck(
+        torch.ops.touchstone.zero_kv_blocks.default,
+        (list(table.buffers), table.tensor(), torch.tensor([2, 0], device=device)),
+    )
 
 
 def _bad_calls(device):

@@ -28,8 +28,11 @@ def test_definitions():
 @pytest.mark.parametrize("name", OPS)
 def test_cpu_run(name):
     verdicts = cpu_verdicts(name, "1MiB")
-    assert verdicts == {"reference-eager": "baseline", "memset": "memset peer: scratch all zero",
-                        "triton": verdicts["triton"]}
+    assert verdicts == {
+        "reference-eager": "baseline",
+        "memset": "memset peer: scratch all zero",
+        "triton": verdicts["triton"],
+    }
     assert verdicts["triton"].startswith("skipped: Triton")
 
 

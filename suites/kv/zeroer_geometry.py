@@ -37,27 +37,36 @@ def _check_packed(name: str, cache: KVCache, layer: int, rows: list[ZeroRow]) ->
     for row in rows:
         assert row.block_stride in real, (
             f"packed {name!r} layer {layer}: block stride {row.block_stride} is not the packed row's {sorted(real)} "
-            f"bytes" + (f": the page size ({spec.page_bytes}) used as the stride puts block b + 1 on the next "
-                        f"layer's block b (vLLM #50276)" if row.block_stride == spec.page_bytes else ""))
+            f"bytes"
+            + (
+                f": the page size ({spec.page_bytes}) used as the stride puts block b + 1 on the next "
+                f"layer's block b (vLLM #50276)"
+                if row.block_stride == spec.page_bytes
+                else ""
+            )
+        )
         assert row.nbytes < row.block_stride or cache.num_layers == 1, (
             f"packed {name!r} layer {layer}: clears {row.nbytes} bytes a block, the whole {row.block_stride}-byte "
-            f"row of {cache.num_layers} layers: it wipes the neighbouring layers' pages (stride used as span)")
+            f"row of {cache.num_layers} layers: it wipes the neighbouring layers' pages (stride used as span)"
+        )
     cleared = sum(row.nbytes for row in rows)
     assert cleared == spec.real_page_bytes, (
         f"packed {name!r} layer {layer}: clears {cleared} bytes a block, the spec's page holds "
-        f"{spec.real_page_bytes} (page with its alignment padding: {spec.page_bytes})")
+        f"{spec.real_page_bytes} (page with its alignment padding: {spec.page_bytes})"
+    )
 
 
 def _check_layer_major(name: str, cache: KVCache, layer: int, rows: list[ZeroRow]) -> None:
     spec, real = cache.spec, view_strides(cache, layer)
     strides = {row.block_stride for row in rows}
     assert strides == real, (
-        f"layer-major {name!r} layer {layer}: row block strides {sorted(strides)} are not its views' "
-        f"{sorted(real)}")
+        f"layer-major {name!r} layer {layer}: row block strides {sorted(strides)} are not its views' {sorted(real)}"
+    )
     cleared = sum(row.nbytes for row in rows)
     assert cleared == spec.real_page_bytes, (
         f"layer-major {name!r} layer {layer}: clears {cleared} bytes a block in {len(rows)} segment(s), the spec's "
-        f"page holds {spec.real_page_bytes}" + (" (K/V-outermost: one segment per part)" if len(rows) > 1 else ""))
+        f"page holds {spec.real_page_bytes}" + (" (K/V-outermost: one segment per part)" if len(rows) > 1 else "")
+    )
 
 
 def row_mask(size: int, row: ZeroRow) -> torch.Tensor:
@@ -65,7 +74,7 @@ def row_mask(size: int, row: ZeroRow) -> torch.Tensor:
     mask = torch.zeros(size, dtype=torch.bool)
     for block in range(row.num_blocks):
         start = row.offset + block * row.block_stride
-        mask[start:start + row.nbytes] = True
+        mask[start : start + row.nbytes] = True
     return mask
 
 
@@ -84,10 +93,12 @@ def check_zeroer_table(groups: Mapping[str, KVCache | MambaSpec], table: ZeroerT
             rows = [row for row, owner in zip(table.rows, table.owners, strict=True) if owner == (name, layer)]
             for row in rows:
                 assert table.buffers[row.buffer] is cache.buffer, (
-                    f"{name!r} layer {layer}: row {row} indexes buffer {row.buffer}, not its group's buffer")
+                    f"{name!r} layer {layer}: row {row} indexes buffer {row.buffer}, not its group's buffer"
+                )
                 assert row.num_blocks == cache.num_blocks, (
                     f"{name!r} layer {layer}: row {row} covers {row.num_blocks} blocks, the cache has "
-                    f"{cache.num_blocks}")
+                    f"{cache.num_blocks}"
+                )
             if cache.packed:
                 _check_packed(name, cache, layer, rows)
             else:
@@ -97,17 +108,19 @@ def check_zeroer_table(groups: Mapping[str, KVCache | MambaSpec], table: ZeroerT
             for row in rows:
                 mask = row_mask(size, row)
                 assert int(mask.sum()) == row.num_blocks * row.nbytes, (
-                    f"{name!r} layer {layer}: row {row}: its blocks' segments overlap one another")
+                    f"{name!r} layer {layer}: row {row}: its blocks' segments overlap one another"
+                )
                 outside = mask & ~region
                 assert not outside.any(), (
                     f"{name!r} layer {layer}: row {row} clears byte {int(outside.nonzero()[0])}, outside the bytes "
-                    f"of its layer's views")
+                    f"of its layer's views"
+                )
                 cleared |= mask
             assert torch.equal(cleared, region), (
-                f"{name!r} layer {layer}: {int((region & ~cleared).sum())} bytes of its views are never cleared")
+                f"{name!r} layer {layer}: {int((region & ~cleared).sum())} bytes of its views are never cleared"
+            )
             owner = owner_maps.setdefault(id(cache.buffer), torch.full((size,), -1, dtype=torch.int64))
             taken = owner[cleared]
             clash = taken[taken >= 0]
-            assert clash.numel() == 0, (
-                f"{name!r} layer {layer}: its segments overlap those of {labels[int(clash[0])]}")
+            assert clash.numel() == 0, f"{name!r} layer {layer}: its segments overlap those of {labels[int(clash[0])]}"
             owner[cleared] = labels.index((name, layer))

@@ -21,13 +21,21 @@ def problems(draw) -> dict:
     batch = draw(st.integers(1, 4))
     n_pad = draw(st.integers(0, batch - 1)) if batch > 1 else 0
     return dict(
-        nheads=nheads, ngroups=draw(st.sampled_from([g for g in (1, 2, 4) if nheads % g == 0])),
-        head_dim=draw(st.sampled_from([1, 4, 8, 12, 16])), dstate=draw(st.sampled_from([1, 8, 16, 24, 32])),
-        batch=batch, n_pad=n_pad, spare_slots=draw(st.integers(0, 3)),
-        state_dtype=draw(st.sampled_from(ref.STATE_DTYPES)), x_dtype=draw(st.sampled_from(INPUT_DTYPES)),
+        nheads=nheads,
+        ngroups=draw(st.sampled_from([g for g in (1, 2, 4) if nheads % g == 0])),
+        head_dim=draw(st.sampled_from([1, 4, 8, 12, 16])),
+        dstate=draw(st.sampled_from([1, 8, 16, 24, 32])),
+        batch=batch,
+        n_pad=n_pad,
+        spare_slots=draw(st.integers(0, 3)),
+        state_dtype=draw(st.sampled_from(ref.STATE_DTYPES)),
+        x_dtype=draw(st.sampled_from(INPUT_DTYPES)),
         index_dtype=draw(st.sampled_from([None, torch.int32, torch.int64])),
-        has_D=draw(st.booleans()), has_z=draw(st.booleans()), has_dt_bias=draw(st.booleans()),
-        dt_softplus=draw(st.booleans()), seed=draw(st.integers(0, 2**31 - 1)),
+        has_D=draw(st.booleans()),
+        has_z=draw(st.booleans()),
+        has_dt_bias=draw(st.booleans()),
+        dt_softplus=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**31 - 1)),
     )
 
 
@@ -46,18 +54,23 @@ def make_case(p: dict) -> dict:
         indices = None
     else:
         slots = torch.randperm(num_slots, generator=gen)[:batch]
-        pads = torch.randperm(batch, generator=gen)[:p["n_pad"]]
+        pads = torch.randperm(batch, generator=gen)[: p["n_pad"]]
         slots[pads] = -1
         indices = slots.to(p["index_dtype"])
     # dt >= 0 without softplus (a negative step would grow the state: exp(dt A) > 1, fp16 out overflows)
     dt = randn(batch, heads) if p["dt_softplus"] else torch.rand((batch, heads), generator=gen) * 0.5
     dt_bias = randn(heads, scale=0.5) if p["dt_softplus"] else torch.rand((heads,), generator=gen) * 0.5
     return dict(
-        state=randn(num_slots, heads, dim, n, dtype=p["state_dtype"]), x=randn(batch, heads, dim, dtype=xd),
-        dt=dt.to(xd), A=-torch.exp(randn(heads)), B=randn(batch, groups, n, dtype=xd),
-        C=randn(batch, groups, n, dtype=xd), D=randn(heads) if p["has_D"] else None,
+        state=randn(num_slots, heads, dim, n, dtype=p["state_dtype"]),
+        x=randn(batch, heads, dim, dtype=xd),
+        dt=dt.to(xd),
+        A=-torch.exp(randn(heads)),
+        B=randn(batch, groups, n, dtype=xd),
+        C=randn(batch, groups, n, dtype=xd),
+        D=randn(heads) if p["has_D"] else None,
         z=randn(batch, heads, dim, dtype=xd) if p["has_z"] else None,
-        dt_bias=dt_bias if p["has_dt_bias"] else None, dt_softplus=p["dt_softplus"],
+        dt_bias=dt_bias if p["has_dt_bias"] else None,
+        dt_softplus=p["dt_softplus"],
         state_indices=indices,
     )
 

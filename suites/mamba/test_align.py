@@ -30,10 +30,13 @@ def qwen35_text(num_v_heads: int) -> tuple[FullAttentionSpec, MambaSpec]:
     """Qwen3.5 text configs (as in suites/kv/test_hybrid.py): full attention 4 KV heads x 256, bf16; Gated
     DeltaNet 16 K heads and `num_v_heads` V heads of 128 (32: Qwen3.5-4B, 48: Qwen3.6-27B), conv kernel 4;
     conv state bf16, recurrent state fp32 (mamba_ssm_cache_dtype float32)."""
-    conv, state = gated_delta_net_state_shapes(num_k_heads=16, num_v_heads=num_v_heads, head_k_dim=128,
-                                               head_v_dim=128, conv_kernel=4)
-    return (FullAttentionSpec(block_size=16, num_kv_heads=4, head_size=256),
-            MambaSpec(shapes=(conv, state), dtypes=(torch.bfloat16, torch.float32)))
+    conv, state = gated_delta_net_state_shapes(
+        num_k_heads=16, num_v_heads=num_v_heads, head_k_dim=128, head_v_dim=128, conv_kernel=4
+    )
+    return (
+        FullAttentionSpec(block_size=16, num_kv_heads=4, head_size=256),
+        MambaSpec(shapes=(conv, state), dtypes=(torch.bfloat16, torch.float32)),
+    )
 
 
 def kimi_linear(tp: int) -> tuple[MLASpec, MambaSpec]:
@@ -45,16 +48,20 @@ def kimi_linear(tp: int) -> tuple[MLASpec, MambaSpec]:
     head_dim). Conv bf16, recurrent fp32. The note's 944 matches tp = 2 (tp = 1 gives 1888, tp = 4 gives 480);
     the note does not name the parallelism, so tp = 2 is inferred from the arithmetic."""
     conv = (3, 32 * 128 // tp)
-    return (MLASpec(block_size=16),
-            MambaSpec(shapes=(conv, conv, conv, (32 // tp, 128, 128)),
-                      dtypes=(torch.bfloat16,) * 3 + (torch.float32,)))
+    return (
+        MLASpec(block_size=16),
+        MambaSpec(shapes=(conv, conv, conv, (32 // tp, 128, 128)), dtypes=(torch.bfloat16,) * 3 + (torch.float32,)),
+    )
 
 
-@pytest.mark.parametrize(("model", "spec", "block", "mamba_page"), [
-    ("Qwen3.5-4B", qwen35_text(32), 528, 2_146_304),
-    ("Qwen3.6-27B", qwen35_text(48), 784, 3_207_168),
-    ("Kimi-Linear tp2", kimi_linear(2), 944, 3 * 3 * 2048 * 2 + 16 * 128 * 128 * 4),
-])
+@pytest.mark.parametrize(
+    ("model", "spec", "block", "mamba_page"),
+    [
+        ("Qwen3.5-4B", qwen35_text(32), 528, 2_146_304),
+        ("Qwen3.6-27B", qwen35_text(48), 784, 3_207_168),
+        ("Kimi-Linear tp2", kimi_linear(2), 944, 3 * 3 * 2048 * 2 + 16 * 128 * 128 * 4),
+    ],
+)
 def test_published_hybrid_block_sizes(model, spec, block, mamba_page):
     attention, mamba = spec
     assert mamba.page_bytes == mamba_page, model
@@ -77,13 +84,17 @@ def test_checkpoint_alignment_rounds_to_the_lcm():
     assert hybrid_block_size(attention, mamba, kernel_block_alignment=16, checkpoint_alignment=256)[0] == 512
 
 
-@given(heads=st.integers(1, 8), head_size=st.sampled_from([64, 128, 256]), state_kb=st.integers(1, 4096),
-       kernel=st.sampled_from([1, 16, 32, 64]), checkpoint=st.sampled_from([1, 8, 48, 64, 256]))
+@given(
+    heads=st.integers(1, 8),
+    head_size=st.sampled_from([64, 128, 256]),
+    state_kb=st.integers(1, 4096),
+    kernel=st.sampled_from([1, 16, 32, 64]),
+    checkpoint=st.sampled_from([1, 8, 48, 64, 256]),
+)
 def test_hybrid_block_is_a_multiple_of_both_and_pages_end_equal(heads, head_size, state_kb, kernel, checkpoint):
     attention = FullAttentionSpec(block_size=1, num_kv_heads=heads, head_size=head_size)
     mamba = MambaSpec(shapes=((state_kb, 256),), dtypes=(torch.float32,))
-    block, padded = hybrid_block_size(attention, mamba, kernel_block_alignment=kernel,
-                                      checkpoint_alignment=checkpoint)
+    block, padded = hybrid_block_size(attention, mamba, kernel_block_alignment=kernel, checkpoint_alignment=checkpoint)
     align = math.lcm(kernel, checkpoint)
     assert block % kernel == 0 and block % checkpoint == 0
     assert padded == block * attention.token_bytes >= mamba.real_page_bytes  # pages end equal
@@ -104,11 +115,17 @@ def test_resolve_mamba_align_size():
         resolve_mamba_align_size([16])
 
 
-@pytest.mark.parametrize(("num_tokens", "align", "want"), [
-    (32, 16, 16),  # note §3.5 worked example: cap 31 -> 16; restore state@16, recompute 16..31
-    (33, 16, 32),  # "block-mid": cap 32 -> 32; restore state@32, recompute token 32
-    (31, 16, 16), (16, 16, 0), (1, 16, 0), (17, 16, 16),
-])
+@pytest.mark.parametrize(
+    ("num_tokens", "align", "want"),
+    [
+        (32, 16, 16),  # note §3.5 worked example: cap 31 -> 16; restore state@16, recompute 16..31
+        (33, 16, 32),  # "block-mid": cap 32 -> 32; restore state@32, recompute token 32
+        (31, 16, 16),
+        (16, 16, 0),
+        (1, 16, 0),
+        (17, 16, 16),
+    ],
+)
 def test_boundary_rule_worked_examples(num_tokens, align, want):
     assert max_restorable_tokens(num_tokens, align) == want
 
@@ -121,38 +138,52 @@ def test_boundary_rule_is_the_last_boundary_before_the_last_token(num_tokens, al
     assert bug == (num_tokens if num_tokens % align == 0 else hit)  # the fault differs exactly at boundaries
 
 
-@pytest.mark.parametrize(("mode", "want"), [
-    ("none", ()), ("align", (16, 48)), ("all", (16, 32, 48)),
-])
+@pytest.mark.parametrize(
+    ("mode", "want"),
+    [
+        ("none", ()),
+        ("align", (16, 48)),
+        ("all", (16, 32, 48)),
+    ],
+)
 def test_cache_modes_save_states_where_vllm_does(mode, want):
     assert saved_state_positions(mode, 16, [16, 48, 53]) == want
 
 
-@pytest.mark.parametrize(("kwargs", "want"), [
-    # prefilling, chunk ends before the last boundary (48): length rounded down to a block multiple
-    (dict(num_tokens=50, num_computed_tokens=0, num_new_tokens=40), 32),
-    # straddles the last boundary: cut to end exactly there
-    (dict(num_tokens=50, num_computed_tokens=32, num_new_tokens=18), 16),
-    # the tail after the last boundary: unchanged
-    (dict(num_tokens=50, num_computed_tokens=48, num_new_tokens=2), 2),
-    # ends exactly on the last boundary: unchanged
-    (dict(num_tokens=48, num_computed_tokens=16, num_new_tokens=32), 32),
-    # the budget cannot reach the next boundary: 0 (the request waits)
-    (dict(num_tokens=50, num_computed_tokens=0, num_new_tokens=10), 0),
-    # EAGLE moves the last boundary one block earlier (32): the straddling chunk is cut there
-    (dict(num_tokens=50, num_computed_tokens=16, num_new_tokens=34, use_eagle=True), 16),
-    # decoding (all prompt tokens computed): nothing to align
-    (dict(num_tokens=51, num_computed_tokens=50, num_new_tokens=1), 1),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "want"),
+    [
+        # prefilling, chunk ends before the last boundary (48): length rounded down to a block multiple
+        (dict(num_tokens=50, num_computed_tokens=0, num_new_tokens=40), 32),
+        # straddles the last boundary: cut to end exactly there
+        (dict(num_tokens=50, num_computed_tokens=32, num_new_tokens=18), 16),
+        # the tail after the last boundary: unchanged
+        (dict(num_tokens=50, num_computed_tokens=48, num_new_tokens=2), 2),
+        # ends exactly on the last boundary: unchanged
+        (dict(num_tokens=48, num_computed_tokens=16, num_new_tokens=32), 32),
+        # the budget cannot reach the next boundary: 0 (the request waits)
+        (dict(num_tokens=50, num_computed_tokens=0, num_new_tokens=10), 0),
+        # EAGLE moves the last boundary one block earlier (32): the straddling chunk is cut there
+        (dict(num_tokens=50, num_computed_tokens=16, num_new_tokens=34, use_eagle=True), 16),
+        # decoding (all prompt tokens computed): nothing to align
+        (dict(num_tokens=51, num_computed_tokens=50, num_new_tokens=1), 1),
+    ],
+)
 def test_block_aligned_split_cases(kwargs, want):
     kwargs.setdefault("num_prompt_tokens", min(kwargs["num_tokens"], 50))
     assert mamba_block_aligned_split(block_size=16, **kwargs) == want
 
 
-@given(num_tokens=st.integers(1, 300), block=st.integers(1, 40), blocks_per_budget=st.integers(1, 4),
-       extra=st.integers(0, 39), data=st.data())
-def test_block_aligned_chunks_end_on_boundaries_and_resume_identically(num_tokens, block, blocks_per_budget, extra,
-                                                                       data):
+@given(
+    num_tokens=st.integers(1, 300),
+    block=st.integers(1, 40),
+    blocks_per_budget=st.integers(1, 4),
+    extra=st.integers(0, 39),
+    data=st.data(),
+)
+def test_block_aligned_chunks_end_on_boundaries_and_resume_identically(
+    num_tokens, block, blocks_per_budget, extra, data
+):
     budget = block * blocks_per_budget + extra % block
     chunks = prefill_chunks(num_tokens, 0, budget, block)
     assert chunks[0][0] == 0 and chunks[-1][1] == num_tokens
@@ -168,19 +199,26 @@ def test_block_aligned_chunks_end_on_boundaries_and_resume_identically(num_token
     assert prefill_chunks(num_tokens, chunks[i][0], budget, block) == chunks[i:]
 
 
-@pytest.mark.parametrize(("call", "name"), [
-    (lambda: max_restorable_tokens(0, 16), "num_tokens"),
-    (lambda: max_restorable_tokens(16, 0), "align"),
-    (lambda: max_restorable_tokens(16, 16, fault="off"), "fault"),
-    (lambda: saved_state_positions("some", 16, [16]), "mode"),
-    (lambda: saved_state_positions("all", 16, [16, 16]), "step_ends"),
-    (lambda: CacheGroup(tokens_per_block=0), "tokens_per_block"),
-    (lambda: CacheGroup(tokens_per_block=16, mamba_cache_mode="fine"), "mamba_cache_mode"),
-    (lambda: mamba_block_aligned_split(num_tokens=8, num_prompt_tokens=8, num_computed_tokens=-1,
-                                       num_new_tokens=8, block_size=4), "num_computed_tokens"),
-    (lambda: prefill_chunks(50, 0, 10, 16), "token_budget"),
-    (lambda: hybrid_block_size(*qwen35_text(32), kernel_block_alignment=0), "kernel_block_alignment"),
-])
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda: max_restorable_tokens(0, 16), "num_tokens"),
+        (lambda: max_restorable_tokens(16, 0), "align"),
+        (lambda: max_restorable_tokens(16, 16, fault="off"), "fault"),
+        (lambda: saved_state_positions("some", 16, [16]), "mode"),
+        (lambda: saved_state_positions("all", 16, [16, 16]), "step_ends"),
+        (lambda: CacheGroup(tokens_per_block=0), "tokens_per_block"),
+        (lambda: CacheGroup(tokens_per_block=16, mamba_cache_mode="fine"), "mamba_cache_mode"),
+        (
+            lambda: mamba_block_aligned_split(
+                num_tokens=8, num_prompt_tokens=8, num_computed_tokens=-1, num_new_tokens=8, block_size=4
+            ),
+            "num_computed_tokens",
+        ),
+        (lambda: prefill_chunks(50, 0, 10, 16), "token_budget"),
+        (lambda: hybrid_block_size(*qwen35_text(32), kernel_block_alignment=0), "kernel_block_alignment"),
+    ],
+)
 def test_bad_arguments_name_the_argument(call, name):
     with pytest.raises(ValueError, match=name):
         call()

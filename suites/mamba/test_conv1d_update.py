@@ -22,12 +22,18 @@ FAMILY = "mamba_conv1d_update"
 def problems(draw) -> dict:
     batch = draw(st.integers(1, 4))
     return dict(
-        dim=draw(st.sampled_from([1, 5, 16, 33])), width=draw(st.integers(2, 4)), batch=batch,
-        n_pad=draw(st.integers(0, batch - 1)), spare_slots=draw(st.integers(0, 3)),
-        x_dtype=draw(st.sampled_from(ref.DTYPES)), state_dtype=draw(st.sampled_from(ref.DTYPES)),
-        fp32_weight=draw(st.booleans()), has_bias=draw(st.booleans()),
+        dim=draw(st.sampled_from([1, 5, 16, 33])),
+        width=draw(st.integers(2, 4)),
+        batch=batch,
+        n_pad=draw(st.integers(0, batch - 1)),
+        spare_slots=draw(st.integers(0, 3)),
+        x_dtype=draw(st.sampled_from(ref.DTYPES)),
+        state_dtype=draw(st.sampled_from(ref.DTYPES)),
+        fp32_weight=draw(st.booleans()),
+        has_bias=draw(st.booleans()),
         activation=draw(st.sampled_from(ref.ACTIVATIONS)),
-        index_dtype=draw(st.sampled_from([None, torch.int32, torch.int64])), seed=draw(st.integers(0, 2**31 - 1)),
+        index_dtype=draw(st.sampled_from([None, torch.int32, torch.int64])),
+        seed=draw(st.integers(0, 2**31 - 1)),
     )
 
 
@@ -40,14 +46,15 @@ def make_case(p: dict) -> dict:
         indices = None
     else:
         slots = torch.randperm(num_slots, generator=gen)[:batch]
-        slots[torch.randperm(batch, generator=gen)[:p["n_pad"]]] = -1
+        slots[torch.randperm(batch, generator=gen)[: p["n_pad"]]] = -1
         indices = slots.to(p["index_dtype"])
     return dict(
         x=torch.randn((batch, dim), generator=gen).to(p["x_dtype"]),
         conv_state=torch.randn((num_slots, width - 1, dim), generator=gen).to(p["state_dtype"]),
         weight=(torch.randn((dim, width), generator=gen) / width**0.5).to(w_dtype),
         bias=torch.randn((dim,), generator=gen).to(w_dtype) if p["has_bias"] else None,
-        activation=p["activation"], state_indices=indices,
+        activation=p["activation"],
+        state_indices=indices,
     )
 
 
@@ -66,8 +73,13 @@ def ideal_out(case: dict, pad_slot_id: int = -1) -> torch.Tensor:
     out = torch.zeros(case["x"].shape, dtype=torch.float64)
     for i, s in enumerate(slots):
         if s != pad_slot_id:
-            out[i] = ref.causal_conv1d_ideal(case["x"][i:i + 1, None], case["weight"], case["bias"],
-                                             case["conv_state"][s:s + 1], case["activation"])[0, 0]
+            out[i] = ref.causal_conv1d_ideal(
+                case["x"][i : i + 1, None],
+                case["weight"],
+                case["bias"],
+                case["conv_state"][s : s + 1],
+                case["activation"],
+            )[0, 0]
     return out
 
 
@@ -82,8 +94,20 @@ def check_update(update, case: dict, device: str, pad_slot_id: int = -1) -> None
 
 
 def named_case(**changes) -> dict:
-    p = dict(dim=16, width=4, batch=4, n_pad=1, spare_slots=2, x_dtype=torch.bfloat16, state_dtype=torch.bfloat16,
-             fp32_weight=False, has_bias=True, activation="silu", index_dtype=torch.int32, seed=3)
+    p = dict(
+        dim=16,
+        width=4,
+        batch=4,
+        n_pad=1,
+        spare_slots=2,
+        x_dtype=torch.bfloat16,
+        state_dtype=torch.bfloat16,
+        fp32_weight=False,
+        has_bias=True,
+        activation="silu",
+        index_dtype=torch.int32,
+        seed=3,
+    )
     p.update(changes)
     return make_case(p)
 
@@ -104,8 +128,10 @@ def test_decode_steps_equal_the_prefill_conv(dtype, device):
     weight, bias = torch.randn((dim, width), generator=gen).to(dtype), torch.randn((dim,), generator=gen).to(dtype)
     want, final = ref.causal_conv1d(x, weight, bias, init)
     state = init.clone().to(device)
-    outs = [kernel.causal_conv1d_update(x[:, t].to(device), state, weight.to(device), bias.to(device)).cpu()
-            for t in range(length)]
+    outs = [
+        kernel.causal_conv1d_update(x[:, t].to(device), state, weight.to(device), bias.to(device)).cpu()
+        for t in range(length)
+    ]
     assert_exact(torch.stack(outs, dim=1), want, "decode outputs")
     assert_exact(state.cpu(), final, "state after the decode steps")
 
@@ -124,19 +150,31 @@ def test_pad_slot_inside_the_pool_keeps_its_bytes(device):
 
 def test_opcheck(device):
     case = named_case()
-    torch.library.opcheck(torch.ops.touchstone.causal_conv1d_update.default, (
-        case["x"].to(device), case["conv_state"].to(device), case["weight"].to(device), case["bias"].to(device),
-        "silu", case["state_indices"].to(device), -1))
+    torch.library.opcheck(
+        torch.ops.touchstone.causal_conv1d_update.default,
+        (
+            case["x"].to(device),
+            case["conv_state"].to(device),
+            case["weight"].to(device),
+            case["bias"].to(device),
+            "silu",
+            case["state_indices"].to(device),
+            -1,
+        ),
+    )
 
 
-@pytest.mark.parametrize("name, change, error", [
-    ("x", lambda c: c.update(x=c["x"][:, None]), ValueError),
-    ("conv_state", lambda c: c.update(conv_state=c["conv_state"][:, 1:]), ValueError),
-    ("weight", lambda c: c.update(weight=c["weight"][:, :1]), ValueError),
-    ("bias", lambda c: c.update(bias=c["bias"].to(torch.int32)), TypeError),
-    ("activation", lambda c: c.update(activation="relu"), ValueError),
-    ("state_indices", lambda c: c.update(state_indices=c["state_indices"][:2]), ValueError),
-])
+@pytest.mark.parametrize(
+    "name, change, error",
+    [
+        ("x", lambda c: c.update(x=c["x"][:, None]), ValueError),
+        ("conv_state", lambda c: c.update(conv_state=c["conv_state"][:, 1:]), ValueError),
+        ("weight", lambda c: c.update(weight=c["weight"][:, :1]), ValueError),
+        ("bias", lambda c: c.update(bias=c["bias"].to(torch.int32)), TypeError),
+        ("activation", lambda c: c.update(activation="relu"), ValueError),
+        ("state_indices", lambda c: c.update(state_indices=c["state_indices"][:2]), ValueError),
+    ],
+)
 def test_bad_arguments_name_the_argument(name, change, error, device):
     case = named_case()
     change(case)

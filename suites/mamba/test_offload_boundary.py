@@ -32,8 +32,7 @@ def prompt_of(length: int, seed: int = 0) -> list[int]:
 def cold_then_restored(model, prompt, budget, fault="none"):
     store = PrefixStateStore(ALIGN)
     cold = generate_with_offload(model, prompt, store, max_new_tokens=NEW_TOKENS, token_budget=budget)
-    restored = generate_with_offload(model, prompt, store, max_new_tokens=NEW_TOKENS, token_budget=budget,
-                                     fault=fault)
+    restored = generate_with_offload(model, prompt, store, max_new_tokens=NEW_TOKENS, token_budget=budget, fault=fault)
     return store, cold, restored
 
 
@@ -59,8 +58,7 @@ def test_restored_run_equals_cold_run(model, case, budget):
     # align mode saved a state wherever a cold chunk ended on a boundary; the hit is the last one the rule allows
     saved = saved_state_positions("align", ALIGN, [e for _, e in cold.chunks])
     keys = block_keys(prompt, ALIGN)
-    assert [p for p in range(ALIGN, len(prompt) + 1, ALIGN) if store.blocks[keys[p // ALIGN - 1]].mamba] == list(
-        saved)
+    assert [p for p in range(ALIGN, len(prompt) + 1, ALIGN) if store.blocks[keys[p // ALIGN - 1]].mamba] == list(saved)
     allowed = max_restorable_tokens(len(prompt), ALIGN)
     assert restored.hit_tokens == max(p for p in (0, *saved) if p <= allowed) > 0
     assert restored.chunks == tuple(c for c in cold.chunks if c[0] >= restored.hit_tokens)
@@ -69,12 +67,11 @@ def test_restored_run_equals_cold_run(model, case, budget):
 
 def test_a_later_request_sharing_the_prefix_restores_it(model):
     first = prompt_of(K * ALIGN + 1)
-    later = first[:2 * ALIGN + 3] + prompt_of(9, seed=5)
+    later = first[: 2 * ALIGN + 3] + prompt_of(9, seed=5)
     store = PrefixStateStore(ALIGN)
     generate_with_offload(model, first, store, max_new_tokens=2, token_budget=ALIGN)
     restored = generate_with_offload(model, later, store, max_new_tokens=NEW_TOKENS, token_budget=ALIGN)
-    cold = generate_with_offload(model, later, PrefixStateStore(ALIGN), max_new_tokens=NEW_TOKENS,
-                                 token_budget=ALIGN)
+    cold = generate_with_offload(model, later, PrefixStateStore(ALIGN), max_new_tokens=NEW_TOKENS, token_budget=ALIGN)
     assert restored.hit_tokens == 2 * ALIGN and cold.hit_tokens == 0
     assert_same_output(cold, restored)
 
@@ -105,13 +102,24 @@ def test_offloaded_states_are_cpu_copies(model):
     assert all(kv.k.shape[1] == ALIGN for kv in block.kv)
 
 
-@pytest.mark.parametrize(("call", "error", "name"), [
-    (lambda m: PrefixStateStore(0), ValueError, "align"),
-    (lambda m: generate_with_offload(m, [], PrefixStateStore(ALIGN), max_new_tokens=1, token_budget=ALIGN),
-     TypeError, "prompt"),
-    (lambda m: generate_with_offload(m, [1, 2], PrefixStateStore(ALIGN), max_new_tokens=1, token_budget=ALIGN,
-                                     fault="other"), ValueError, "fault"),
-])
+@pytest.mark.parametrize(
+    ("call", "error", "name"),
+    [
+        (lambda m: PrefixStateStore(0), ValueError, "align"),
+        (
+            lambda m: generate_with_offload(m, [], PrefixStateStore(ALIGN), max_new_tokens=1, token_budget=ALIGN),
+            TypeError,
+            "prompt",
+        ),
+        (
+            lambda m: generate_with_offload(
+                m, [1, 2], PrefixStateStore(ALIGN), max_new_tokens=1, token_budget=ALIGN, fault="other"
+            ),
+            ValueError,
+            "fault",
+        ),
+    ],
+)
 def test_bad_arguments_name_the_argument(model, call, error, name):
     with pytest.raises(error, match=name):
         call(model)

@@ -16,8 +16,15 @@ from suites.mamba import state_update_cases as cases
 from suites.tolerances import assert_exact, lossy_bound, sqnr_db
 
 
-@given(batch=st.integers(1, 3), length=st.integers(1, 6), dim=st.integers(1, 6), width=st.integers(2, 4),
-       has_bias=st.booleans(), has_init=st.booleans(), seed=st.integers(0, 2**31 - 1))
+@given(
+    batch=st.integers(1, 3),
+    length=st.integers(1, 6),
+    dim=st.integers(1, 6),
+    width=st.integers(2, 4),
+    has_bias=st.booleans(),
+    has_init=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
 def test_causal_conv1d_is_the_depthwise_conv(batch, length, dim, width, has_bias, has_init, seed):
     """Small integers: every product and partial sum is exact in fp32, so any summation order agrees."""
     gen = torch.Generator().manual_seed(seed)
@@ -33,11 +40,16 @@ def test_causal_conv1d_is_the_depthwise_conv(batch, length, dim, width, has_bias
     xpad = torch.cat([pad, x], dim=1)
     want = F.conv1d(xpad.transpose(1, 2), weight[:, None, :], bias, groups=dim).transpose(1, 2)
     assert_exact(out, want.contiguous(), "causal_conv1d")
-    assert_exact(final, xpad[:, -(width - 1):].contiguous(), "final_state")
+    assert_exact(final, xpad[:, -(width - 1) :].contiguous(), "final_state")
 
 
-@given(dtype=st.sampled_from(conv.DTYPES), state_dtype=st.sampled_from(conv.DTYPES), width=st.integers(2, 4),
-       activation=st.sampled_from(conv.ACTIVATIONS), seed=st.integers(0, 2**31 - 1))
+@given(
+    dtype=st.sampled_from(conv.DTYPES),
+    state_dtype=st.sampled_from(conv.DTYPES),
+    width=st.integers(2, 4),
+    activation=st.sampled_from(conv.ACTIVATIONS),
+    seed=st.integers(0, 2**31 - 1),
+)
 def test_update_is_the_prefill_conv_on_one_token(dtype, state_dtype, width, activation, seed):
     gen = torch.Generator().manual_seed(seed)
     batch, dim, slots = 3, 5, 5
@@ -48,7 +60,7 @@ def test_update_is_the_prefill_conv_on_one_token(dtype, state_dtype, width, acti
     before = state.clone()
     out = conv.causal_conv1d_update(x, state, weight, bias, activation, indices)
     for i, s in ((0, 4), (2, 1)):
-        want, final = conv.causal_conv1d(x[i:i + 1, None], weight, bias, before[s:s + 1], activation)
+        want, final = conv.causal_conv1d(x[i : i + 1, None], weight, bias, before[s : s + 1], activation)
         assert_exact(out[i], want[0, 0], f"out of request {i}")
         assert_exact(state[s], final[0], f"slot {s}")
     assert_exact(out[1], torch.zeros_like(out[1]), "pad row")
@@ -64,8 +76,10 @@ def test_final_state_of_a_short_prefill_keeps_the_initial_tail():
 
 def _mamba_ssm_formula(case: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """selective_state_update_ref's einsum formulation, per-head parameters broadcast, in fp64."""
-    f64 = {k: (v.to(torch.float64) if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
-           for k, v in case.items()}
+    f64 = {
+        k: (v.to(torch.float64) if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+        for k, v in case.items()
+    }
     state = f64["state"].clone()
     batch, heads = f64["x"].shape[:2]
     slots = torch.arange(batch) if case["state_indices"] is None else case["state_indices"].long()

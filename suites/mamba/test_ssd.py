@@ -20,24 +20,47 @@ def assert_fp64_agree(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     assert_agree("ssd_orders", got, want, what)
 
 
-def draw_inputs(seed: int, b: int, length: int, h: int, g: int, p: int, n: int, *, dtype=torch.float64,
-                options: frozenset = frozenset()) -> dict:
+def draw_inputs(
+    seed: int,
+    b: int,
+    length: int,
+    h: int,
+    g: int,
+    p: int,
+    n: int,
+    *,
+    dtype=torch.float64,
+    options: frozenset = frozenset(),
+) -> dict:
     gen = torch.Generator().manual_seed(seed)
 
     def randn(*shape):
         return torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
 
-    args = dict(x=randn(b, length, h, p), dt=randn(b, length, h).abs() * 0.5 if "softplus" not in options
-                else randn(b, length, h), A=-torch.rand(h, generator=gen, dtype=torch.float64).to(dtype) * 2,
-                B=randn(b, length, g, n), C=randn(b, length, g, n))
-    kwargs = dict(D=randn(h) if "D" in options else None, z=randn(b, length, h, p) if "z" in options else None,
-                  dt_bias=randn(h) * 0.5 if "softplus" in options else None, dt_softplus="softplus" in options,
-                  initial_states=randn(b, h, p, n) if "init" in options else None)
+    args = dict(
+        x=randn(b, length, h, p),
+        dt=randn(b, length, h).abs() * 0.5 if "softplus" not in options else randn(b, length, h),
+        A=-torch.rand(h, generator=gen, dtype=torch.float64).to(dtype) * 2,
+        B=randn(b, length, g, n),
+        C=randn(b, length, g, n),
+    )
+    kwargs = dict(
+        D=randn(h) if "D" in options else None,
+        z=randn(b, length, h, p) if "z" in options else None,
+        dt_bias=randn(h) * 0.5 if "softplus" in options else None,
+        dt_softplus="softplus" in options,
+        initial_states=randn(b, h, p, n) if "init" in options else None,
+    )
     return args, kwargs
 
 
-shapes = st.tuples(st.integers(1, 2), st.integers(1, 20), st.sampled_from([(1, 1), (2, 1), (2, 2), (4, 2)]),
-                   st.integers(1, 4), st.integers(1, 6))
+shapes = st.tuples(
+    st.integers(1, 2),
+    st.integers(1, 20),
+    st.sampled_from([(1, 1), (2, 1), (2, 2), (4, 2)]),
+    st.integers(1, 4),
+    st.integers(1, 6),
+)
 options = st.frozensets(st.sampled_from(["D", "z", "softplus", "init"]))
 
 
@@ -78,9 +101,17 @@ def test_one_token_of_the_scan_is_the_selective_state_update(shape, opts, seed, 
     b, _, (h, g), p, n = shape
     args, kwargs = draw_inputs(seed, b, 1, h, g, p, n, dtype=torch.float32, options=opts | {"init"})
     state = kwargs.pop("initial_states")
-    decode = dict(x=args["x"][:, 0], dt=args["dt"][:, 0], A=args["A"], B=args["B"][:, 0], C=args["C"][:, 0],
-                  D=kwargs["D"], z=None if kwargs["z"] is None else kwargs["z"][:, 0], dt_bias=kwargs["dt_bias"],
-                  dt_softplus=kwargs["dt_softplus"])
+    decode = dict(
+        x=args["x"][:, 0],
+        dt=args["dt"][:, 0],
+        A=args["A"],
+        B=args["B"][:, 0],
+        C=args["C"][:, 0],
+        D=kwargs["D"],
+        z=None if kwargs["z"] is None else kwargs["z"][:, 0],
+        dt_bias=kwargs["dt_bias"],
+        dt_softplus=kwargs["dt_softplus"],
+    )
     want_state, want_out = selective_state_update_ideal(state, **decode)
     f64 = {name: t.double() for name, t in args.items()}
     kw64 = {name: t.double() if isinstance(t, torch.Tensor) else t for name, t in kwargs.items()}
@@ -101,8 +132,13 @@ def test_named_two_token_case():
     S1 = 4/2 + 1 = 3, y1 = 6 + 0.5 = 6.5; S2 = 3/2 + 3 = 4.5, y2 = 9 + 1.5 = 10.5."""
     f = torch.float64
     x = torch.tensor([1.0, 3.0], dtype=f).view(1, 2, 1, 1)
-    args = dict(x=x, dt=torch.ones(1, 2, 1, dtype=f), A=torch.tensor([-torch.log(torch.tensor(2.0, dtype=f))]),
-                B=torch.ones(1, 2, 1, 1, dtype=f), C=torch.full((1, 2, 1, 1), 2.0, dtype=f))
+    args = dict(
+        x=x,
+        dt=torch.ones(1, 2, 1, dtype=f),
+        A=torch.tensor([-torch.log(torch.tensor(2.0, dtype=f))]),
+        B=torch.ones(1, 2, 1, 1, dtype=f),
+        C=torch.full((1, 2, 1, 1), 2.0, dtype=f),
+    )
     kwargs = dict(D=torch.tensor([0.5], dtype=f), initial_states=torch.full((1, 1, 1, 1), 4.0, dtype=f))
     want_y = torch.tensor([6.5, 10.5], dtype=f).view(1, 2, 1, 1)
     for chunk in (1, 2, 3):
@@ -140,20 +176,29 @@ def test_negative_control_an_off_by_one_segment_sum_is_caught(monkeypatch):
         assert_fp64_agree(faulty, want_y, "y with the fault")
 
 
-@pytest.mark.parametrize(("change", "error", "name"), [
-    (dict(x=torch.zeros(1, 4, 2)), ValueError, "x"),
-    (dict(dt=torch.zeros(1, 4)), ValueError, "dt"),
-    (dict(A=torch.zeros(3)), ValueError, "A"),
-    (dict(B=torch.zeros(1, 4, 3, 2)), ValueError, "B"),
-    (dict(C=torch.zeros(1, 4, 1, 3)), ValueError, "C"),
-    (dict(D=torch.zeros(3)), ValueError, "D"),
-    (dict(z=torch.zeros(1, 4, 2, 2)), ValueError, "z"),
-    (dict(dt_bias=torch.zeros(2, dtype=torch.int64)), TypeError, "dt_bias"),
-    (dict(initial_states=torch.zeros(1, 2, 3, 3)), ValueError, "initial_states"),
-    (dict(chunk_size=0), ValueError, "chunk_size"),
-])
+@pytest.mark.parametrize(
+    ("change", "error", "name"),
+    [
+        (dict(x=torch.zeros(1, 4, 2)), ValueError, "x"),
+        (dict(dt=torch.zeros(1, 4)), ValueError, "dt"),
+        (dict(A=torch.zeros(3)), ValueError, "A"),
+        (dict(B=torch.zeros(1, 4, 3, 2)), ValueError, "B"),
+        (dict(C=torch.zeros(1, 4, 1, 3)), ValueError, "C"),
+        (dict(D=torch.zeros(3)), ValueError, "D"),
+        (dict(z=torch.zeros(1, 4, 2, 2)), ValueError, "z"),
+        (dict(dt_bias=torch.zeros(2, dtype=torch.int64)), TypeError, "dt_bias"),
+        (dict(initial_states=torch.zeros(1, 2, 3, 3)), ValueError, "initial_states"),
+        (dict(chunk_size=0), ValueError, "chunk_size"),
+    ],
+)
 def test_bad_arguments_name_the_argument(change, error, name):
-    good = dict(x=torch.zeros(1, 4, 2, 3), dt=torch.zeros(1, 4, 2), A=torch.zeros(2), B=torch.zeros(1, 4, 1, 2),
-                C=torch.zeros(1, 4, 1, 2), chunk_size=2)
+    good = dict(
+        x=torch.zeros(1, 4, 2, 3),
+        dt=torch.zeros(1, 4, 2),
+        A=torch.zeros(2),
+        B=torch.zeros(1, 4, 1, 2),
+        C=torch.zeros(1, 4, 1, 2),
+        chunk_size=2,
+    )
     with pytest.raises(error, match=name):
         ssd_chunked_scan(**(good | change))

@@ -17,9 +17,23 @@ kernel = pytest.importorskip("kernels.mamba_state_update")
 
 
 def named_problem(**changes) -> dict:
-    p = dict(nheads=4, ngroups=2, head_dim=8, dstate=16, batch=4, n_pad=1, spare_slots=2, state_dtype=torch.float32,
-             x_dtype=torch.bfloat16, index_dtype=torch.int32, has_D=True, has_z=True, has_dt_bias=False,
-             dt_softplus=False, seed=7)
+    p = dict(
+        nheads=4,
+        ngroups=2,
+        head_dim=8,
+        dstate=16,
+        batch=4,
+        n_pad=1,
+        spare_slots=2,
+        state_dtype=torch.float32,
+        x_dtype=torch.bfloat16,
+        index_dtype=torch.int32,
+        has_D=True,
+        has_z=True,
+        has_dt_bias=False,
+        dt_softplus=False,
+        seed=7,
+    )
     p.update(changes)
     return p
 
@@ -94,9 +108,23 @@ def test_every_request_padded_writes_zeros_only(device):
 def test_opcheck(device):
     case = cases.make_case(named_problem(has_dt_bias=True, dt_softplus=True))
     moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
-    torch.library.opcheck(torch.ops.touchstone.selective_state_update.default, (
-        moved["state"], moved["x"], moved["dt"], moved["A"], moved["B"], moved["C"], moved["D"], moved["z"],
-        moved["dt_bias"], True, moved["state_indices"], -1))
+    torch.library.opcheck(
+        torch.ops.touchstone.selective_state_update.default,
+        (
+            moved["state"],
+            moved["x"],
+            moved["dt"],
+            moved["A"],
+            moved["B"],
+            moved["C"],
+            moved["D"],
+            moved["z"],
+            moved["dt_bias"],
+            True,
+            moved["state_indices"],
+            -1,
+        ),
+    )
 
 
 def _bad(name: str):
@@ -116,8 +144,17 @@ def _bad(name: str):
     return case
 
 
-@pytest.mark.parametrize("name, error", [("state", TypeError), ("x", ValueError), ("dt", ValueError),
-                                         ("B", ValueError), ("C", TypeError), ("state_indices", TypeError)])
+@pytest.mark.parametrize(
+    "name, error",
+    [
+        ("state", TypeError),
+        ("x", ValueError),
+        ("dt", ValueError),
+        ("B", ValueError),
+        ("C", TypeError),
+        ("state_indices", TypeError),
+    ],
+)
 def test_bad_arguments_name_the_argument(name, error, device):
     with pytest.raises(error, match=f"^{name}:"):
         cases.run(kernel.selective_state_update, _bad(name), device)

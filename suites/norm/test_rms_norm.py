@@ -22,9 +22,12 @@ EPS = 1e-5
 def problems(draw):
     hidden = draw(st.one_of(st.sampled_from([576, 64, 1000, 2048]), st.integers(16, 300)))
     return dict(
-        shape=(*draw(st.lists(st.integers(1, 3), max_size=2)), hidden), dtype=draw(st.sampled_from(ref.DTYPES)),
-        seed=draw(st.integers(0, 2**31 - 1)), scale=draw(st.sampled_from([2.0**-10, 1.0, 4.0, 2.0**12])),
-        residual=draw(st.booleans()), eps=draw(st.sampled_from([EPS, 1e-6, 0.5])),
+        shape=(*draw(st.lists(st.integers(1, 3), max_size=2)), hidden),
+        dtype=draw(st.sampled_from(ref.DTYPES)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+        scale=draw(st.sampled_from([2.0**-10, 1.0, 4.0, 2.0**12])),
+        residual=draw(st.booleans()),
+        eps=draw(st.sampled_from([EPS, 1e-6, 0.5])),
     )
 
 
@@ -94,7 +97,7 @@ NAMED = [
 @pytest.mark.parametrize("with_residual", [False, True], ids=["plain", "fused"])
 def test_named_cases(name, values, fill, dtype, expected, with_residual, device):
     x = torch.full((2, 576), fill, dtype=torch.float32)
-    x[:, :len(values)] = torch.tensor(values)
+    x[:, : len(values)] = torch.tensor(values)
     x = x.to(dtype)
     weight = torch.ones(576, dtype=dtype)
     residual = torch.zeros_like(x) if with_residual else None
@@ -127,14 +130,17 @@ def test_opcheck_fused(device):
     torch.library.opcheck(torch.ops.touchstone.fused_add_rms_norm.default, (x, residual, weight, EPS))
 
 
-@pytest.mark.parametrize(("kwargs", "error", "message"), [
-    (dict(x=torch.zeros(2, 8, dtype=torch.int32)), TypeError, "x: dtype"),
-    (dict(weight=torch.ones(8, dtype=torch.float16)), TypeError, "weight: dtype"),
-    (dict(weight=torch.ones(4)), ValueError, "weight: shape"),
-    (dict(eps=0.0), ValueError, "eps"),
-    (dict(residual=torch.zeros(2, 8, dtype=torch.bfloat16)), TypeError, "residual: dtype"),
-    (dict(residual=torch.zeros(3, 8)), ValueError, "residual: shape"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (dict(x=torch.zeros(2, 8, dtype=torch.int32)), TypeError, "x: dtype"),
+        (dict(weight=torch.ones(8, dtype=torch.float16)), TypeError, "weight: dtype"),
+        (dict(weight=torch.ones(4)), ValueError, "weight: shape"),
+        (dict(eps=0.0), ValueError, "eps"),
+        (dict(residual=torch.zeros(2, 8, dtype=torch.bfloat16)), TypeError, "residual: dtype"),
+        (dict(residual=torch.zeros(3, 8)), ValueError, "residual: shape"),
+    ],
+)
 def test_bad_arguments(kwargs, error, message, device):
     args = dict(x=torch.zeros(2, 8), weight=torch.ones(8), eps=EPS, residual=None) | kwargs
     for impl, dev in ((ref.rms_norm, "cpu"), (kernel.rms_norm, device)):

@@ -46,8 +46,9 @@ def assert_first_element(out: torch.Tensor, bits: int | None, what: str) -> None
         assert_exact(first, torch.tensor([bits], dtype=first.dtype), what)
 
 
-def check_nonfinite_poisons_only_its_block(x: torch.Tensor, column: int, value: float, quantize: Quantize,
-                                           dequantize: Dequantize, block: int, nan_scale: int) -> None:
+def check_nonfinite_poisons_only_its_block(
+    x: torch.Tensor, column: int, value: float, quantize: Quantize, dequantize: Dequantize, block: int, nan_scale: int
+) -> None:
     """`value` (NaN/Inf) at x[1, column] gives its block the NaN scale byte, zero codes and NaN output; every
     other block quantizes as without it and dequantizes finite."""
     poisoned = x.clone()
@@ -56,14 +57,14 @@ def check_nonfinite_poisons_only_its_block(x: torch.Tensor, column: int, value: 
     clean_codes, clean_scales = quantize(x)
     b = column // block
     assert scales[1, b].item() == nan_scale
-    assert int(codes[1, b * block // 2:(b + 1) * block // 2].cpu().count_nonzero()) == 0
+    assert int(codes[1, b * block // 2 : (b + 1) * block // 2].cpu().count_nonzero()) == 0
     keep = torch.ones(x.shape[0], x.shape[1] // block, dtype=torch.bool)
     keep[1, b] = False
     assert_exact(scales.cpu()[keep], clean_scales.cpu()[keep], "scales of neighbouring blocks")
     keep_codes = keep.repeat_interleave(block // 2, dim=1)
     assert_exact(codes.cpu()[keep_codes], clean_codes.cpu()[keep_codes], "codes of neighbouring blocks")
     out = dequantize(codes, scales).cpu()
-    assert out[1, b * block:(b + 1) * block].isnan().all()
+    assert out[1, b * block : (b + 1) * block].isnan().all()
     assert not out[keep.repeat_interleave(block, dim=1)].isnan().any()
 
 
@@ -72,20 +73,21 @@ def check_shard_of_quantized(x: torch.Tensor, cut: int, width: int, quantize: Qu
     codes, scales = quantize(x)
     lo, hi = block * cut, block * (cut + width)
     shard_codes, shard_scales = quantize(x[:, lo:hi])
-    assert_exact(shard_codes, codes[:, lo // 2:hi // 2], "codes of the shard")
-    assert_exact(shard_scales, scales[:, cut:cut + width], "scales of the shard")
+    assert_exact(shard_codes, codes[:, lo // 2 : hi // 2], "codes of the shard")
+    assert_exact(shard_scales, scales[:, cut : cut + width], "scales of the shard")
 
 
-def check_shard_of_dequantized(seed: int, cut: int, width: int, dequantize: Dequantize, block: int,
-                               device: str) -> None:
+def check_shard_of_dequantized(
+    seed: int, cut: int, width: int, dequantize: Dequantize, block: int, device: str
+) -> None:
     """Column slices of random codes/scales (strided rows, no copy) dequantize to that slice of the whole."""
     gen = torch.Generator().manual_seed(seed)
     codes = torch.randint(0, 256, (3, block // 2 * 12), generator=gen, dtype=torch.uint8).to(device)
     scales = torch.randint(0, 256, (3, 12), generator=gen, dtype=torch.uint8).to(device)
     whole = dequantize(codes, scales)
     half = block // 2
-    shard = dequantize(codes[:, half * cut:half * (cut + width)], scales[:, cut:cut + width])
-    assert_exact(shard, whole[:, block * cut:block * (cut + width)], "dequantized shard")
+    shard = dequantize(codes[:, half * cut : half * (cut + width)], scales[:, cut : cut + width])
+    assert_exact(shard, whole[:, block * cut : block * (cut + width)], "dequantized shard")
 
 
 def check_sign_symmetry(x: torch.Tensor, quantize: Quantize, block: int, nan_scale: int) -> None:

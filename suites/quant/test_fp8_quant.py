@@ -36,10 +36,17 @@ def problems(draw):
     k = group_size * draw(st.integers(1, 4))
     positions = st.tuples(st.floats(0, 1, exclude_max=True), st.sampled_from(sorted(cases.SPECIALS)))
     return dict(
-        shape=(*lead, k), dtype=draw(st.sampled_from(ref.INPUT_DTYPES)), seed=draw(st.integers(0, 2**31 - 1)),
-        spread=draw(st.sampled_from([0.0, 4.0, 12.0])), specials=draw(st.lists(positions, max_size=3)),
-        kwargs=dict(granularity=granularity, group_size=group_size, fmt=draw(st.sampled_from(FORMATS)),
-                    ue8m0=draw(st.booleans())),
+        shape=(*lead, k),
+        dtype=draw(st.sampled_from(ref.INPUT_DTYPES)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+        spread=draw(st.sampled_from([0.0, 4.0, 12.0])),
+        specials=draw(st.lists(positions, max_size=3)),
+        kwargs=dict(
+            granularity=granularity,
+            group_size=group_size,
+            fmt=draw(st.sampled_from(FORMATS)),
+            ue8m0=draw(st.booleans()),
+        ),
     )
 
 
@@ -102,10 +109,22 @@ def test_reference_matches_ml_dtypes_oracle(granularity, fmt, ue8m0):
 
 # (name, group values (the rest of the 128 are +0.0), fmt, ue8m0, expected scale, expected first bytes)
 NAMED = [
-    ("fn_scale_one", [448.0, 1.0, -2.0, 0.5, 2**-9, 2**-10, 3 * 2**-10, -0.0], "e4m3fn", False, 1.0,
-     [0x7E, 0x38, 0xC0, 0x30, 0x01, 0x00, 0x02, 0x80]),  # 2**-10 ties to 0, 3*2**-10 ties to 2**-8 (even)
-    ("fnuz_scale_one", [224.0, 1.0, -2.0, 2**-10, 2**-11, -0.0, -(2**-12)], "e4m3fnuz", False, 1.0,
-     [0x7E, 0x40, 0xC8, 0x01, 0x00, 0x00, 0x00]),  # no negative zero: -0.0 and -tiny give 0x00
+    (
+        "fn_scale_one",
+        [448.0, 1.0, -2.0, 0.5, 2**-9, 2**-10, 3 * 2**-10, -0.0],
+        "e4m3fn",
+        False,
+        1.0,
+        [0x7E, 0x38, 0xC0, 0x30, 0x01, 0x00, 0x02, 0x80],
+    ),  # 2**-10 ties to 0, 3*2**-10 ties to 2**-8 (even)
+    (
+        "fnuz_scale_one",
+        [224.0, 1.0, -2.0, 2**-10, 2**-11, -0.0, -(2**-12)],
+        "e4m3fnuz",
+        False,
+        1.0,
+        [0x7E, 0x40, 0xC8, 0x01, 0x00, 0x00, 0x00],
+    ),  # no negative zero: -0.0 and -tiny give 0x00
     ("fn_ue8m0_rounds_scale_up", [449.0, 1.0], "e4m3fn", True, 2.0, [0x76, 0x30]),  # 449/2 = 224.5 -> 224
     ("fn_saturates_after_rounding", [448.0, -448.0, 447.0], "e4m3fn", False, 1.0, [0x7E, 0xFE, 0x7E]),
     ("all_zero_group_eps", [0.0], "e4m3fn", False, np.float32(1e-10) / np.float32(448.0), [0x00]),
@@ -148,18 +167,23 @@ def test_round_trip_error_is_within_half_an_fp8_step(granularity):
 def test_opcheck(device):
     x = cases.random_blocks((4, 256), torch.bfloat16, seed=6, spread=4.0).to(device)
     for granularity in ref.GRANULARITIES:
-        torch.library.opcheck(torch.ops.touchstone.quantize_fp8.default,
-                              (x, granularity, 128, "e4m3fn", ref.DEFAULT_EPS, granularity == "group", None))
+        torch.library.opcheck(
+            torch.ops.touchstone.quantize_fp8.default,
+            (x, granularity, 128, "e4m3fn", ref.DEFAULT_EPS, granularity == "group", None),
+        )
 
 
-@pytest.mark.parametrize(("kwargs", "error", "message"), [
-    (dict(granularity="row"), ValueError, "granularity"),
-    (dict(fmt="e5m2"), ValueError, "fmt"),
-    (dict(group_size=96), ValueError, "group_size"),
-    (dict(eps=0.0), ValueError, "eps"),
-    (dict(granularity="token", static_scale=torch.ones(1)), ValueError, "static_scale"),
-    (dict(granularity="tensor", static_scale=torch.ones(2)), TypeError, "static_scale"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (dict(granularity="row"), ValueError, "granularity"),
+        (dict(fmt="e5m2"), ValueError, "fmt"),
+        (dict(group_size=96), ValueError, "group_size"),
+        (dict(eps=0.0), ValueError, "eps"),
+        (dict(granularity="token", static_scale=torch.ones(1)), ValueError, "static_scale"),
+        (dict(granularity="tensor", static_scale=torch.ones(2)), TypeError, "static_scale"),
+    ],
+)
 def test_bad_arguments(kwargs, error, message, device):
     x = torch.zeros(2, 256)
     for impl, dev in ((ref.quantize_fp8, "cpu"), (kernel.quantize_fp8, device)):
@@ -180,8 +204,9 @@ def test_shard_of_rows_is_read_without_copy(device):
 
 # Negative controls: planted bugs in the real kernel that the checks above must catch.
 def faulty(fault: str):
-    def quantize(x, *, granularity="group", group_size=128, fmt="e4m3fn", eps=ref.DEFAULT_EPS, ue8m0=False,
-                 static_scale=None):
+    def quantize(
+        x, *, granularity="group", group_size=128, fmt="e4m3fn", eps=ref.DEFAULT_EPS, ue8m0=False, static_scale=None
+    ):
         return kernel.launch_quantize_fp8(x, granularity, group_size, fmt, eps, ue8m0, static_scale, fault=fault)
 
     return quantize

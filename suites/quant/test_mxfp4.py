@@ -64,8 +64,12 @@ def test_dequantize_of_quantized_matches_reference(p, out_dtype, device):
     assert_exact(got, ref.dequantize_mxfp4(codes, scales, dtype=out_dtype))
 
 
-@given(rows=st.integers(1, 8), blocks=st.integers(1, 4), seed=st.integers(0, 2**31 - 1),
-       out_dtype=st.sampled_from(OUTPUT_DTYPES))
+@given(
+    rows=st.integers(1, 8),
+    blocks=st.integers(1, 4),
+    seed=st.integers(0, 2**31 - 1),
+    out_dtype=st.sampled_from(OUTPUT_DTYPES),
+)
 def test_dequantize_any_bytes_matches_reference(rows, blocks, seed, out_dtype, device):
     """Every code and every scale byte, 0x00 and 0xFF included."""
     gen = torch.Generator().manual_seed(seed)
@@ -103,7 +107,8 @@ def test_amax_mantissa_thresholds(device):
 
 def check_named_cases(device: str, quantize=kernel.quantize_mxfp4) -> None:
     fp4_checks.check_named_quantize_cases(
-        cases.QUANT_CASES, lambda case, dtype: quantize(case.block(dtype).to(device), scale_mode=case.mode))
+        cases.QUANT_CASES, lambda case, dtype: quantize(case.block(dtype).to(device), scale_mode=case.mode)
+    )
 
 
 def test_named_quantize_cases(device):
@@ -127,8 +132,14 @@ def test_named_dequantize_cases(case, device):
 def test_one_nonfinite_poisons_only_its_block(special, device):
     x = cases.random_blocks((3, 128), torch.float32, seed=7, spread=4.0).to(device)
     fp4_checks.check_nonfinite_poisons_only_its_block(
-        x, 70, cases.SPECIALS[special], kernel.quantize_mxfp4,  # column 70: block 2 of row 1
-        lambda codes, scales: kernel.dequantize_mxfp4(codes, scales, dtype=torch.float32), block=32, nan_scale=0xFF)
+        x,
+        70,
+        cases.SPECIALS[special],
+        kernel.quantize_mxfp4,  # column 70: block 2 of row 1
+        lambda codes, scales: kernel.dequantize_mxfp4(codes, scales, dtype=torch.float32),
+        block=32,
+        nan_scale=0xFF,
+    )
 
 
 # Metamorphic properties (no oracle needed), on the kernel.
@@ -136,7 +147,8 @@ def test_one_nonfinite_poisons_only_its_block(special, device):
 def test_tensor_parallel_shard_equals_shard_of_quantized(p, cut, width, device):
     x = make_input({**p, "shape": (3, 32 * 12)}).to(device)
     fp4_checks.check_shard_of_quantized(
-        x, cut, width, lambda x: kernel.quantize_mxfp4(x, scale_mode=p["mode"]), block=32)
+        x, cut, width, lambda x: kernel.quantize_mxfp4(x, scale_mode=p["mode"]), block=32
+    )
 
 
 @given(seed=st.integers(0, 2**31 - 1), shift=st.integers(-60, 60), mode=st.sampled_from(SCALE_MODES))
@@ -151,7 +163,8 @@ def test_power_of_two_scaling_shifts_scale_bytes(seed, shift, mode, device):
 @given(p=quant_problems())
 def test_sign_symmetry(p, device):
     fp4_checks.check_sign_symmetry(
-        make_input(p).to(device), lambda x: kernel.quantize_mxfp4(x, scale_mode=p["mode"]), block=32, nan_scale=0xFF)
+        make_input(p).to(device), lambda x: kernel.quantize_mxfp4(x, scale_mode=p["mode"]), block=32, nan_scale=0xFF
+    )
 
 
 def test_canonicalize_neg_zero():
@@ -167,8 +180,9 @@ def test_opcheck_quantize(device):
 
 def test_opcheck_dequantize(device):
     codes, scales = ref.quantize_mxfp4(cases.random_blocks((4, 64), torch.float32, seed=4, spread=4.0))
-    torch.library.opcheck(torch.ops.touchstone.dequantize_mxfp4.default,
-                          (codes.to(device), scales.to(device), torch.float16, 32))
+    torch.library.opcheck(
+        torch.ops.touchstone.dequantize_mxfp4.default, (codes.to(device), scales.to(device), torch.float16, 32)
+    )
 
 
 def test_empty_input(device):
@@ -186,9 +200,14 @@ def test_multi_tile_launch_with_a_ragged_last_program(dtype, device, monkeypatch
     check_quantize(x, "even", device)
 
 
-@given(seed=st.integers(0, 2**31 - 1), cut=st.integers(0, 5), width=st.integers(1, 6),
-       out_dtype=st.sampled_from(OUTPUT_DTYPES))
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    cut=st.integers(0, 5),
+    width=st.integers(1, 6),
+    out_dtype=st.sampled_from(OUTPUT_DTYPES),
+)
 def test_dequantize_of_a_shard_equals_shard_of_dequantized(seed, cut, width, out_dtype, device):
     """Column slices of codes/scales (strided rows, no copy) go through the kernel's non-contiguous path."""
     fp4_checks.check_shard_of_dequantized(
-        seed, cut, width, lambda codes, scales: kernel.dequantize_mxfp4(codes, scales, dtype=out_dtype), 32, device)
+        seed, cut, width, lambda codes, scales: kernel.dequantize_mxfp4(codes, scales, dtype=out_dtype), 32, device
+    )

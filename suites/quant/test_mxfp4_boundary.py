@@ -26,8 +26,9 @@ QUANTIZE_ERRORS = [
 ]
 
 
-@pytest.mark.parametrize(("args", "kwargs", "error", "message"), QUANTIZE_ERRORS,
-                         ids=["dtype", "k", "scalar", "mode", "block"])
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "message"), QUANTIZE_ERRORS, ids=["dtype", "k", "scalar", "mode", "block"]
+)
 def test_quantize_rejects(impl, args, kwargs, error, message):
     module, dev = impl
     with pytest.raises(error, match=message):
@@ -35,21 +36,44 @@ def test_quantize_rejects(impl, args, kwargs, error, message):
 
 
 DEQUANTIZE_ERRORS = [
-    (lambda d: (torch.zeros(2, 16, dtype=torch.int8, device=d), torch.zeros(2, 1, dtype=torch.uint8, device=d)),
-     {}, TypeError, "codes: dtype"),
-    (lambda d: (torch.zeros(2, 16, dtype=torch.uint8, device=d), torch.zeros(2, 1, device=d)),
-     {}, TypeError, "scales: dtype"),
-    (lambda d: (torch.zeros(2, 16, dtype=torch.uint8, device=d), torch.zeros(2, 2, dtype=torch.uint8, device=d)),
-     {}, ValueError, "codes .* and scales .* do not describe one MXFP4 tensor"),
-    (lambda d: (torch.zeros(2, 16, dtype=torch.uint8, device=d), torch.zeros(3, 1, dtype=torch.uint8, device=d)),
-     {}, ValueError, "do not describe one MXFP4 tensor"),
-    (lambda d: (torch.zeros(2, 16, dtype=torch.uint8, device=d), torch.zeros(2, 1, dtype=torch.uint8, device=d)),
-     {"dtype": torch.int32}, TypeError, "dtype must be one of"),
+    (
+        lambda d: (torch.zeros(2, 16, dtype=torch.int8, device=d), torch.zeros(2, 1, dtype=torch.uint8, device=d)),
+        {},
+        TypeError,
+        "codes: dtype",
+    ),
+    (
+        lambda d: (torch.zeros(2, 16, dtype=torch.uint8, device=d), torch.zeros(2, 1, device=d)),
+        {},
+        TypeError,
+        "scales: dtype",
+    ),
+    (
+        lambda d: (torch.zeros(2, 16, dtype=torch.uint8, device=d), torch.zeros(2, 2, dtype=torch.uint8, device=d)),
+        {},
+        ValueError,
+        "codes .* and scales .* do not describe one MXFP4 tensor",
+    ),
+    (
+        lambda d: (torch.zeros(2, 16, dtype=torch.uint8, device=d), torch.zeros(3, 1, dtype=torch.uint8, device=d)),
+        {},
+        ValueError,
+        "do not describe one MXFP4 tensor",
+    ),
+    (
+        lambda d: (torch.zeros(2, 16, dtype=torch.uint8, device=d), torch.zeros(2, 1, dtype=torch.uint8, device=d)),
+        {"dtype": torch.int32},
+        TypeError,
+        "dtype must be one of",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("args", "kwargs", "error", "message"), DEQUANTIZE_ERRORS,
-                         ids=["codes-dtype", "scales-dtype", "k-mismatch", "rows-mismatch", "out-dtype"])
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "message"),
+    DEQUANTIZE_ERRORS,
+    ids=["codes-dtype", "scales-dtype", "k-mismatch", "rows-mismatch", "out-dtype"],
+)
 def test_dequantize_rejects(impl, args, kwargs, error, message):
     module, dev = impl
     with pytest.raises(error, match=message):

@@ -42,8 +42,9 @@ def test_dequantize_matches_ml_dtypes_oracle(seed, out_dtype):
     gen = torch.Generator().manual_seed(seed)
     codes = torch.randint(0, 256, (8, 64), generator=gen, dtype=torch.uint8)
     scales = torch.randint(0, 256, (8, 4), generator=gen, dtype=torch.uint8)
-    assert_exact(ref.dequantize_mxfp4(codes, scales, dtype=out_dtype),
-                 oracles.dequantize_mxfp4(codes, scales, out_dtype))
+    assert_exact(
+        ref.dequantize_mxfp4(codes, scales, dtype=out_dtype), oracles.dequantize_mxfp4(codes, scales, out_dtype)
+    )
 
 
 def test_round_trip_is_idempotent():

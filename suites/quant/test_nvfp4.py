@@ -27,8 +27,9 @@ INPUT_DTYPES = ref.INPUT_DTYPES
 OUTPUT_DTYPES = ref.OUTPUT_DTYPES
 
 
-def check_quantize(x: torch.Tensor, scale: EncodeScale | DecodeScale, device: str,
-                   quantize=kernel.quantize_nvfp4) -> None:
+def check_quantize(
+    x: torch.Tensor, scale: EncodeScale | DecodeScale, device: str, quantize=kernel.quantize_nvfp4
+) -> None:
     """The kernel's codes and scales equal the reference's, byte for byte."""
     codes, scales = quantize(x.to(device), scale.to(device))
     want_codes, want_scales = ref.quantize_nvfp4(x, scale)
@@ -94,8 +95,13 @@ def test_dequantize_of_quantized_matches_reference(p, out_dtype, device):
     assert_exact(got, ref.dequantize_nvfp4(codes, scales, scale, dtype=out_dtype))
 
 
-@given(rows=st.integers(1, 6), blocks=st.integers(1, 4), seed=st.integers(0, 2**31 - 1),
-       out_dtype=st.sampled_from(OUTPUT_DTYPES), decode=st.sampled_from([1.0, 3.1e-3, 2.0**100, 7e-30]))
+@given(
+    rows=st.integers(1, 6),
+    blocks=st.integers(1, 4),
+    seed=st.integers(0, 2**31 - 1),
+    out_dtype=st.sampled_from(OUTPUT_DTYPES),
+    decode=st.sampled_from([1.0, 3.1e-3, 2.0**100, 7e-30]),
+)
 def test_dequantize_any_bytes_matches_reference(rows, blocks, seed, out_dtype, decode, device):
     """Every code and every scale byte: NaN (0x7F, 0xFF), negative and subnormal scales, overflow."""
     gen = torch.Generator().manual_seed(seed)
@@ -122,7 +128,8 @@ def test_double_rounding_probes(device):
 def check_named_cases(device: str, quantize=kernel.quantize_nvfp4) -> None:
     fp4_checks.check_named_quantize_cases(
         cases.QUANT_CASES,
-        lambda case, dtype: quantize(case.block(dtype).to(device), EncodeScale(case.encode_scale).to(device)))
+        lambda case, dtype: quantize(case.block(dtype).to(device), EncodeScale(case.encode_scale).to(device)),
+    )
 
 
 def test_named_quantize_cases(device):
@@ -162,9 +169,14 @@ def test_one_nonfinite_poisons_only_its_block(special, device):
     x = cases.random_nvfp4_blocks((3, 64), torch.float32, seed=7, spread=4.0)
     scale = EncodeScale.from_amax(tensor_amax(x)).to(device)
     fp4_checks.check_nonfinite_poisons_only_its_block(
-        x.to(device), 37, cases.SPECIALS[special], lambda x: kernel.quantize_nvfp4(x, scale),  # block 2 of row 1
+        x.to(device),
+        37,
+        cases.SPECIALS[special],
+        lambda x: kernel.quantize_nvfp4(x, scale),  # block 2 of row 1
         lambda codes, scales: kernel.dequantize_nvfp4(codes, scales, scale, dtype=torch.float32),
-        block=cases.BLOCK, nan_scale=0x7F)
+        block=cases.BLOCK,
+        nan_scale=0x7F,
+    )
 
 
 # Metamorphic properties (no oracle needed), on the kernel.
@@ -216,8 +228,10 @@ def test_opcheck_dequantize(device):
     x = cases.random_nvfp4_blocks((4, 64), torch.float32, seed=4, spread=4.0)
     scale = EncodeScale.from_amax(tensor_amax(x))
     codes, scales = ref.quantize_nvfp4(x, scale)
-    torch.library.opcheck(torch.ops.touchstone.dequantize_nvfp4.default,
-                          (codes.to(device), scales.to(device), scale.to_decode().value.to(device), torch.float16))
+    torch.library.opcheck(
+        torch.ops.touchstone.dequantize_nvfp4.default,
+        (codes.to(device), scales.to(device), scale.to_decode().value.to(device), torch.float16),
+    )
 
 
 def test_empty_input(device):
@@ -250,8 +264,9 @@ def test_multiplier_table_is_the_reference_division():
 def test_other_multiplier_path(dtype, device, monkeypatch):
     """The launch knob's other side (in-kernel division vs the launcher's table) gives the same bytes."""
     monkeypatch.setattr(kernel, "_MULTIPLIER_TABLE", not kernel._MULTIPLIER_TABLE)
-    x = cases.inject(cases.random_nvfp4_blocks((6, 64), torch.float32, seed=11, spread=12.0),
-                     [(0.3, "nan"), (0.7, "-inf")]).to(dtype)
+    x = cases.inject(
+        cases.random_nvfp4_blocks((6, 64), torch.float32, seed=11, spread=12.0), [(0.3, "nan"), (0.7, "-inf")]
+    ).to(dtype)
     for scale in (EncodeScale.from_amax(tensor_amax(x[torch.isfinite(x)])), EncodeScale(3.7e20)):
         check_quantize(x, scale, device)
     if dtype == torch.float32:
@@ -259,26 +274,47 @@ def test_other_multiplier_path(dtype, device, monkeypatch):
         check_named_cases(device)
 
 
-@given(seed=st.integers(0, 2**31 - 1), cut=st.integers(0, 5), width=st.integers(1, 6),
-       out_dtype=st.sampled_from(OUTPUT_DTYPES))
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    cut=st.integers(0, 5),
+    width=st.integers(1, 6),
+    out_dtype=st.sampled_from(OUTPUT_DTYPES),
+)
 def test_dequantize_of_a_shard_equals_shard_of_dequantized(seed, cut, width, out_dtype, device):
     """Column slices of codes/scales (strided rows, no copy) go through the kernel's non-contiguous path."""
     scale = DecodeScale(0.37).to(device)
     fp4_checks.check_shard_of_dequantized(
-        seed, cut, width, lambda codes, scales: kernel.dequantize_nvfp4(codes, scales, scale, dtype=out_dtype),
-        cases.BLOCK, device)
+        seed,
+        cut,
+        width,
+        lambda codes, scales: kernel.dequantize_nvfp4(codes, scales, scale, dtype=out_dtype),
+        cases.BLOCK,
+        device,
+    )
 
 
 # Boundary: bad input raises an error that names the argument, in the reference and the kernel alike.
 IMPLS = {"reference": ref, "kernel": kernel}
 QUANTIZE_ERRORS = [
-    (lambda d: torch.zeros(2, 64, dtype=torch.int32, device=d), lambda d: EncodeScale(1.0).to(d), TypeError,
-     "x: dtype"),
-    (lambda d: torch.zeros(2, 40, device=d), lambda d: EncodeScale(1.0).to(d), ValueError,
-     "x: last dim must be a multiple of 16"),
+    (
+        lambda d: torch.zeros(2, 64, dtype=torch.int32, device=d),
+        lambda d: EncodeScale(1.0).to(d),
+        TypeError,
+        "x: dtype",
+    ),
+    (
+        lambda d: torch.zeros(2, 40, device=d),
+        lambda d: EncodeScale(1.0).to(d),
+        ValueError,
+        "x: last dim must be a multiple of 16",
+    ),
     (lambda d: torch.zeros(2, 64, device=d), lambda d: 1.0, TypeError, "global_scale: must be an EncodeScale"),
-    (lambda d: torch.zeros(2, 64, device=d), lambda d: torch.tensor(1.0, device=d), TypeError,
-     "a bare value does not say which"),
+    (
+        lambda d: torch.zeros(2, 64, device=d),
+        lambda d: torch.tensor(1.0, device=d),
+        TypeError,
+        "a bare value does not say which",
+    ),
 ]
 
 
@@ -293,16 +329,29 @@ def test_quantize_rejects(impl, x, scale, error, message, device):
 DEQUANTIZE_ERRORS = [
     (torch.zeros(2, 8, dtype=torch.int8), torch.zeros(2, 1, dtype=torch.uint8), {}, TypeError, "codes: dtype"),
     (torch.zeros(2, 8, dtype=torch.uint8), torch.zeros(2, 1), {}, TypeError, "scales: dtype"),
-    (torch.zeros(2, 8, dtype=torch.uint8), torch.zeros(2, 2, dtype=torch.uint8), {}, ValueError,
-     "do not describe one NVFP4 tensor"),
-    (torch.zeros(2, 8, dtype=torch.uint8), torch.zeros(2, 1, dtype=torch.uint8), {"dtype": torch.int32},
-     TypeError, "dtype must be one of"),
+    (
+        torch.zeros(2, 8, dtype=torch.uint8),
+        torch.zeros(2, 2, dtype=torch.uint8),
+        {},
+        ValueError,
+        "do not describe one NVFP4 tensor",
+    ),
+    (
+        torch.zeros(2, 8, dtype=torch.uint8),
+        torch.zeros(2, 1, dtype=torch.uint8),
+        {"dtype": torch.int32},
+        TypeError,
+        "dtype must be one of",
+    ),
 ]
 
 
 @pytest.mark.parametrize("impl", sorted(IMPLS))
-@pytest.mark.parametrize(("codes", "scales", "kwargs", "error", "message"), DEQUANTIZE_ERRORS,
-                         ids=["codes-dtype", "scales-dtype", "k-mismatch", "out-dtype"])
+@pytest.mark.parametrize(
+    ("codes", "scales", "kwargs", "error", "message"),
+    DEQUANTIZE_ERRORS,
+    ids=["codes-dtype", "scales-dtype", "k-mismatch", "out-dtype"],
+)
 def test_dequantize_rejects(impl, codes, scales, kwargs, error, message, device):
     dev = device if impl == "kernel" else "cpu"
     with pytest.raises(error, match=message):

@@ -113,5 +113,3 @@ def test_bad_arguments_are_refused_by_name():
     bare = NVFP4Tensor(q3.codes, q3.scales, 0.5)
     with pytest.raises(TypeError, match=r"w3\.global_scale: must be an EncodeScale"):
         fuse_w13(q1, bare)
-
-

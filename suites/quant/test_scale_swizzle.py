@@ -46,8 +46,19 @@ def test_inverse_and_recover_identity(m, s, seed):
 def test_named_offsets():
     """Hand-computed offsets from (mTile * numKTiles + kTile) << 9 | (m%32) << 4 | ((m/32)%4) << 2 | (k%4)."""
     offsets = swizzled_offsets(256, 8)  # 2 row tiles x 2 column tiles
-    cases = {(0, 0): 0, (0, 3): 3, (1, 0): 16, (31, 0): 496, (32, 0): 4, (96, 1): 13, (33, 2): 22,
-             (0, 4): 512, (127, 7): 512 + 31 * 16 + 3 * 4 + 3, (128, 0): 1024, (255, 7): 2047}
+    cases = {
+        (0, 0): 0,
+        (0, 3): 3,
+        (1, 0): 16,
+        (31, 0): 496,
+        (32, 0): 4,
+        (96, 1): 13,
+        (33, 2): 22,
+        (0, 4): 512,
+        (127, 7): 512 + 31 * 16 + 3 * 4 + 3,
+        (128, 0): 1024,
+        (255, 7): 2047,
+    }
     for (row, col), want in cases.items():
         assert int(offsets[row, col]) == want, f"offset of ({row}, {col})"
     assert torch.equal(offsets.flatten().sort().values, torch.arange(256 * 8)), "a permutation"

@@ -33,7 +33,8 @@ def problems(draw):
         tokens=draw(st.one_of(st.just(1), st.integers(2, 40))),
         heads=draw(st.sampled_from([(9, 3), (4, 1), (2, 2), (8, 2), (6, 3), (1, 1)])),
         head_dim=draw(st.sampled_from([64, 128, 32, 80])),
-        dtype=draw(st.sampled_from(ref.DTYPES)), seed=draw(st.integers(0, 2**31 - 1)),
+        dtype=draw(st.sampled_from(ref.DTYPES)),
+        seed=draw(st.integers(0, 2**31 - 1)),
         pad=draw(st.sampled_from([0, 8])),  # extra columns at the end of each fused row
         strided_positions=draw(st.booleans()),
     )
@@ -54,7 +55,7 @@ def make_problem(p: dict):
 def views(qkv: torch.Tensor, p: dict) -> tuple[torch.Tensor, torch.Tensor]:
     (hq, hkv), d = p["heads"], p["head_dim"]
     t = qkv.shape[0]
-    return qkv[:, :hq * d].view(t, hq, d), qkv[:, hq * d:(hq + hkv) * d].view(t, hkv, d)
+    return qkv[:, : hq * d].view(t, hq, d), qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d)
 
 
 def check_rope(qkv, positions, p, device, rope=kernel.rope_) -> None:
@@ -83,8 +84,13 @@ def _hf_llama_rope(head_dim: int):
     from transformers import LlamaConfig
     from transformers.models.llama import modeling_llama
 
-    config = LlamaConfig(hidden_size=4 * head_dim, num_attention_heads=4, head_dim=head_dim, rope_theta=BASE,
-                         max_position_embeddings=MAX_POSITIONS)
+    config = LlamaConfig(
+        hidden_size=4 * head_dim,
+        num_attention_heads=4,
+        head_dim=head_dim,
+        rope_theta=BASE,
+        max_position_embeddings=MAX_POSITIONS,
+    )
     return modeling_llama.LlamaRotaryEmbedding(config), modeling_llama.apply_rotary_pos_emb
 
 
@@ -152,11 +158,14 @@ def test_position_zero_is_the_identity_on_finite_values(device):
         assert_exact(out_q, q, "position 0")
 
 
-@pytest.mark.parametrize(("value", "position", "partner"), [
-    (math.nan, 7, math.nan),  # NaN poisons its pair
-    (math.inf, 0, math.nan),  # sin(0) = 0: the partner gets Inf * 0
-    (-0.0, 0, 0.0),  # -0 * 1 + x[partner] * 0 = +0 (partner is +0 here): the documented -0 policy
-])
+@pytest.mark.parametrize(
+    ("value", "position", "partner"),
+    [
+        (math.nan, 7, math.nan),  # NaN poisons its pair
+        (math.inf, 0, math.nan),  # sin(0) = 0: the partner gets Inf * 0
+        (-0.0, 0, 0.0),  # -0 * 1 + x[partner] * 0 = +0 (partner is +0 here): the documented -0 policy
+    ],
+)
 def test_special_values(value, position, partner, device):
     """x[3] = value in one head (the rest 0): out[3 + D/2] (its partner) as expected, other dims of every head
     finite."""
@@ -174,27 +183,35 @@ def test_opcheck(device):
     p = dict(tokens=3, heads=(4, 2), head_dim=64, dtype=torch.bfloat16, seed=5, pad=0, strided_positions=False)
     qkv, positions = make_problem(p)
     q, k = views(qkv.to(device), p)
-    torch.library.opcheck(torch.ops.touchstone.rope.default, (q.contiguous(), k.contiguous(), positions.to(device),
-                                                               cache(64).to(device)))
+    torch.library.opcheck(
+        torch.ops.touchstone.rope.default, (q.contiguous(), k.contiguous(), positions.to(device), cache(64).to(device))
+    )
 
 
 def _args(**changes):
-    args = dict(q=torch.zeros(2, 4, 64), k=torch.zeros(2, 2, 64), positions=torch.zeros(2, dtype=torch.int64),
-                cos_sin_cache=cache(64))
+    args = dict(
+        q=torch.zeros(2, 4, 64),
+        k=torch.zeros(2, 2, 64),
+        positions=torch.zeros(2, dtype=torch.int64),
+        cos_sin_cache=cache(64),
+    )
     return args | changes
 
 
-@pytest.mark.parametrize(("changes", "error", "message"), [
-    (dict(q=torch.zeros(2, 4, 64, dtype=torch.int32)), TypeError, "q: dtype"),
-    (dict(k=torch.zeros(2, 2, 64, dtype=torch.float16)), TypeError, "k: dtype"),
-    (dict(q=torch.zeros(2, 256)), ValueError, "q: must be 3-D"),
-    (dict(k=torch.zeros(3, 2, 64)), ValueError, "k: tokens and head_dim"),
-    (dict(q=torch.zeros(2, 4, 63), k=torch.zeros(2, 2, 63)), ValueError, "q: head_dim must be a positive even"),
-    (dict(cos_sin_cache=cache(64).double()), TypeError, "cos_sin_cache: dtype"),
-    (dict(cos_sin_cache=cache(128)), ValueError, "cos_sin_cache: must be"),
-    (dict(positions=torch.zeros(2, dtype=torch.int32)), TypeError, "positions: dtype"),
-    (dict(positions=torch.zeros(3, dtype=torch.int64)), ValueError, "positions: shape"),
-])
+@pytest.mark.parametrize(
+    ("changes", "error", "message"),
+    [
+        (dict(q=torch.zeros(2, 4, 64, dtype=torch.int32)), TypeError, "q: dtype"),
+        (dict(k=torch.zeros(2, 2, 64, dtype=torch.float16)), TypeError, "k: dtype"),
+        (dict(q=torch.zeros(2, 256)), ValueError, "q: must be 3-D"),
+        (dict(k=torch.zeros(3, 2, 64)), ValueError, "k: tokens and head_dim"),
+        (dict(q=torch.zeros(2, 4, 63), k=torch.zeros(2, 2, 63)), ValueError, "q: head_dim must be a positive even"),
+        (dict(cos_sin_cache=cache(64).double()), TypeError, "cos_sin_cache: dtype"),
+        (dict(cos_sin_cache=cache(128)), ValueError, "cos_sin_cache: must be"),
+        (dict(positions=torch.zeros(2, dtype=torch.int32)), TypeError, "positions: dtype"),
+        (dict(positions=torch.zeros(3, dtype=torch.int64)), ValueError, "positions: shape"),
+    ],
+)
 def test_bad_arguments(changes, error, message, device):
     args = _args(**changes)
     for impl, dev in ((ref.apply_rope, "cpu"), (kernel.rope_, device)):

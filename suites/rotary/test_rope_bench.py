@@ -29,8 +29,9 @@ def test_triton_impl_returns_a_snapshot_of_its_own_copy(device):
     before = inputs["qkv"].clone()
     call = bench_op._triton(inputs)
     q_out, k_out = call()
-    want_q, want_k = apply_rope(*bench_op.views(before.cpu(), inputs["heads"]), inputs["positions"].cpu(),
-                                inputs["table"].cpu())
+    want_q, want_k = apply_rope(
+        *bench_op.views(before.cpu(), inputs["heads"]), inputs["positions"].cpu(), inputs["table"].cpu()
+    )
     assert_exact(q_out, want_q, "q")
     assert_exact(k_out, want_k, "k")
     assert call() is None

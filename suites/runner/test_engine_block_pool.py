@@ -179,7 +179,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
         for j in range(before, seq.num_cached_blocks):
             block = seq.block_table[j]
             if block.block_hash is not None and seq.block_hashes[j] == block.block_hash:
-                self.cached_prefix[block.block_hash] = tuple(seq.token_ids[:(j + 1) * BS])
+                self.cached_prefix[block.block_hash] = tuple(seq.token_ids[: (j + 1) * BS])
 
     @rule(target=requests, prompt=st.lists(ALPHABET, min_size=1, max_size=14), chunk=st.integers(1, 14))
     def arrive(self, prompt, chunk):
@@ -188,7 +188,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
     @rule(target=requests, like=requests, cut=st.integers(0, 3), chunk=st.integers(1, 14))
     def repeat(self, like, cut, chunk):
         """A prompt equal to (a prefix of) an earlier request's tokens: full and partial hits."""
-        return self._arrive(like.token_ids[:max(1, like.num_tokens - cut)], chunk)
+        return self._arrive(like.token_ids[: max(1, like.num_tokens - cut)], chunk)
 
     def _arrive(self, prompt, chunk):
         seq = seq_of(prompt)
@@ -196,7 +196,7 @@ class BlockPoolMachine(RuleBasedStateMachine):
         assert num_hit % BS == 0 and num_hit <= seq.num_tokens - 1
         for j, block in enumerate(hits):  # a hit holds exactly this request's tokens
             assert not block.is_null and block.block_hash == seq.block_hashes[j]
-            want = seq.token_ids[j * BS:(j + 1) * BS]
+            want = seq.token_ids[j * BS : (j + 1) * BS]
             assert [self.content[block.block_id * BS + o] for o in range(BS)] == want
         n = min(chunk, seq.num_tokens - num_hit)
         refs_before = [b.ref_cnt for b in hits]

@@ -18,6 +18,7 @@ CPU = platform_mod.detect_platform(probe())
 def on(monkeypatch):
     def impersonate(platform):
         monkeypatch.setattr(platform_mod, "current_platform", platform, raising=False)
+
     return impersonate
 
 

@@ -29,9 +29,15 @@ def test_kv_blocks_from_memory_fraction():
 def test_measured_usage_counts_other_processes_and_the_peak(monkeypatch):
     gib = 2**30
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (100 * gib, 140 * gib))
-    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device: {
-        "reserved_bytes.all.current": 30 * gib, "allocated_bytes.all.peak": 12 * gib,
-        "allocated_bytes.all.current": 2 * gib})
+    monkeypatch.setattr(
+        torch.cuda,
+        "memory_stats",
+        lambda device: {
+            "reserved_bytes.all.current": 30 * gib,
+            "allocated_bytes.all.peak": 12 * gib,
+            "allocated_bytes.all.current": 2 * gib,
+        },
+    )
     # 40 GiB not free: 30 reserved by torch (of which only the 12 GiB peak counts) + 10 held elsewhere
     assert kv_sizing.measured_usage("cuda:0") == (140 * gib, 22 * gib)
 
@@ -39,8 +45,11 @@ def test_measured_usage_counts_other_processes_and_the_peak(monkeypatch):
 def test_measured_usage_reserves_the_warm_up_activations_again_for_the_graph_pool(monkeypatch):
     gib = 2**30
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (100 * gib, 140 * gib))
-    monkeypatch.setattr(torch.cuda, "memory_stats", lambda device: {
-        "reserved_bytes.all.current": 30 * gib, "allocated_bytes.all.peak": 12 * gib})
+    monkeypatch.setattr(
+        torch.cuda,
+        "memory_stats",
+        lambda device: {"reserved_bytes.all.current": 30 * gib, "allocated_bytes.all.peak": 12 * gib},
+    )
     # weights 2 GiB allocated before the warm-up: its activation peak (10 GiB) is counted twice
     assert kv_sizing.measured_usage("cuda:0", graph_reserve_from=2 * gib) == (140 * gib, 32 * gib)
     assert kv_sizing.measured_usage("cuda:0", graph_reserve_from=None) == (140 * gib, 22 * gib)

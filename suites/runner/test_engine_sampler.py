@@ -103,14 +103,23 @@ def test_seeded_request_is_independent_of_its_batch():
         out = []
         for logits in steps:
             seqs = [*mates[:row], seq, *mates[row:]]
-            got = sample(logits[: len(seqs)].clone().index_copy_(0, torch.tensor([row]), logits[4:5]),
-                         SamplingBatch.from_sequences(seqs, vocab, "cpu"))
+            got = sample(
+                logits[: len(seqs)].clone().index_copy_(0, torch.tensor([row]), logits[4:5]),
+                SamplingBatch.from_sequences(seqs, vocab, "cpu"),
+            )
             out.append(int(got[row]))
         return out
 
     alone = tokens_of(0, [])
-    crowded = tokens_of(2, [SamplingParams(temperature=0.5, seed=7), SamplingParams(), SamplingParams(top_k=3),
-                            SamplingParams(temperature=0)])
+    crowded = tokens_of(
+        2,
+        [
+            SamplingParams(temperature=0.5, seed=7),
+            SamplingParams(),
+            SamplingParams(top_k=3),
+            SamplingParams(temperature=0),
+        ],
+    )
     assert alone == crowded
     assert tokens_of(0, []) == alone  # a fresh request with the same seed: the same tokens
     assert len(set(alone)) > 1

@@ -32,8 +32,9 @@ class FakeModel:
 
     def __call__(self, out) -> torch.Tensor:
         inp = out.step_inputs()
-        assert inp.input_ids.tolist() == [t for s in out.scheduled for t in s.seq.token_ids[s.positions.start:
-                                                                                           s.positions.stop]]
+        assert inp.input_ids.tolist() == [
+            t for s in out.scheduled for t in s.seq.token_ids[s.positions.start : s.positions.stop]
+        ]
         assert not bool((inp.block_table[:, :1] == 0).any()), "a scheduled row has no block"
         self.cache[inp.slot_mapping] = inp.input_ids
         self.cache_pos[inp.slot_mapping] = inp.positions
@@ -42,7 +43,7 @@ class FakeModel:
             pos = torch.arange(int(inp.seq_lens[b]))
             slots = inp.block_table[b, pos // self.bs].long() * self.bs + pos % self.bs
             ctx = self.cache[slots]
-            assert ctx.tolist() == s.seq.token_ids[:s.seq_len], f"{s.seq} reads a wrong context"
+            assert ctx.tolist() == s.seq.token_ids[: s.seq_len], f"{s.seq} reads a wrong context"
             assert torch.equal(self.cache_pos[slots], pos), f"{s.seq} reads K/V of other positions"
             seed = int.from_bytes(hashlib.sha256(str(ctx.tolist()).encode()).digest()[:6], "little")
             logits[b] = torch.randn(VOCAB, generator=torch.Generator().manual_seed(seed)) * 3
@@ -86,16 +87,29 @@ def run(config, prompts, params, stop_checker=None):
 def workload(num, shared, seed):
     g = torch.Generator().manual_seed(seed)
     prefix = torch.randint(0, VOCAB, (shared,), generator=g).tolist()
-    prompts = [prefix + torch.randint(0, VOCAB, (int(torch.randint(1, 12, (1,), generator=g)),),
-                                      generator=g).tolist() for _ in range(num)]
-    params = [SamplingParams(temperature=0.0 if i % 2 == 0 else 0.8, top_k=8 if i % 3 == 0 else -1, seed=i,
-                             max_tokens=6 + i % 5) for i in range(num)]
+    prompts = [
+        prefix + torch.randint(0, VOCAB, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(num)
+    ]
+    params = [
+        SamplingParams(
+            temperature=0.0 if i % 2 == 0 else 0.8, top_k=8 if i % 3 == 0 else -1, seed=i, max_tokens=6 + i % 5
+        )
+        for i in range(num)
+    ]
     return prompts, params
 
 
 def cfg(**kw):
-    base = dict(num_blocks=64, block_size=4, max_num_batched_tokens=64, max_num_seqs=8, max_model_len=64,
-                enable_chunked_prefill=False, enable_prefix_caching=False)
+    base = dict(
+        num_blocks=64,
+        block_size=4,
+        max_num_batched_tokens=64,
+        max_num_seqs=8,
+        max_model_len=64,
+        enable_chunked_prefill=False,
+        enable_prefix_caching=False,
+    )
     return SchedulerConfig(**{**base, **kw})
 
 
@@ -104,12 +118,13 @@ def test_same_tokens_with_caching_chunking_and_preemption(num, shared, seed):
     prompts, params = workload(num, shared, seed)
     want, _, _ = run(cfg(), prompts, params)
     # A prompt of <= 24 tokens + <= 10 generated needs <= 9 blocks: 10 (9 usable) is the tightest cache.
-    for config in (cfg(enable_prefix_caching=True),
-                   cfg(enable_chunked_prefill=True, max_num_batched_tokens=8),
-                   cfg(enable_chunked_prefill=True, enable_prefix_caching=True, max_num_batched_tokens=8,
-                       max_num_seqs=3),
-                   cfg(num_blocks=10, enable_prefix_caching=True),  # 9 usable blocks: preemption is forced
-                   cfg(num_blocks=10, enable_chunked_prefill=True, max_num_batched_tokens=8)):
+    for config in (
+        cfg(enable_prefix_caching=True),
+        cfg(enable_chunked_prefill=True, max_num_batched_tokens=8),
+        cfg(enable_chunked_prefill=True, enable_prefix_caching=True, max_num_batched_tokens=8, max_num_seqs=3),
+        cfg(num_blocks=10, enable_prefix_caching=True),  # 9 usable blocks: preemption is forced
+        cfg(num_blocks=10, enable_chunked_prefill=True, max_num_batched_tokens=8),
+    ):
         got, _, _ = run(config, prompts, params)
         assert got == want, config
 
@@ -132,7 +147,7 @@ def test_negative_control_unchained_hashes_serve_a_wrong_prefix(monkeypatch):
 
     def unchained(hashes, token_ids, block_size):
         for j in range(len(hashes), len(token_ids) // block_size):
-            hashes.append(hash_block_tokens(None, token_ids[j * block_size:(j + 1) * block_size]))
+            hashes.append(hash_block_tokens(None, token_ids[j * block_size : (j + 1) * block_size]))
         return hashes
 
     prompts = [[1, 1, 1, 1, 2, 2, 2, 2, 3], [2, 2, 2, 2, 2, 2, 2, 2, 4]]
@@ -179,8 +194,11 @@ def test_unchunked_prompt_waits_for_budget_in_fcfs_order():
         sched.add(s)
     out = sched.schedule()
     assert [s.seq for s in out.scheduled] == [big]  # bigger does not fit the 6 left; small may not jump it
-    assert [s.status for s in (big, bigger, small)] == [SequenceStatus.RUNNING, SequenceStatus.WAITING,
-                                                        SequenceStatus.WAITING]
+    assert [s.status for s in (big, bigger, small)] == [
+        SequenceStatus.RUNNING,
+        SequenceStatus.WAITING,
+        SequenceStatus.WAITING,
+    ]
 
 
 def test_preemption_takes_the_latest_arrival_and_recomputes_its_tokens():
@@ -253,7 +271,11 @@ def test_step_inputs_match_the_attention_contract():
     assert inp.block_table.shape == (2, 5) and inp.block_table[0].tolist() == [*a.block_ids, 0, 0, 0]
     assert inp.slot_mapping[0] == a.block_ids[1] * 4 + 1
     assert (inp.input_ids.dtype, inp.slot_mapping.dtype, inp.block_table.dtype, inp.cu_seqlens_q.dtype) == (
-        torch.int64, torch.int64, torch.int32, torch.int32)
+        torch.int64,
+        torch.int64,
+        torch.int32,
+        torch.int32,
+    )
     with pytest.raises(ValueError, match="block_table_width"):
         out.step_inputs(block_table_width=1)
     sched.update(out, [0, 0])
@@ -267,8 +289,9 @@ def test_boundary_errors():
     with pytest.raises(ValueError, match="max_num_batched_tokens"):
         SchedulerConfig(num_blocks=8, max_num_batched_tokens=4, max_num_seqs=8)
     with pytest.raises(ValueError, match=r"max_num_batched_tokens.*max_model_len"):
-        SchedulerConfig(num_blocks=8, max_num_batched_tokens=64, max_num_seqs=8, max_model_len=128,
-                        enable_chunked_prefill=False)
+        SchedulerConfig(
+            num_blocks=8, max_num_batched_tokens=64, max_num_seqs=8, max_model_len=128, enable_chunked_prefill=False
+        )
     with pytest.raises(ValueError, match="block_size"):
         SchedulerConfig(num_blocks=8, block_size=0)
     sched = Scheduler(cfg(num_blocks=4, max_model_len=20))

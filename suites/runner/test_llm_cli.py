@@ -25,11 +25,20 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 def test_touchstone_generate_prints_the_greedy_completion(smollm2):
     require_model_packages()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    done = subprocess.run([sys.executable, "-m", "bench.cli", "generate", PROMPT, "--max-tokens", "8",
-                           "--device", "cpu"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.cli", "generate", PROMPT, "--max-tokens", "8", "--device", "cpu"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    want = LLM(device="cpu", loaded=smollm2).generate(PROMPT, SamplingParams(temperature=0, max_tokens=8),
-                                                      use_tqdm=False)[0].text
+    want = (
+        LLM(device="cpu", loaded=smollm2)
+        .generate(PROMPT, SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)[0]
+        .text
+    )
     assert want.strip() and done.stdout == want + "\n"
 
 
@@ -55,8 +64,7 @@ def test_stop_string_matches_across_tokens(smollm2, stop):
     text = " Café naïve — 東京 🚀 done."
     detok = Detokenizer(tokenizer, [1], stop=[stop, "never"])
     emitted = "".join(detok.add(token) for token in tokenizer.encode(text, add_special_tokens=False))
-    assert detok.stopped_by == stop and detok.text == text[:text.find(stop)]
+    assert detok.stopped_by == stop and detok.text == text[: text.find(stop)]
     # what was emitted piece by piece (what a stream sends) never included the part of a stop string that
     # arrived before the rest of it: "é n" starts inside "Café", emitted before " n" arrives without the hold-back
     assert emitted + detok.flush() == detok.text
-

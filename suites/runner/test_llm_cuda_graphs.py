@@ -16,10 +16,12 @@ from runner.model.attention import AttentionBatch
 
 def _step(b: int, width: int) -> DecodeInputs:
     return DecodeInputs(
-        input_ids=torch.arange(100, 100 + b, dtype=torch.int64), positions=torch.arange(10, 10 + b, dtype=torch.int64),
+        input_ids=torch.arange(100, 100 + b, dtype=torch.int64),
+        positions=torch.arange(10, 10 + b, dtype=torch.int64),
         slot_mapping=torch.arange(50, 50 + b, dtype=torch.int64),
         block_table=torch.arange(1, 1 + b * width, dtype=torch.int32).view(b, width),
-        seq_lens=torch.arange(11, 11 + b, dtype=torch.int32))
+        seq_lens=torch.arange(11, 11 + b, dtype=torch.int32),
+    )
 
 
 def test_fill_pads_to_the_size_and_forgets_a_larger_previous_step():
@@ -45,13 +47,15 @@ def test_fill_refuses_a_step_that_does_not_fit():
         buffers.fill(_step(2, 3), 2)
 
 
-@pytest.mark.parametrize(("batch", "size"), [(1, 1), (3, 4), (5, 8), (9, 16), (255, 256), (257, 272), (512, 512),
-                                             (513, None)])
+@pytest.mark.parametrize(
+    ("batch", "size"), [(1, 1), (3, 4), (5, 8), (9, 16), (255, 256), (257, 272), (512, 512), (513, None)]
+)
 def test_replay_picks_the_next_captured_size_up(batch, size):
     from kernels.platform import Platform
 
-    hopper = Platform(backend="cuda", device_name="NVIDIA H200", device_count=1, capability=(9, 0), arch="sm_90",
-                      family="hopper")
+    hopper = Platform(
+        backend="cuda", device_name="NVIDIA H200", device_count=1, capability=(9, 0), arch="sm_90", family="hopper"
+    )
     sizes = capture_sizes(1024, 16384, hopper)
     assert sizes[-1] == 512
     assert padded_batch_size(batch, sizes) == size
@@ -64,8 +68,9 @@ def test_cpu_never_captures_and_runs_eager():
         calls.append(batch)
         return torch.ones(ids.shape[0], 4)
 
-    graphs = DecodeGraphs(forward, AttentionBatch, [1, 2, 4], max_blocks=4, hidden_size=4, dtype=torch.float32,
-                          device="cpu")
+    graphs = DecodeGraphs(
+        forward, AttentionBatch, [1, 2, 4], max_blocks=4, hidden_size=4, dtype=torch.float32, device="cpu"
+    )
     graphs.capture()
     assert not graphs.enabled and not graphs.graphs and graphs.buffers is None
     out = graphs.run(_step(3, 2), lambda: "eager batch")
@@ -112,8 +117,9 @@ def _row_forward(seen: list):
 
 def _fake_captured(sizes: list[int], seen: list) -> DecodeGraphs:
     """DecodeGraphs as capture() leaves it on CUDA (buffers, hidden, one graph a size), built on the CPU."""
-    graphs = DecodeGraphs(_row_forward(seen), AttentionBatch, sizes, max_blocks=4, hidden_size=5,
-                          dtype=torch.float32, device="cpu")
+    graphs = DecodeGraphs(
+        _row_forward(seen), AttentionBatch, sizes, max_blocks=4, hidden_size=5, dtype=torch.float32, device="cpu"
+    )
     graphs.sizes = sorted(sizes)
     graphs.buffers = StaticDecodeBuffers(graphs.sizes[-1], 4, "cpu")
     graphs.hidden = torch.zeros(graphs.sizes[-1], 5)
@@ -122,9 +128,18 @@ def _fake_captured(sizes: list[int], seen: list) -> DecodeGraphs:
 
 
 def _want(step: DecodeInputs) -> torch.Tensor:
-    return _row_forward([])(step.input_ids, step.positions, AttentionBatch(
-        slot_mapping=step.slot_mapping, block_table=step.block_table, seq_lens=step.seq_lens,
-        cu_seqlens_q=None, is_decode=True, logits_indices=None))
+    return _row_forward([])(
+        step.input_ids,
+        step.positions,
+        AttentionBatch(
+            slot_mapping=step.slot_mapping,
+            block_table=step.block_table,
+            seq_lens=step.seq_lens,
+            cu_seqlens_q=None,
+            is_decode=True,
+            logits_indices=None,
+        ),
+    )
 
 
 def test_replay_pads_to_the_next_size_and_returns_only_the_real_rows():
@@ -142,7 +157,15 @@ def test_replay_pads_to_the_next_size_and_returns_only_the_real_rows():
         assert torch.equal(pad, torch.tensor([[0.0, 0.0, -1.0, 0.0, 0.0]]).expand(size - b, 5))
     assert [n for n, _ in seen] == [8, 4, 1]
     big = _step(9, 2)
-    out = graphs.run(big, lambda: AttentionBatch(slot_mapping=big.slot_mapping, block_table=big.block_table,
-                                                 seq_lens=big.seq_lens, cu_seqlens_q=None, is_decode=True,
-                                                 logits_indices=None))
+    out = graphs.run(
+        big,
+        lambda: AttentionBatch(
+            slot_mapping=big.slot_mapping,
+            block_table=big.block_table,
+            seq_lens=big.seq_lens,
+            cu_seqlens_q=None,
+            is_decode=True,
+            logits_indices=None,
+        ),
+    )
     assert seen[-1] == (9, True) and torch.equal(out, _want(big))

@@ -18,10 +18,18 @@ from runner.engine.step_tensors import StepPacker
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-SHARED = ("You are a careful assistant. Answer in one short sentence, with no preamble, and never repeat the "
-          "question back. Question: ")
-QUESTIONS = ("What is the capital of France?", "Why is the sky blue?", "What is 7 times 8?",
-             "Name a prime number larger than ten.", "What colour is a ripe banana?", "Who wrote Hamlet?")
+SHARED = (
+    "You are a careful assistant. Answer in one short sentence, with no preamble, and never repeat the "
+    "question back. Question: "
+)
+QUESTIONS = (
+    "What is the capital of France?",
+    "Why is the sky blue?",
+    "What is 7 times 8?",
+    "Name a prime number larger than ten.",
+    "What colour is a ripe banana?",
+    "Who wrote Hamlet?",
+)
 # Six prompts sharing a prefix of several full blocks, one prompt repeated (a full hit: capped at n - 1
 # tokens), and one unrelated prompt.
 PROMPTS = [SHARED + q for q in QUESTIONS] + [SHARED + QUESTIONS[0], "def fibonacci(n):"]
@@ -113,10 +121,11 @@ def test_stop_string_cuts_the_text_and_finishes(smollm2, baseline_outputs):
     text = free.text
     stop = text.strip()[4:7]  # three characters inside the completion, likely spanning a token boundary
     at = text.find(stop)
-    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop]),
-                       use_tqdm=False)[0]
+    out = llm.generate(
+        [prompt], SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True, stop=[stop]), use_tqdm=False
+    )[0]
     assert (out.finish_reason, out.stop_reason, out.text) == ("stop", stop, text[:at])
-    assert out.token_ids == free.token_ids[:len(out.token_ids)] and len(out.token_ids) < len(free.token_ids)
+    assert out.token_ids == free.token_ids[: len(out.token_ids)] and len(out.token_ids) < len(free.token_ids)
 
 
 def test_ignore_eos_runs_past_the_end_of_turn(smollm2):
@@ -128,4 +137,4 @@ def test_ignore_eos_runs_past_the_end_of_turn(smollm2):
     assert "4" in ended.text and len(ended.token_ids) < 24
     forced = llm.chat(chat, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True), use_tqdm=False)[0]
     assert forced.finish_reason == "length" and len(forced.token_ids) == 24
-    assert forced.token_ids[:len(ended.token_ids)] == ended.token_ids
+    assert forced.token_ids[: len(ended.token_ids)] == ended.token_ids

@@ -40,8 +40,9 @@ def test_paged_kernels_compile_once_for_any_batch_and_table_width(device, split_
         cu = torch.nn.functional.pad(new.cumsum(0), (1, 0)).to(torch.int32)
         q = torch.randn((int(cu[-1]), hkv * group, head), generator=gen, device=device).bfloat16()
         prefill.paged_prefill(q, k_cache, v_cache, table, lens, cu, scale=0.125)
-        counts.append((_compiled(decode._split_kernel), _compiled(decode._combine_kernel),
-                       _compiled(prefill._prefill_kernel)))
+        counts.append(
+            (_compiled(decode._split_kernel), _compiled(decode._combine_kernel), _compiled(prefill._prefill_kernel))
+        )
     assert counts == [counts[0]] * len(counts)
 
 
@@ -76,12 +77,20 @@ def test_engine_stays_under_its_memory_fraction_with_graphs_and_sampling(device,
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info()
     others = total - free - torch.cuda.memory_reserved()
-    monkeypatch.setattr(torch.cuda, "mem_get_info",
-                        lambda device=None: (total - others - torch.cuda.memory_reserved(device), total))
+    monkeypatch.setattr(
+        torch.cuda, "mem_get_info", lambda device=None: (total - others - torch.cuda.memory_reserved(device), total)
+    )
     seqs, max_model_len = 64, 1024
     fraction = (others + 2 * 2**30) / total  # ~2 GiB for this process: the KV budget binds, not the block cap
-    llm = LLM("smollm2-135m", load_format="dummy", device=device, max_num_seqs=seqs, max_num_batched_tokens=2048,
-              max_model_len=max_model_len, gpu_memory_utilization=fraction)
+    llm = LLM(
+        "smollm2-135m",
+        load_format="dummy",
+        device=device,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=2048,
+        max_model_len=max_model_len,
+        gpu_memory_utilization=fraction,
+    )
     assert llm.engine.runner.graphs.graphs  # graphs captured: their pool is part of what is measured
     assert llm.engine.scheduler.config.num_blocks < seqs * max_model_len // 16 + 1  # sized by memory
     torch.cuda.reset_peak_memory_stats()
@@ -102,23 +111,42 @@ def test_graph_decode_gives_the_eager_tokens(device):
     from runner.model.llama import LlamaForCausalLM
     from runner.model.weights import dummy_weights
 
-    config = LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=64, rope_theta=10_000.0,
-                         tie_word_embeddings=False, max_position_embeddings=256)
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        rope_theta=10_000.0,
+        tie_word_embeddings=False,
+        max_position_embeddings=256,
+    )
     model = LlamaForCausalLM(config, torch.bfloat16, device)
     model.load_weights(dummy_weights(config, seed=0, device=device, dtype=torch.bfloat16))
     prompts = [[(11 * i + 3 * j) % 500 + 1 for j in range(5 + 3 * i)] for i in range(5)]
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (16, 12, 8, 4, 4)]
     tokens, replays = {}, {}
     for eager in (True, False):
-        llm = LLM(device=device, loaded=(model, None, config), dtype=torch.bfloat16, max_num_seqs=8,
-                  max_num_batched_tokens=64, max_model_len=128, num_kv_blocks=64, enforce_eager=eager)
+        llm = LLM(
+            device=device,
+            loaded=(model, None, config),
+            dtype=torch.bfloat16,
+            max_num_seqs=8,
+            max_num_batched_tokens=64,
+            max_model_len=128,
+            num_kv_blocks=64,
+            enforce_eager=eager,
+        )
         graphs = llm.engine.runner.graphs.graphs
         assert sorted(graphs) == ([] if eager else [1, 2, 4, 8])
         for size, graph in graphs.items():
+
             def counted(real=graph.replay, size=size):
                 replays[size] = replays.get(size, 0) + 1
                 real()
+
             graph.replay = counted
         tokens[eager] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert [len(t) for t in tokens[True]] == [16, 12, 8, 4, 4]

@@ -14,9 +14,18 @@ import torch
 
 from suites.runner.conftest import require_model_packages
 
-TINY = types.SimpleNamespace(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=1e4,
-                             tie_word_embeddings=True, max_position_embeddings=128)
+TINY = types.SimpleNamespace(
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-5,
+    rope_theta=1e4,
+    tie_word_embeddings=True,
+    max_position_embeddings=128,
+)
 PROMPTS = [[5, 17, 3, 88, 41], [9, 2, 60], [11, 70, 12, 13, 94, 15, 30, 2, 7, 51, 33]]
 OUTPUT_LEN = 6
 

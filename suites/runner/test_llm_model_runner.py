@@ -12,9 +12,18 @@ from runner.model.config import LlamaConfig
 from runner.model.llama import LlamaForCausalLM
 from runner.model.weights import dummy_weights
 
-TINY = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, head_dim=16, rope_theta=10_000.0, tie_word_embeddings=True,
-                   max_position_embeddings=256)
+TINY = LlamaConfig(
+    vocab_size=97,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rope_theta=10_000.0,
+    tie_word_embeddings=True,
+    max_position_embeddings=256,
+)
 BLOCK = 4
 MAX_MODEL_LEN = 64  # 16 blocks a sequence
 
@@ -42,16 +51,24 @@ def tiny():
 
 
 def _llm(model, **kwargs) -> LLM:
-    return LLM(device="cpu", loaded=(model, None, TINY), block_size=BLOCK, max_model_len=MAX_MODEL_LEN,
-               max_num_batched_tokens=64, max_num_seqs=8, **kwargs)
+    return LLM(
+        device="cpu",
+        loaded=(model, None, TINY),
+        block_size=BLOCK,
+        max_model_len=MAX_MODEL_LEN,
+        max_num_batched_tokens=64,
+        max_num_seqs=8,
+        **kwargs,
+    )
 
 
 def test_every_step_has_the_fixed_table_width(tiny):
     recording = Recording(tiny)
     llm = _llm(recording)
     prompts = [[1, 2, 3], list(range(5, 30)), list(range(40, 50))]  # 1, 7 and 3 blocks, growing while decoding
-    llm.generate(prompts, [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (9, 3, 6)],
-                 use_tqdm=False)
+    llm.generate(
+        prompts, [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (9, 3, 6)], use_tqdm=False
+    )
     widths = {(shape[1], stride) for shape, stride in recording.tables}
     assert widths == {(MAX_MODEL_LEN // BLOCK, MAX_MODEL_LEN // BLOCK)}
     assert len({shape[0] for shape, _ in recording.tables}) > 1  # the batch shrank as requests finished
@@ -79,16 +96,19 @@ def _events(monkeypatch, recording: Recording) -> list[str]:
 def test_all_greedy_steps_build_no_sampling_tensors(tiny, monkeypatch):
     recording = Recording(tiny)
     events = _events(monkeypatch, recording)
-    _llm(recording).generate([[1, 2, 3], [4, 5]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
-                             use_tqdm=False)
+    _llm(recording).generate(
+        [[1, 2, 3], [4, 5]], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True), use_tqdm=False
+    )
     assert events == ["model"] * 4
 
 
 def test_sampling_tensors_are_built_before_the_model_runs(tiny, monkeypatch):
     recording = Recording(tiny)
     events = _events(monkeypatch, recording)
-    params = [SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
-              SamplingParams(temperature=0.8, top_k=5, seed=3, max_tokens=4, ignore_eos=True)]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True),
+        SamplingParams(temperature=0.8, top_k=5, seed=3, max_tokens=4, ignore_eos=True),
+    ]
     outs = _llm(recording).generate([[1, 2, 3], [4, 5]], params, use_tqdm=False)
     assert events == ["sampling", "model"] * 4
     assert all(len(o.token_ids) == 4 for o in outs)
@@ -111,8 +131,9 @@ def test_kv_sizing_warm_up_samples_max_seqs_rows_without_drawing_from_the_rng(ti
     for name in ("reset_peak_memory_stats", "synchronize", "empty_cache"):
         monkeypatch.setattr(torch.cuda, name, lambda *args, **kwargs: None)
     seen, real = [], sampler.sample
-    monkeypatch.setattr(sampler, "sample", lambda logits, batch: seen.append((logits.shape, batch)) or
-                        real(logits, batch))
+    monkeypatch.setattr(
+        sampler, "sample", lambda logits, batch: seen.append((logits.shape, batch)) or real(logits, batch)
+    )
     llm = _llm(tiny)
     state = torch.get_rng_state()
     llm._warm_up("cpu", BLOCK, max_tokens=24, max_seqs=6, max_model_len=MAX_MODEL_LEN)

@@ -25,16 +25,31 @@ def _assert_same(got, want) -> None:
             assert a == b, field.name
 
 
-@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=6), budget=st.integers(8, 48),
-       num_blocks=st.integers(12, 40), shared=st.integers(0, 12), seed=st.integers(0, 2**16))
+@given(
+    lengths=st.lists(st.integers(1, 40), min_size=1, max_size=6),
+    budget=st.integers(8, 48),
+    num_blocks=st.integers(12, 40),
+    shared=st.integers(0, 12),
+    seed=st.integers(0, 2**16),
+)
 def test_pack_equals_step_inputs(lengths, budget, num_blocks, shared, seed):
     gen = torch.Generator().manual_seed(seed)
-    scheduler = Scheduler(SchedulerConfig(num_blocks=num_blocks, block_size=4, max_num_batched_tokens=budget,
-                                          max_num_seqs=min(4, budget), max_model_len=64))
+    scheduler = Scheduler(
+        SchedulerConfig(
+            num_blocks=num_blocks,
+            block_size=4,
+            max_num_batched_tokens=budget,
+            max_num_seqs=min(4, budget),
+            max_model_len=64,
+        )
+    )
     prefix = torch.randint(0, 50, (shared,), generator=gen).tolist()
     for n in lengths:
-        seq = Sequence(prefix + torch.randint(0, 50, (n,), generator=gen).tolist(),
-                       SamplingParams(max_tokens=6, ignore_eos=True), block_size=4)
+        seq = Sequence(
+            prefix + torch.randint(0, 50, (n,), generator=gen).tolist(),
+            SamplingParams(max_tokens=6, ignore_eos=True),
+            block_size=4,
+        )
         try:
             scheduler.add(seq)
         except ValueError:  # too large for this cache: the scheduler refuses it up front

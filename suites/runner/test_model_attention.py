@@ -21,8 +21,17 @@ from suites.runner.conftest import one_thread
 from suites.runner.model_driver import allocate, step
 from suites.tolerances import assert_agree, assert_exact
 
-TINY = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                   num_key_value_heads=2, head_dim=16, rope_theta=10_000.0, tie_word_embeddings=True)
+TINY = LlamaConfig(
+    vocab_size=97,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rope_theta=10_000.0,
+    tie_word_embeddings=True,
+)
 
 
 def _sdpa_fp64(q, k, v, scale):
@@ -65,8 +74,9 @@ def test_kernels_refuse_fp32():
     q = torch.zeros((1, 2, 16))
     cache = torch.zeros((2, 8, 2, 16))
     with pytest.raises(TypeError, match="q: dtype"):
-        check_paged_args(q, cache, cache, torch.zeros((1, 1), dtype=torch.int32), torch.ones(1, dtype=torch.int32),
-                         None, 0.25)
+        check_paged_args(
+            q, cache, cache, torch.zeros((1, 1), dtype=torch.int32), torch.ones(1, dtype=torch.int32), None, 0.25
+        )
 
 
 def _tiny_model(dtype=torch.float32, device="cpu", seed=0) -> LlamaForCausalLM:
@@ -84,20 +94,25 @@ def _run(model, prompts, chunk, block_size, device="cpu"):
     rows = [[] for _ in prompts]
     for start in range(0, max(len(p) for p in prompts), chunk):
         todo = [b for b, p in enumerate(prompts) if start < len(p)]
-        chunks = [prompts[b][start:start + chunk] for b in todo]
+        chunks = [prompts[b][start : start + chunk] for b in todo]
         lens = [start + len(c) for c in chunks]
-        batch = model_attention.make_batch([tables[b] for b in todo], lens, [len(c) for c in chunks], block_size,
-                                           device)
+        batch = model_attention.make_batch(
+            [tables[b] for b in todo], lens, [len(c) for c in chunks], block_size, device
+        )
         ids = torch.tensor([t for c in chunks for t in c], device=device)
         positions = torch.cat([torch.arange(start, n) for n in lens]).to(device)
         logits = model.compute_logits(model(ids, positions, batch, caches))
         for i, b in enumerate(todo):
-            rows[b].append(logits[int(batch.cu_seqlens_q[i]):int(batch.cu_seqlens_q[i + 1])].cpu())
+            rows[b].append(logits[int(batch.cu_seqlens_q[i]) : int(batch.cu_seqlens_q[i + 1])].cpu())
     return torch.cat([torch.cat(r) for r in rows])
 
 
-@given(seed=st.integers(0, 2**16), lens=st.lists(st.integers(1, 24), min_size=1, max_size=3),
-       chunk=st.integers(2, 9), block_size=st.sampled_from([4, 16]))
+@given(
+    seed=st.integers(0, 2**16),
+    lens=st.lists(st.integers(1, 24), min_size=1, max_size=3),
+    chunk=st.integers(2, 9),
+    block_size=st.sampled_from([4, 16]),
+)
 def test_chunked_prefill_and_decode_match_one_shot(seed, lens, chunk, block_size):
     gen = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, TINY.vocab_size, (n,), generator=gen).tolist() for n in lens]

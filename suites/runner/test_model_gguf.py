@@ -44,18 +44,23 @@ def test_pair_rope_on_permuted_rows_is_rotate_half_on_hf_rows():
     rope = RotaryEmbedding(d, 10_000.0, 64, "cpu")
     want, _ = rope(positions, (x @ w_hf.T).view(tokens, heads, d), torch.zeros(tokens, 1, d))
     y = (x @ permute_qk(w_hf, heads).T).view(tokens, heads, d // 2, 2)  # adjacent pairs (2i, 2i + 1)
-    cos, sin = (rope.cos_sin_cache[positions][:, None, :d // 2], rope.cos_sin_cache[positions][:, None, d // 2:])
+    cos, sin = (rope.cos_sin_cache[positions][:, None, : d // 2], rope.cos_sin_cache[positions][:, None, d // 2 :])
     pairs = torch.stack((y[..., 0] * cos - y[..., 1] * sin, y[..., 0] * sin + y[..., 1] * cos), dim=-1)
     got = unpermute_qk(pairs.reshape(tokens * heads, d).T, 1)  # per head: pairs -> halves (columns = rows of T)
     torch.testing.assert_close(got.T.reshape(tokens, heads, d), want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize(("gguf_name", "want"), [
-    ("token_embd.weight", "model.embed_tokens.weight"), ("output.weight", "lm_head.weight"),
-    ("output_norm.weight", "model.norm.weight"), ("blk.12.attn_k.weight", "model.layers.12.self_attn.k_proj.weight"),
-    ("blk.0.ffn_norm.weight", "model.layers.0.post_attention_layernorm.weight"),
-    ("blk.3.ffn_up.weight", "model.layers.3.mlp.up_proj.weight"),
-])
+@pytest.mark.parametrize(
+    ("gguf_name", "want"),
+    [
+        ("token_embd.weight", "model.embed_tokens.weight"),
+        ("output.weight", "lm_head.weight"),
+        ("output_norm.weight", "model.norm.weight"),
+        ("blk.12.attn_k.weight", "model.layers.12.self_attn.k_proj.weight"),
+        ("blk.0.ffn_norm.weight", "model.layers.0.post_attention_layernorm.weight"),
+        ("blk.3.ffn_up.weight", "model.layers.3.mlp.up_proj.weight"),
+    ],
+)
 def test_tensor_names(gguf_name, want):
     assert hf_name(gguf_name) == want
 
@@ -66,20 +71,39 @@ def test_tensor_names_refused(gguf_name):
         hf_name(gguf_name)
 
 
-SMALL = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=5000.0,
-                    max_position_embeddings=256, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+SMALL = LlamaConfig(
+    vocab_size=64,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-5,
+    rope_theta=5000.0,
+    max_position_embeddings=256,
+    tie_word_embeddings=True,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 
 
 def _metadata(config: LlamaConfig) -> dict:
-    return {"general.architecture": "llama", "llama.block_count": config.num_hidden_layers,
-            "llama.context_length": config.max_position_embeddings, "llama.embedding_length": config.hidden_size,
-            "llama.feed_forward_length": config.intermediate_size,
-            "llama.attention.head_count": config.num_attention_heads,
-            "llama.attention.head_count_kv": config.num_key_value_heads, "llama.rope.freq_base": config.rope_theta,
-            "llama.attention.layer_norm_rms_epsilon": config.rms_norm_eps, "llama.vocab_size": config.vocab_size,
-            "llama.rope.dimension_count": config.head_dim, "tokenizer.ggml.bos_token_id": 1,
-            "tokenizer.ggml.eos_token_id": 2}
+    return {
+        "general.architecture": "llama",
+        "llama.block_count": config.num_hidden_layers,
+        "llama.context_length": config.max_position_embeddings,
+        "llama.embedding_length": config.hidden_size,
+        "llama.feed_forward_length": config.intermediate_size,
+        "llama.attention.head_count": config.num_attention_heads,
+        "llama.attention.head_count_kv": config.num_key_value_heads,
+        "llama.rope.freq_base": config.rope_theta,
+        "llama.attention.layer_norm_rms_epsilon": config.rms_norm_eps,
+        "llama.vocab_size": config.vocab_size,
+        "llama.rope.dimension_count": config.head_dim,
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+    }
 
 
 def test_metadata_to_config():
@@ -94,10 +118,25 @@ def test_metadata_to_config():
 
 
 def _gguf_name(hf: str) -> str:
-    for gguf_name in ("token_embd.weight", "output_norm.weight", *(
-            f"blk.{i}.{part}.weight" for i in range(SMALL.num_hidden_layers) for part in (
-                "attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up",
-                "ffn_down"))):
+    for gguf_name in (
+        "token_embd.weight",
+        "output_norm.weight",
+        *(
+            f"blk.{i}.{part}.weight"
+            for i in range(SMALL.num_hidden_layers)
+            for part in (
+                "attn_norm",
+                "ffn_norm",
+                "attn_q",
+                "attn_k",
+                "attn_v",
+                "attn_output",
+                "ffn_gate",
+                "ffn_up",
+                "ffn_down",
+            )
+        ),
+    ):
         if hf_name(gguf_name) == hf:
             return gguf_name
     raise AssertionError(hf)
@@ -147,7 +186,12 @@ def test_written_gguf_reads_back_dequantized_and_unpermuted(tmp_path):
     assert_exact(layer.self_attn.qkv_proj.weight.data, fused)
     assert_exact(layer.mlp.down_proj.weight.data, expected["model.layers.1.mlp.down_proj.weight"])
     assert_exact(model.model.embed_tokens.weight.data, expected["model.embed_tokens.weight"])
-    assert not torch.equal(expected["model.layers.1.self_attn.q_proj.weight"],
-                           original["model.layers.1.self_attn.q_proj.weight"])  # Q8_0/F16 are lossy: real dequant
-    torch.testing.assert_close(expected["model.layers.1.self_attn.q_proj.weight"],
-                               original["model.layers.1.self_attn.q_proj.weight"], rtol=0.02, atol=0.02)
+    assert not torch.equal(
+        expected["model.layers.1.self_attn.q_proj.weight"], original["model.layers.1.self_attn.q_proj.weight"]
+    )  # Q8_0/F16 are lossy: real dequant
+    torch.testing.assert_close(
+        expected["model.layers.1.self_attn.q_proj.weight"],
+        original["model.layers.1.self_attn.q_proj.weight"],
+        rtol=0.02,
+        atol=0.02,
+    )

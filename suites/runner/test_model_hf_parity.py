@@ -20,17 +20,28 @@ from suites.runner.conftest import no_network, one_thread, require_model_package
 from suites.runner.model_driver import greedy
 from suites.tolerances import assert_agree
 
-QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain gravity to a child.",
-             "List three prime numbers.", "Translate 'good morning' into Spanish.", "Who wrote Hamlet?",
-             "Give me a tip for learning Python.", "What is 12 times 7?"]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain gravity to a child.",
+    "List three prime numbers.",
+    "Translate 'good morning' into Spanish.",
+    "Who wrote Hamlet?",
+    "Give me a tip for learning Python.",
+    "What is 12 times 7?",
+]
 NEW_TOKENS = 32
 
 
 @pytest.fixture(scope="session")
 def prompts(smollm2) -> list[list[int]]:
     _, tok, _ = smollm2
-    return [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
-                                    return_dict=False) for q in QUESTIONS]
+    return [
+        tok.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        for q in QUESTIONS
+    ]
 
 
 @pytest.fixture(scope="session")
@@ -43,14 +54,24 @@ def hf_greedy(prompts) -> tuple[list[list[int]], torch.Tensor]:
 
     path = gguf_path("smollm2-135m-instruct")
     with one_thread(), no_network():
-        hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
-                                                  local_files_only=True)
+        hf = AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32, local_files_only=True
+        )
         width = max(len(p) for p in prompts)
         pad = hf.config.pad_token_id
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        out = hf.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, min_new_tokens=0, do_sample=False,
-                          eos_token_id=None, pad_token_id=pad, output_logits=True, return_dict_in_generate=True)
+        out = hf.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=0,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=pad,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
     return out.sequences[:, width:].tolist(), out.logits[0].float()
 
 
@@ -81,6 +102,7 @@ def test_default_model_matches_hf(smollm2, prompts, our_greedy, hf_greedy):
 
     with one_thread():
         outs = LLM(device="cpu", loaded=smollm2).generate(
-            prompts, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True), use_tqdm=False)
+            prompts, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True), use_tqdm=False
+        )
     for q, out, b in zip(QUESTIONS, outs, hf_greedy[0], strict=True):
         assert out.token_ids == b, f"{q!r}: engine {tok.decode(out.token_ids)!r}\n   HF {tok.decode(b)!r}"

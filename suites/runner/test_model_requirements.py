@@ -8,10 +8,17 @@ import pytest
 from suites.runner import conftest
 
 
-@pytest.mark.parametrize(("env", "required"), [
-    ({}, False), ({"CI": "true"}, True), ({"CI": "1"}, True), ({"TOUCHSTONE_REQUIRE_MODEL": "1"}, True),
-    ({"CI": "false"}, False), ({"TOUCHSTONE_REQUIRE_MODEL": "0"}, False),
-])
+@pytest.mark.parametrize(
+    ("env", "required"),
+    [
+        ({}, False),
+        ({"CI": "true"}, True),
+        ({"CI": "1"}, True),
+        ({"TOUCHSTONE_REQUIRE_MODEL": "1"}, True),
+        ({"CI": "false"}, False),
+        ({"TOUCHSTONE_REQUIRE_MODEL": "0"}, False),
+    ],
+)
 def test_model_required_by_env(env, required):
     assert conftest.model_required(env) is required
 

@@ -19,19 +19,36 @@ from runner.model.weights import dummy_weights, hf_tensor_shapes
 from suites.runner.conftest import one_thread
 from suites.tolerances import assert_exact
 
-TINY = LlamaConfig(vocab_size=50, hidden_size=24, intermediate_size=40, num_hidden_layers=2, num_attention_heads=6,
-                   num_key_value_heads=2, head_dim=4, tie_word_embeddings=False, eos_token_id=2)
+TINY = LlamaConfig(
+    vocab_size=50,
+    hidden_size=24,
+    intermediate_size=40,
+    num_hidden_layers=2,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    head_dim=4,
+    tie_word_embeddings=False,
+    eos_token_id=2,
+)
 
 
-@given(heads=st.integers(1, 6), group=st.integers(1, 4), head_dim=st.sampled_from([2, 4, 8]),
-       hidden=st.integers(1, 12), order=st.permutations(["q", "k", "v"]))
+@given(
+    heads=st.integers(1, 6),
+    group=st.integers(1, 4),
+    head_dim=st.sampled_from([2, 4, 8]),
+    hidden=st.integers(1, 12),
+    order=st.permutations(["q", "k", "v"]),
+)
 def test_qkv_shards_land_in_their_rows(heads, group, head_dim, hidden, order):
     layer = QKVLinear(hidden, head_dim, heads * group, heads, torch.float32, "cpu")
     param = layer.weight
     ptr = param.data_ptr()
     ints = lambda *shape: torch.randint(-4, 5, shape).float()  # small integers: every GEMM order sums exactly
-    src = {"q": ints(heads * group * head_dim, hidden), "k": ints(heads * head_dim, hidden),
-           "v": ints(heads * head_dim, hidden)}
+    src = {
+        "q": ints(heads * group * head_dim, hidden),
+        "k": ints(heads * head_dim, hidden),
+        "v": ints(heads * head_dim, hidden),
+    }
     for shard in order:  # any load order
         param.weight_loader(param, src[shard], shard)
     assert param.data_ptr() == ptr, "the fused parameter was replaced, not filled in place"
@@ -68,10 +85,13 @@ def test_load_weights_fills_every_parameter_from_hf_names():
     model.load_weights(ckpt.items())
     layer = model.model.layers[1]
     p = "model.layers.1."
-    assert_exact(layer.self_attn.qkv_proj.weight.data, torch.cat(
-        [ckpt[p + f"self_attn.{x}_proj.weight"] for x in "qkv"]))
-    assert_exact(layer.mlp.gate_up_proj.weight.data, torch.cat(
-        [ckpt[p + "mlp.gate_proj.weight"], ckpt[p + "mlp.up_proj.weight"]]))
+    assert_exact(
+        layer.self_attn.qkv_proj.weight.data, torch.cat([ckpt[p + f"self_attn.{x}_proj.weight"] for x in "qkv"])
+    )
+    assert_exact(
+        layer.mlp.gate_up_proj.weight.data,
+        torch.cat([ckpt[p + "mlp.gate_proj.weight"], ckpt[p + "mlp.up_proj.weight"]]),
+    )
     assert_exact(model.lm_head.weight.data, ckpt["lm_head.weight"])
     assert_exact(layer.post_attention_layernorm.weight.data, ckpt[p + "post_attention_layernorm.weight"])
 
@@ -87,15 +107,23 @@ def test_tied_model_has_no_head_and_ignores_a_stored_one():
     assert_exact(model.compute_logits(hidden), hidden @ ckpt["model.embed_tokens.weight"].T)
 
 
-@pytest.mark.parametrize(("edit", "message"), [
-    (lambda c: c.update({"model.layers.0.self_attn.q_norm.weight": torch.ones(4)}), "q_norm.weight' has no parameter"),
-    (lambda c: c.pop("model.layers.1.self_attn.v_proj.weight"), r"qkv_proj.weight \(shard 'v'\)"),
-    (lambda c: c.pop("model.norm.weight"), "not in the checkpoint, first: \\['model.norm.weight'\\]"),
-    (lambda c: c.update({"model.layers.0.mlp.up_proj.weight": torch.zeros(40, 23)}),
-     r"'model.layers.0.mlp.up_proj.weight': weight: shard 1 must be \[40, 24\], got \(40, 23\)"),
-    (lambda c: c.update({"model.norm.weight": torch.zeros(25)}), r"'model.norm.weight'.*\(25,\).*\(24,\)"),
-    (lambda c: c.update({"model.layers.0.self_attn.qkv_proj.weight": torch.zeros(40, 24)}), "is stored fused"),
-])
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (
+            lambda c: c.update({"model.layers.0.self_attn.q_norm.weight": torch.ones(4)}),
+            "q_norm.weight' has no parameter",
+        ),
+        (lambda c: c.pop("model.layers.1.self_attn.v_proj.weight"), r"qkv_proj.weight \(shard 'v'\)"),
+        (lambda c: c.pop("model.norm.weight"), "not in the checkpoint, first: \\['model.norm.weight'\\]"),
+        (
+            lambda c: c.update({"model.layers.0.mlp.up_proj.weight": torch.zeros(40, 23)}),
+            r"'model.layers.0.mlp.up_proj.weight': weight: shard 1 must be \[40, 24\], got \(40, 23\)",
+        ),
+        (lambda c: c.update({"model.norm.weight": torch.zeros(25)}), r"'model.norm.weight'.*\(25,\).*\(24,\)"),
+        (lambda c: c.update({"model.layers.0.self_attn.qkv_proj.weight": torch.zeros(40, 24)}), "is stored fused"),
+    ],
+)
 def test_load_weights_refuses_clearly(edit, message):
     ckpt = _checkpoint(TINY)
     edit(ckpt)
@@ -110,13 +138,22 @@ def test_load_weights_refuses_a_duplicate():
 
 
 def _hf_dict(config: LlamaConfig, **extra) -> dict:
-    return {"model_type": "llama", "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
-            "intermediate_size": config.intermediate_size, "num_hidden_layers": config.num_hidden_layers,
-            "num_attention_heads": config.num_attention_heads, "num_key_value_heads": config.num_key_value_heads,
-            "head_dim": config.head_dim, "rms_norm_eps": config.rms_norm_eps,
-            "max_position_embeddings": config.max_position_embeddings,
-            "tie_word_embeddings": config.tie_word_embeddings, "eos_token_id": config.eos_token_id,
-            "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta}, **extra}
+    return {
+        "model_type": "llama",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "rms_norm_eps": config.rms_norm_eps,
+        "max_position_embeddings": config.max_position_embeddings,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "eos_token_id": config.eos_token_id,
+        "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
+        **extra,
+    }
 
 
 def test_safetensors_directory_loads_like_its_tensors(tmp_path):
@@ -148,30 +185,37 @@ def test_registered_shapes_build_as_dummy(name):
     shapes = hf_tensor_shapes(config)
     params = sum(torch.Size(s).numel() for s in shapes.values())
     assert params > 100e6  # both are real-sized shapes (135M, 1.2B)
-    small = LlamaConfig(**{**config.__dict__, "num_hidden_layers": 1, "vocab_size": 64, "bos_token_id": None,
-                           "eos_token_id": None})  # build cheaply
+    small = LlamaConfig(
+        **{**config.__dict__, "num_hidden_layers": 1, "vocab_size": 64, "bos_token_id": None, "eos_token_id": None}
+    )  # build cheaply
     net = LlamaForCausalLM(small, torch.bfloat16, "cpu")
     net.load_weights(dummy_weights(small, dtype=torch.bfloat16))
-    assert net.model.layers[0].self_attn.qkv_proj.weight.shape == (config.q_size + 2 * config.kv_size,
-                                                                   config.hidden_size)
+    assert net.model.layers[0].self_attn.qkv_proj.weight.shape == (
+        config.q_size + 2 * config.kv_size,
+        config.hidden_size,
+    )
 
 
 def test_dummy_load_model_of_a_registered_name():
     with one_thread():
-        model, _, config = load_model("smollm2-135m", load_format="dummy", device="cpu", dtype=torch.bfloat16, seed=1,
-                                      tokenizer=False)
+        model, _, config = load_model(
+            "smollm2-135m", load_format="dummy", device="cpu", dtype=torch.bfloat16, seed=1, tokenizer=False
+        )
     assert config == MODELS["smollm2-135m"].config
     assert model.model.embed_tokens.weight.dtype == torch.bfloat16
     assert torch.isfinite(model.model.layers[29].mlp.down_proj.weight).all()
 
 
-@pytest.mark.parametrize(("extra", "message"), [
-    ({"rope_scaling": {"rope_type": "llama3", "factor": 32.0}}, "rope_scaling: only the default"),
-    ({"hidden_act": "gelu"}, "hidden_act: only 'silu'"),
-    ({"attention_bias": True}, "attention_bias: biases are not implemented"),
-    ({"model_type": "qwen3"}, "model_type: only 'llama'"),
-    ({"num_key_value_heads": 4}, "num_key_value_heads: 4 must divide"),
-])
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"rope_scaling": {"rope_type": "llama3", "factor": 32.0}}, "rope_scaling: only the default"),
+        ({"hidden_act": "gelu"}, "hidden_act: only 'silu'"),
+        ({"attention_bias": True}, "attention_bias: biases are not implemented"),
+        ({"model_type": "qwen3"}, "model_type: only 'llama'"),
+        ({"num_key_value_heads": 4}, "num_key_value_heads: 4 must divide"),
+    ],
+)
 def test_hf_config_refused_clearly(extra, message):
     with pytest.raises(ValueError, match=message):
         LlamaConfig.from_hf(_hf_dict(TINY, **extra))

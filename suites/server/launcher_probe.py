@@ -46,8 +46,14 @@ class FakeEngine:
         return False
 
     def load(self):
-        return types.SimpleNamespace(running=len(self.requests), waiting=0, blocks_usable=8, blocks_free=8,
-                                     prefix_queried_tokens=0, prefix_hit_tokens=0)
+        return types.SimpleNamespace(
+            running=len(self.requests),
+            waiting=0,
+            blocks_usable=8,
+            blocks_free=8,
+            prefix_queried_tokens=0,
+            prefix_hit_tokens=0,
+        )
 
 
 def main(mode: str) -> int:
@@ -67,18 +73,23 @@ def main(mode: str) -> int:
         if mode == "signals":
             os.kill(os.getpid(), signal.SIGTERM)
         else:
+
             def post() -> None:
                 import httpx
 
-                r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
-                               json={"model": "fake", "prompt": [1, 2], "max_tokens": 2})
+                r = httpx.post(
+                    f"http://127.0.0.1:{port}/v1/completions",
+                    timeout=30,
+                    json={"model": "fake", "prompt": [1, 2], "max_tokens": 2},
+                )
                 seen["response"] = [r.status_code, r.json()]
 
             seen["client"] = threading.Thread(target=post)
             seen["client"].start()
 
-    status = asyncio.run(serve(build_app(state), sock, state, shutdown_timeout=5, log_level="warning",
-                               on_started=on_started))
+    status = asyncio.run(
+        serve(build_app(state), sock, state, shutdown_timeout=5, log_level="warning", on_started=on_started)
+    )
     if "client" in seen:
         seen.pop("client").join(30)
     print(json.dumps({"status": status, **seen}), flush=True)

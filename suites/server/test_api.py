@@ -54,10 +54,10 @@ def test_stop_string_cuts_the_text(server):
     at = text.index(word)
     # ... and a stop string across a token boundary (the first word's last character, the space, the word's
     # first): its first character is decoded a token before the rest, and must not be streamed
-    for stop in (word, text[at - 2:at + 1]):
+    for stop in (word, text[at - 2 : at + 1]):
         for stream in (False, True):
             cut, finish, _ = _complete(server, stream, prompt=PROMPT, max_tokens=16, stop=[stop])
-            assert finish == "stop" and cut == text[:text.index(stop)], (stop, stream, cut, text)
+            assert finish == "stop" and cut == text[: text.index(stop)], (stop, stream, cut, text)
 
 
 def test_seeded_sampling_repeats(server):
@@ -71,8 +71,16 @@ def test_chat_streamed_and_whole(server):
     client = server.client()
     messages = [{"role": "user", "content": "Say hello."}]
     whole = client.chat.completions.create(model=server.model, messages=messages, max_tokens=8, temperature=0)
-    chunks = list(client.chat.completions.create(model=server.model, messages=messages, max_tokens=8, temperature=0,
-                                                 stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=server.model,
+            messages=messages,
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert whole.choices[0].message.content.strip() and text == whole.choices[0].message.content
@@ -85,12 +93,21 @@ def test_models_health_metrics(server):
     models = server.client().models.list()
     assert [m.id for m in models.data] == [server.model]
     assert httpx.get(server.base_url + "/health").json() == {"status": "ok"}
-    done = httpx.post(server.base_url + "/v1/completions", timeout=120,
-                      json={"model": server.model, "prompt": IDS, "max_tokens": 3, "ignore_eos": True})
+    done = httpx.post(
+        server.base_url + "/v1/completions",
+        timeout=120,
+        json={"model": server.model, "prompt": IDS, "max_tokens": 3, "ignore_eos": True},
+    )
     assert done.status_code == 200, done.text  # token ids: works with or without a tokenizer
     m = server.metrics()
-    for name in ("num_requests_running", "num_requests_waiting", "kv_blocks_in_use", "prefix_cache_hit_rate",
-                 "time_to_first_token_seconds_count", "inter_token_latency_seconds_count"):
+    for name in (
+        "num_requests_running",
+        "num_requests_waiting",
+        "kv_blocks_in_use",
+        "prefix_cache_hit_rate",
+        "time_to_first_token_seconds_count",
+        "inter_token_latency_seconds_count",
+    ):
         assert f"touchstone_{name}" in m
     assert m["touchstone_time_to_first_token_seconds_count"] > 0  # at least the request above
 
@@ -108,15 +125,20 @@ def test_client_disconnect_aborts_and_frees_blocks(server, stream):
         payload = json.dumps(body).encode()
         host, port = server.base_url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port))) as sock:
-            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: %d\r\n\r\n%s" % (host.encode(), len(payload), payload))
+            sock.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (host.encode(), len(payload), payload)
+            )
             deadline = time.monotonic() + 60
             while server.metrics()["touchstone_num_requests_running"] < 1:
                 assert time.monotonic() < deadline, "the request never ran"
                 time.sleep(0.01)
     after = wait_idle(server)
-    assert after["touchstone_kv_blocks_free"] == before["touchstone_kv_blocks_free"] == \
-        after["touchstone_kv_blocks_usable"]
+    assert (
+        after["touchstone_kv_blocks_free"]
+        == before["touchstone_kv_blocks_free"]
+        == after["touchstone_kv_blocks_usable"]
+    )
     aborts = 'touchstone_requests_finished_total{finish_reason="abort"}'
     assert after[aborts] == before.get(aborts, 0) + 1
     assert after["touchstone_num_requests_running"] == 0 and after["touchstone_server_live_requests"] == 0

@@ -25,15 +25,20 @@ from suites.server.conftest import require_serve_packages
 PORT_IN_USE_BAR_S = 2.0  # issue 7: a port in use is reported within 2 s
 
 
-
 @pytest.fixture(autouse=True)
 def _serve_extra():
     require_serve_packages()
 
 
 def _probe(mode: str) -> tuple[subprocess.CompletedProcess, dict]:
-    done = subprocess.run([sys.executable, "-m", "suites.server.launcher_probe", mode], cwd=ROOT, env=server_env(),
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "suites.server.launcher_probe", mode],
+        cwd=ROOT,
+        env=server_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     return done, json.loads(lines[-1]) if lines else {}
 
@@ -59,8 +64,14 @@ def test_port_in_use_exits_at_once_naming_the_address():
         taken.listen()
         port = taken.getsockname()[1]
         started = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "bench.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
-                              cwd=ROOT, env=server_env(), capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "bench.cli", "serve", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=ROOT,
+            env=server_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         elapsed = time.monotonic() - started
     assert done.returncode != 0
     assert f"127.0.0.1:{port}" in done.stderr and "in use" in done.stderr, done.stderr

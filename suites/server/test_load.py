@@ -47,8 +47,14 @@ class LoadResult:
 
 
 async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: list[int], leave: bool, out: LoadResult):
-    body = {"model": model, "prompt": prompt, "max_tokens": 400 if leave else 8, "temperature": 0,
-            "ignore_eos": True, "stream": True}
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": 400 if leave else 8,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     async with client.stream("POST", url, json=body) as response:
         if response.status_code != 200:
             out.errors.append(f"{response.status_code}: {(await response.aread())[:200]!r}")
@@ -99,8 +105,9 @@ def run_load(server, clients: int, seconds: float) -> LoadResult:
 
     async def warm_up() -> None:  # every client's first request, so the timed part starts with warm allocators
         async with httpx.AsyncClient(timeout=httpx.Timeout(300)) as client:
-            await asyncio.gather(*(_one(client, url, server.model, [100 + i, 1, 2, 3, 4], False, out)
-                                   for i in range(clients)))
+            await asyncio.gather(
+                *(_one(client, url, server.model, [100 + i, 1, 2, 3, 4], False, out) for i in range(clients))
+            )
 
     asyncio.run(warm_up())
     out.before = wait_idle(server)
@@ -119,8 +126,10 @@ def problems(r: LoadResult) -> list[str]:
         found.append(f"{len(r.errors)} errors, first: {r.errors[0]}")
     b, a = r.before, r.after
     if a["touchstone_kv_blocks_free"] != b["touchstone_kv_blocks_free"]:
-        found.append(f"KV blocks leaked: {b['touchstone_kv_blocks_free']:.0f} free before, "
-                     f"{a['touchstone_kv_blocks_free']:.0f} after")
+        found.append(
+            f"KV blocks leaked: {b['touchstone_kv_blocks_free']:.0f} free before, "
+            f"{a['touchstone_kv_blocks_free']:.0f} after"
+        )
     aborts = 'touchstone_requests_finished_total{finish_reason="abort"}'
     aborted = a.get(aborts, 0) - b.get(aborts, 0)
     if aborted != r.left:  # an abandoned request cannot have finished: it had ~400 tokens to go
@@ -136,9 +145,11 @@ def problems(r: LoadResult) -> list[str]:
 
 def _summary(r: LoadResult) -> str:
     growth = (r.after["process_resident_memory_bytes"] - r.before["process_resident_memory_bytes"]) / 2**20
-    return (f"{r.completed} completed + {r.left} abandoned in {r.seconds:.1f} s, {len(r.errors)} errors, "
-            f"free blocks {r.before['touchstone_kv_blocks_free']:.0f} -> {r.after['touchstone_kv_blocks_free']:.0f}, "
-            f"RSS {r.before['process_resident_memory_bytes'] / 2**20:.0f} MiB {growth:+.1f} MiB")
+    return (
+        f"{r.completed} completed + {r.left} abandoned in {r.seconds:.1f} s, {len(r.errors)} errors, "
+        f"free blocks {r.before['touchstone_kv_blocks_free']:.0f} -> {r.after['touchstone_kv_blocks_free']:.0f}, "
+        f"RSS {r.before['process_resident_memory_bytes'] / 2**20:.0f} MiB {growth:+.1f} MiB"
+    )
 
 
 def test_64_streaming_clients_no_errors_no_leaks(server, record_property):
@@ -151,8 +162,9 @@ def test_64_streaming_clients_no_errors_no_leaks(server, record_property):
 
 @pytest.fixture(scope="module")
 def leaky_server(request, tmp_path_factory):
-    server = start_server(request.config.getoption("--device"), tmp_path_factory.mktemp("serve-leaky"),
-                          faults="skip_abort_on_disconnect")
+    server = start_server(
+        request.config.getoption("--device"), tmp_path_factory.mktemp("serve-leaky"), faults="skip_abort_on_disconnect"
+    )
     try:
         yield server.wait_ready()
     finally:

@@ -37,9 +37,15 @@ def _stream_in_thread(server, max_tokens: int) -> tuple[threading.Thread, dict, 
 
     def run() -> None:
         try:
-            stream = server.client().completions.create(model=server.model, prompt=IDS, max_tokens=max_tokens,
-                                                        temperature=0, stream=True, extra_body={"ignore_eos": True},
-                                                        stream_options={"include_usage": True})
+            stream = server.client().completions.create(
+                model=server.model,
+                prompt=IDS,
+                max_tokens=max_tokens,
+                temperature=0,
+                stream=True,
+                extra_body={"ignore_eos": True},
+                stream_options={"include_usage": True},
+            )
             for chunk in stream:
                 first.set()
                 if chunk.choices and chunk.choices[0].finish_reason:
