@@ -13,8 +13,6 @@ from collections.abc import Callable
 import torch
 from triton.testing import do_bench
 
-from suites.tolerances import LossyBound, LossyMetrics
-
 
 def parser(doc: str) -> argparse.ArgumentParser:
     """The sweep's command line, described by the first line of its module docstring `doc`."""
@@ -65,9 +63,3 @@ def report(config: str, ms: float, moved: int, memcpy: float, exact: bool, **roo
     gbps = moved / ms / 1e6
     ratios = {name: gbps / roof for name, roof in roofs.items()} | {"memcpy": gbps / memcpy}
     line(config, ms, f"{gbps:5.0f} GB/s", ratios, "exact" if exact else "MISMATCH")
-
-
-def tolerance_verdict(metrics: LossyMetrics, bound: LossyBound) -> str:
-    """`ok` or `OUT OF TOLERANCE` against every number of the tolerance row, with the metrics."""
-    ok = metrics.max_rel <= bound.max_rel and metrics.rms_rel <= bound.rms_rel and metrics.sqnr_db >= bound.sqnr_db
-    return f"{'ok' if ok else 'OUT OF TOLERANCE'} [{metrics}]"

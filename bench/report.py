@@ -139,7 +139,7 @@ def op_markdown(rows: Sequence[Row], view: View) -> str:
         ratios = {(i, x): ratio(rows, i, view.compare_to, x) for i in impls for x in xs}
         body = [[size(x), *(times(ratios[i, x]) for i in impls)] for x in xs]
         parts += [md_table([x_name, *impls], body), ""]
-    parts += ["## Correctness against the op's baseline (bit-exact, or within suites/tolerances.py's lossy bounds)", ""]
+    parts += ["## Correctness against the op's baseline (bit-exact, or within kernels/tolerances's lossy bounds)", ""]
     parts += [table(lambda row: row["correctness"] if row else ""), ""]
     stamps = sorted(row["timestamp"] for row in rows)
     env = [[column, _unique(rows, column)] for column in ENV_COLUMNS]

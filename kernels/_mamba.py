@@ -4,7 +4,7 @@ formulas (reference.mamba.state_update, reference.mamba.conv1d).
 
 The transcendentals are Triton's `tl.exp`/`tl.log` (ex2.approx / lg2.approx on NVIDIA, numpy's float32 on
 the interpreter), not torch's, so they can differ from the references by a few ulps; the suites bound that
-with ("mamba_state_update" | "mamba_conv1d_update", dtype) rows of suites.tolerances. Divisions that the
+with ("mamba_state_update" | "mamba_conv1d_update", dtype) rows of kernels.tolerances. Divisions that the
 references do in IEEE are `tl.div_rn` here.
 """
 

@@ -14,7 +14,7 @@ state access off, so its slot's bytes are never touched, and writes out = 0.
 
 Precision: the launch sets `enable_fp_fusion=False`, so `state * dA + dB * x` stays two rounded products and a
 rounded add, as in the mirror; the dstate sum is a tree (`tl.sum`), the mirror's torch sum another order; exp
-and log are Triton's (kernels._mamba). Hence a lossy comparison (suites.tolerances rows "mamba_state_update").
+and log are Triton's (kernels._mamba). Hence a lossy comparison (kernels.tolerances rows "mamba_state_update").
 """
 
 from __future__ import annotations

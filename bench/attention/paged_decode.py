@@ -15,7 +15,7 @@ Bytes per call (compulsory): K and V of every token (2 x batch x context x 8 x 1
 - flex-paged (ungated peer): FlexAttention's paged attention (torch.nn.attention.experimental.
   _paged_attention) reading the same cache bytes as a [1, 8, tokens, 128] view with page size 16, its page
   table the same block table; compiled on the GPU, eager on the CPU (the CPU run checks the construction).
-Correctness: lossy against the mirror, suites.tolerances row "paged_decode". Timing: CUDA-graph replays
+Correctness: lossy against the mirror, kernels.tolerances row "paged_decode". Timing: CUDA-graph replays
 (`cuda_graph=True`: a batch-1 decode runs for a few microseconds, less than the host's op dispatch).
 """
 
@@ -31,6 +31,7 @@ from bench.attention import paged_decode_inputs as pdi
 from bench.correctness import lossy_check
 from bench.quant.sweeps import kernel, triton_skip
 from bench.registry import Case, Impl, OpBench, Unavailable, register
+from kernels.tolerances import families
 from reference.attention.paged import paged_decode_mirror
 
 FULL_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -162,7 +163,7 @@ def _op(name: str, x_name: str, full: list[Case], small: list[Case]) -> OpBench:
         baselines=("reference-mirror",),
         compare_to="sdpa-contiguous",
         headline=(("triton", "sdpa-contiguous"), ("triton", "flex-paged"), ("triton", "memcpy")),
-        check=lossy_check("paged_decode"),
+        check=lossy_check(families.PAGED_DECODE),
         cuda_graph=True,
     )
 

@@ -22,10 +22,10 @@ import sys
 import torch
 
 from bench.attention import paged_decode_inputs as pdi
-from bench.launch_sweep import gpu_args, line, memcpy_gbps, parser, time_ms, timed_or_none, tolerance_verdict
+from bench.launch_sweep import gpu_args, line, memcpy_gbps, parser, time_ms, timed_or_none
 from kernels import paged_decode as kernel
+from kernels.tolerances import families, lossy_bound, lossy_metrics, tolerance_verdict
 from reference.attention import paged as ref
-from suites.tolerances import lossy_bound, lossy_metrics
 
 SHAPES = {(128, 4096): (1, 2, 4), (8, 32768): (8, 16, 32, 64)}  # (batch, context): split counts
 TILES, WARPS, STAGES = (16, 32, 64, 128), (2, 4, 8), (1, 2, 3, 4)
@@ -48,7 +48,7 @@ def sweep(batch: int, context: int, splits: tuple[int, ...], configs, memcpy: fl
     if fp8:
         k_cache, v_cache, *scales = pdi.fp8_kv(problem)
         kv_bytes = pdi.fp8_kv_bytes(batch, context)
-    bound = lossy_bound("paged_decode", torch.bfloat16)
+    bound = lossy_bound(families.PAGED_DECODE, torch.bfloat16)
     ideal = ref.paged_attention_ideal(q, k_cache, v_cache, table, lens, scale, k_scale=scales[0], v_scale=scales[1])
     for num_splits in splits:
         mirror = ref.paged_decode_mirror(q, k_cache, v_cache, table, lens, scale, num_splits, *scales)

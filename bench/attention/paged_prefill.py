@@ -20,7 +20,7 @@ out once (bf16). Roof: the same-run bf16 GEMM. Implementations:
   launch sweep's SDPA (bench/attention/paged_prefill_launch_sweep.py: eager do_bench, a causal_lower_right
   bias) ran the same problem at 294 TFLOP/s (934 us against 1080 us here) while the Triton kernel measured
   the same in both (931 / 942 us); the cause is not isolated, so the bar is quoted against both.
-Correctness: lossy against the mirror, suites.tolerances row "paged_prefill". Timing: CUDA-graph replays
+Correctness: lossy against the mirror, kernels.tolerances row "paged_prefill". Timing: CUDA-graph replays
 (`cuda_graph=True`, as for decode; at these sizes the host costs little either way).
 """
 
@@ -35,6 +35,7 @@ from bench.attention import paged_decode_inputs as pdi
 from bench.correctness import lossy_check
 from bench.quant.sweeps import kernel, triton_skip
 from bench.registry import Case, Impl, OpBench, register
+from kernels.tolerances import families
 from reference.attention.paged import paged_prefill_mirror
 
 FULL_TOKENS, BATCH = (512, 1024, 2048, 4096), 8
@@ -143,7 +144,7 @@ CAUSAL_OP = register(
         baselines=("reference-mirror",),
         compare_to="sdpa-flash",
         headline=(("triton", "sdpa-flash"), ("triton", "sdpa-flash-expanded"), ("triton", "gemm")),
-        check=lossy_check("paged_prefill"),
+        check=lossy_check(families.PAGED_PREFILL),
         cuda_graph=True,
     )
 )

@@ -19,12 +19,12 @@ import sys
 
 import torch
 
-from bench.launch_sweep import gpu_args, line, parser, time_ms, timed_or_none, tolerance_verdict
+from bench.launch_sweep import gpu_args, line, parser, time_ms, timed_or_none
 from kernels import paged_prefill as kernel
+from kernels.tolerances import families, lossy_bound, lossy_metrics, tolerance_verdict
 from reference.attention import paged as ref
 from reference.kv.allocate import allocate_kv_cache
 from reference.kv.attention import FullAttentionSpec
-from suites.tolerances import lossy_bound, lossy_metrics
 
 HQ, HKV, HEAD, BLOCK = 32, 8, 128, 16
 SHAPES = ((8, 2048, 0), (8, 512, 1536))  # (sequences, new tokens, cached prefix)
@@ -79,7 +79,7 @@ def sweep(batch: int, new: int, prefix: int, configs) -> None:
     except RuntimeError as err:
         sdpa = float("nan")
         print(f"{batch} x {new} new after {prefix}: SDPA flash unavailable: {str(err)[:80]}", flush=True)
-    bound = lossy_bound("paged_prefill", torch.bfloat16)
+    bound = lossy_bound(families.PAGED_PREFILL, torch.bfloat16)
     ideal = ref.paged_attention_ideal(q, k_cache, v_cache, table, lens, scale, cu_seqlens=cu)
     mirrors = {}
     for tile_m, tile_n, warps, stages in configs:

@@ -24,6 +24,7 @@ from bench.correctness import lossy_check
 from bench.gemm import block_fp8_peers as peers
 from bench.quant.sweeps import kernel, triton_skip
 from bench.registry import Case, Impl, OpBench, Unavailable, register
+from kernels.tolerances import families
 from reference.gemm.block_fp8 import block_fp8_gemm_mirror
 
 DSV3_SHAPES = ((2112, 7168), (24576, 1536), (7168, 16384), (7168, 2048))
@@ -96,7 +97,7 @@ def _op(name: str, full: list[Case], small: list[Case]) -> OpBench:
         baselines=("reference-mirror",),
         compare_to="cublas-blockwise",
         headline=(("triton", "cublas-blockwise"), ("triton", "gemm")),
-        check=lossy_check("block_fp8_gemm"),
+        check=lossy_check(families.BLOCK_FP8_GEMM),
         cuda_graph=True,
     )
 

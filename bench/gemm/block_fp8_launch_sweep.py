@@ -19,8 +19,8 @@ import torch
 from bench.gemm import block_fp8_peers as peers
 from bench.launch_sweep import gpu_args, parser, time_ms
 from kernels import block_fp8_gemm as kernel
+from kernels.tolerances import families, lossy_bound, lossy_metrics
 from reference.gemm.block_fp8 import block_fp8_gemm_mirror
-from suites.tolerances import lossy_bound, lossy_metrics
 
 C = kernel.LaunchConfig
 # Compute-bound candidates (M > 64). sm_90 compile checks (ptxas, no GPU): 128x128 / 8 warps: 160 registers,
@@ -65,7 +65,7 @@ def sweep_shape(m: int, n: int, k: int, quick: bool) -> None:
     ops = peers.make_operands(m, n, k, "cuda")
     flops = peers.gemm_flops(m, n, k)
     mirror = block_fp8_gemm_mirror(*ops.args, out_dtype=torch.bfloat16)
-    bound = lossy_bound("block_fp8_gemm", torch.bfloat16)
+    bound = lossy_bound(families.BLOCK_FP8_GEMM, torch.bfloat16)
     try:
         cublas_ms = time_ms(peers.cublas_blockwise(ops))
     except RuntimeError as err:

@@ -8,7 +8,7 @@ one to read. Implementations:
 - reference-compiled: the same under torch.compile (an ungated peer);
 - bf16-matmul: torch.matmul(x, W_bf16^T) on the dequantized weights (cuBLAS; an ungated peer, the speed bar);
 - triton: kernels.w4a16_mxfp4_gemm.
-Correctness: lossy against the mirror (suites.tolerances row "w4a16_mxfp4_gemm").
+Correctness: lossy against the mirror (kernels.tolerances row "w4a16_mxfp4_gemm").
 
 Timing: every impl is timed as a CUDA-graph replay (`cuda_graph=True`; bench.timing.graphed says why: the
 op's host cost, ~50 us through torch.ops at M = 1 on the H200, exceeds the ~20 us kernel), with do_bench
@@ -24,6 +24,7 @@ import torch
 from bench.correctness import lossy_check
 from bench.quant.sweeps import compiled, kernel, triton_skip
 from bench.registry import Case, Impl, OpBench, register
+from kernels.tolerances import families
 from reference.gemm.w4a16_mxfp4 import w4a16_mxfp4_gemm_mirror
 from reference.quant.mxfp4 import MX_BLOCK_SIZE, dequantize_mxfp4
 
@@ -95,7 +96,7 @@ W4A16 = register(
         baselines=("reference-eager", "reference-compiled"),
         compare_to="bf16-matmul",
         headline=(("triton", "bf16-matmul"), ("triton", "memcpy")),
-        check=lossy_check("w4a16_mxfp4_gemm"),
+        check=lossy_check(families.W4A16_MXFP4_GEMM),
         cuda_graph=True,
     )
 )

@@ -23,9 +23,9 @@ from triton.testing import do_bench
 from bench.gemm.w4a16_mxfp4 import SCALE_RANGE
 from bench.launch_sweep import gpu_args, parser
 from kernels import w4a16_mxfp4_gemm as kernel
+from kernels.tolerances import families, lossy_bound, lossy_metrics
 from reference.gemm.w4a16_mxfp4 import w4a16_mxfp4_gemm_mirror
 from reference.quant.mxfp4 import dequantize_mxfp4
-from suites.tolerances import lossy_bound, lossy_metrics
 
 # ~2 s per config (compile + timing): ~50 s per M for the dot list, ~2.5 min for the GEMV one.
 # GEMV: stages 2 is the register prefetch of the next K tile. Candidates keep 8..32 code words per thread and
@@ -79,7 +79,7 @@ def graph_time_ms(fn) -> float:
 def sweep_m(x, codes, scales, w, memcpy: float, only: str | None) -> None:
     m = x.shape[0]
     weight_bytes = codes.numel() + scales.numel()
-    bound = lossy_bound("w4a16_mxfp4_gemm", torch.bfloat16)
+    bound = lossy_bound(families.W4A16_MXFP4_GEMM, torch.bfloat16)
     want = w4a16_mxfp4_gemm_mirror(x, codes, scales)
     matmul = graph_time_ms(lambda: torch.matmul(x, w.T))
     dispatch = do_bench(lambda: kernel.w4a16_mxfp4_gemm(x, codes, scales), warmup=25, rep=200, return_mode="median")

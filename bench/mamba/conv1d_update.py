@@ -28,6 +28,7 @@ from bench.mamba.state_update import updater
 from bench.mamba.state_update_inputs import DSTATE, HEAD_DIM, NGROUPS, NHEADS
 from bench.quant.sweeps import kernel, triton_skip
 from bench.registry import Case, Impl, OpBench, register
+from kernels.tolerances import families
 from reference.mamba.conv1d import causal_conv1d_update
 
 DIM, WIDTH, DTYPE = NHEADS * HEAD_DIM + 2 * NGROUPS * DSTATE, 4, torch.bfloat16
@@ -93,7 +94,7 @@ OP = register(
         baselines=("reference-mirror",),
         compare_to="reference-compiled",
         headline=(("triton", "memcpy"), ("triton", "reference-compiled")),
-        check=lossy_check("mamba_conv1d_update"),
+        check=lossy_check(families.MAMBA_CONV1D_UPDATE),
         cuda_graph=True,
     )
 )

@@ -18,11 +18,11 @@ import sys
 
 import torch
 
-from bench.launch_sweep import gpu_args, line, memcpy_gbps, parser, timed_or_none, tolerance_verdict
+from bench.launch_sweep import gpu_args, line, memcpy_gbps, parser, timed_or_none
 from bench.mamba.conv1d_update import make_problem, moved_bytes
 from kernels import mamba_conv1d_update as kernel
+from kernels.tolerances import families, lossy_bound, lossy_metrics, tolerance_verdict
 from reference.mamba import conv1d as ref
-from suites.tolerances import lossy_bound, lossy_metrics
 
 BLOCK_C, WARPS = (128, 256, 512, 1024, 2048), (1, 2, 4, 8)
 
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         problem["conv_state"][problem["state_indices"].long()],
         "silu",
     )[:, 0]
-    bound = lossy_bound("mamba_conv1d_update", torch.bfloat16)
+    bound = lossy_bound(families.MAMBA_CONV1D_UPDATE, torch.bfloat16)
     for block_c, warps in itertools.product(BLOCK_C, WARPS):
         config = dict(block_c=block_c, warps=warps)
         name = f"  B{args.batch} block_c={block_c:4d} warps={warps}"

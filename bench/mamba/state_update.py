@@ -11,7 +11,7 @@ a request in fp32) plus the small inputs and out. Roof: the same-run memcpy. Imp
 Each impl updates its own copy of the state (copied untimed); the timed calls keep advancing it, which the
 bounded recurrence (|dA| < 1) tolerates. The first (untimed) call returns the out and a snapshot of the first
 CHECKED_REQUESTS requests' slots, compared with the mirror's by the ("mamba_state_update", dtype) rows of
-suites.tolerances (the state rows share the out rows' numbers). Timing: CUDA-graph replays (`cuda_graph=True`:
+kernels.tolerances (the state rows share the out rows' numbers). Timing: CUDA-graph replays (`cuda_graph=True`:
 a batch-1 update moves 4 MiB, ~1-2 us on an H200, far below the host's op dispatch).
 """
 
@@ -26,6 +26,7 @@ from bench.correctness import lossy_check
 from bench.mamba.state_update_inputs import STATE_DTYPES, make_problem, moved_bytes
 from bench.quant.sweeps import kernel, triton_skip
 from bench.registry import Case, Impl, OpBench, register
+from kernels.tolerances import families
 from reference.mamba.state_update import selective_state_update, update_rows
 
 FULL_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -104,7 +105,7 @@ def _op(label: str, state_dtype: torch.dtype) -> OpBench:
         baselines=("reference-mirror",),
         compare_to="reference-compiled",
         headline=(("triton", "memcpy"), ("triton", "reference-compiled")),
-        check=lossy_check("mamba_state_update"),
+        check=lossy_check(families.MAMBA_STATE_UPDATE_OUT),
         cuda_graph=True,
     )
 

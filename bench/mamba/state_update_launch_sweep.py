@@ -19,12 +19,11 @@ import sys
 
 import torch
 
-from bench.launch_sweep import gpu_args, line, memcpy_gbps, parser, timed_or_none, tolerance_verdict
+from bench.launch_sweep import gpu_args, line, memcpy_gbps, parser, timed_or_none
 from bench.mamba.state_update_inputs import STATE_DTYPES, make_problem, moved_bytes
 from kernels import mamba_state_update as kernel
+from kernels.tolerances import families, lossy_bound, lossy_metrics, tolerance_verdict
 from reference.mamba import state_update as ref
-from suites.mamba.state_update_cases import OUT_FAMILY, STATE_FAMILY
-from suites.tolerances import lossy_bound, lossy_metrics
 
 BLOCK_D, WARPS, STAGES = (4, 8, 16, 32, 64), (1, 2, 4, 8), (1, 2)
 CHECKED = 16  # requests whose slots and out rows are compared (the whole state in fp64 would take seconds)
@@ -36,7 +35,10 @@ def verdict(problem: dict, config: dict, want_state, want_out, ideal_state, idea
     out = kernel.launch_selective_state_update(**args, config=config)
     slots = problem["state_indices"][:CHECKED].long()
     state = args["state"][slots]
-    parts = [(STATE_FAMILY, state, want_state, ideal_state), (OUT_FAMILY, out[:CHECKED], want_out, ideal_out)]
+    parts = [
+        (families.MAMBA_STATE_UPDATE_STATE, state, want_state, ideal_state),
+        (families.MAMBA_STATE_UPDATE_OUT, out[:CHECKED], want_out, ideal_out),
+    ]
     verdicts = [
         tolerance_verdict(lossy_metrics(got, want, ideal), lossy_bound(family, got.dtype))
         for family, got, want, ideal in parts

@@ -16,6 +16,7 @@ import torch
 from bench.correctness import lossy_check
 from bench.quant.sweeps import compiled, kernel, triton_skip
 from bench.registry import Case, Impl, OpBench, register
+from kernels.tolerances import families
 from reference.norm.rms_norm import rms_norm
 
 EPS = 1e-5
@@ -91,7 +92,7 @@ def _op(fused: bool, hidden: int) -> OpBench:
         baselines=("reference-eager", "runner-eager", "reference-compiled"),
         compare_to="runner-eager",
         headline=(("triton", "runner-eager"), ("triton", "reference-compiled"), ("triton", "memcpy")),
-        check=lossy_check("rms_norm"),
+        check=lossy_check(families.RMS_NORM),
         cuda_graph=True,
     )
 

@@ -16,10 +16,10 @@ import torch
 import triton
 from triton.testing import do_bench_cudagraph
 
-from bench.launch_sweep import gpu_args, line, memcpy_gbps, parser, tolerance_verdict
+from bench.launch_sweep import gpu_args, line, memcpy_gbps, parser
 from kernels import rms_norm as kernel
+from kernels.tolerances import families, lossy_bound, lossy_metrics, tolerance_verdict
 from reference.norm.rms_norm import rms_norm, rms_norm_ideal
-from suites.tolerances import lossy_bound, lossy_metrics
 
 EPS = 1e-5
 HIDDENS = (576, 4096)
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     args = gpu_args(parser(__doc__), argv, "rms_norm_launch_sweep")
     del args
     memcpy = memcpy_gbps(1 << 30)
-    bound = lossy_bound("rms_norm", torch.bfloat16)
+    bound = lossy_bound(families.RMS_NORM, torch.bfloat16)
     for hidden in HIDDENS:
         block = triton.next_power_of_2(hidden)
         weight = (1 + torch.randn(hidden, device="cuda") / 4).to(torch.bfloat16)

@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from bench.environment import collect
     from bench.serve import report
     from bench.serve.client import random_prompts, run_point
-    from bench.serve.server import launched
+    from runner.server.process import launched
     from bench.serve.stats import summarize
 
     rate_mode = args.request_rate is not None

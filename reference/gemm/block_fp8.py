@@ -26,7 +26,7 @@ Two references:
   report, H800). The kernel calls one `tl.dot` per K block into a fresh accumulator and promotes across
   blocks in fp32 registers: DeepSeek's "promote every 128 elements" scheme. The mirror's in-block sum is
   plain fp32 (and the GPU may fuse `acc + partial * s` into one FMA), so it is not bit-exact with the GPU;
-  the tolerance row ("block_fp8_gemm", out dtype) in suites/tolerances.py covers that difference and
+  the tolerance row ("block_fp8_gemm", out dtype) in kernels/tolerances covers that difference and
   nothing more. Under the Triton interpreter the in-block sum is an fp32 numpy matmul.
 - `block_fp8_gemm_ideal`: the exact product of the dequantized operands, in float64. The suites measure
   SQNR against the product of the *unquantized* operands (`unquantized_gemm`), which this file cannot see.

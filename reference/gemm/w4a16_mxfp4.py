@@ -17,7 +17,7 @@ Two references:
      fp32. The kernel's summation order is not the mirror's: tl.dot (tensor cores) and the fp32-FMA decode
      path sum a K tile in an order of their own, and split-K adds per-split fp32 partial sums in a fixed
      order at the end. Reassociating an fp32 sum moves it by at most ~K * 2**-24 of sum |x * w|, far below
-     the bf16 output's 2**-9: the suites bound the difference (`suites.tolerances.LOSSY`), they do not
+     the bf16 output's 2**-9: the suites bound the difference (`kernels.tolerances.LOSSY`), they do not
      expect bits.
   3. The fp32 sum is cast to bf16 once, round to nearest even; fp32 values beyond bf16 range become +-Inf.
 - `w4a16_mxfp4_gemm_ideal`: the product of the dequantized operands in float64 (exact products, no

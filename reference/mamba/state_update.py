@@ -22,7 +22,7 @@ fp32 (each operation rounds once to nearest even; no fused multiply-add):
 then new is written to the slot in the state's dtype (one rounding, RNE) and out is rounded once to x's
 dtype. Where kernel and mirror can differ: the transcendentals (exp, log1p on the interpreter's numpy or the
 GPU's libdevice vs torch's) by an ulp or so, and the order of the dstate sum; the suite bounds both with the
-("mamba_state_update", dtype) rows of suites.tolerances. `selective_state_update_ideal` is the same math in
+("mamba_state_update", dtype) rows of kernels.tolerances. `selective_state_update_ideal` is the same math in
 float64 on the same inputs (the state as stored), returning the fp64 new state of every slot and the fp64 out,
 for SQNR.
 

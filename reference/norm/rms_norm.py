@@ -6,7 +6,7 @@ fused_add_rms_norm) and `r` is returned too as the new residual stream. Precisio
 RMSNorm op for op: r widened to fp32, sum of squares and mean in fp32, `+ eps`, rsqrt, multiply, round to x's
 dtype, THEN the weight multiply in x's dtype (one more rounding; for bf16/fp16 the product of two narrow values
 is exact in fp32, so it rounds once). The kernel sums the squares in another order and its rsqrt is
-approximate, so the two can differ by an ulp: a lossy op (suites.tolerances row "rms_norm").
+approximate, so the two can differ by an ulp: a lossy op (kernels.tolerances row "rms_norm").
 
 Edge-case policy (all follow from the formula in fp32, as in the runner):
 - a row of zeros gives zeros (eps > 0 keeps the rsqrt finite), signs of -0 follow the products;

@@ -1,5 +1,5 @@
 """Paged decode: the Triton split-K kernel against `reference.attention.paged` (the fp32 split-K mirror and
-the fp64 ideal, through the ("paged_decode", dtype) rows of suites.tolerances), over drawn block sizes, GQA
+the fp64 ideal, through the ("paged_decode", dtype) rows of kernels.tolerances), over drawn block sizes, GQA
 groups, head sizes, ragged lengths, split counts, block tables with holes (every byte of the cache the
 sequences do not own is NaN, so a wrong gather shows) and shared prefixes, on bf16/fp16 caches and on FP8
 caches filled through the FP8 store reference (per-(slot, KV head) scales; the same rows bound both: the FP8
@@ -15,10 +15,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kernels.tolerances import assert_lossy, families
 from reference.attention import paged as ref
 from reference.kv.store import store_kv
 from suites.attention.paged_cases import DTYPES, build, build_fp8, dominant_key, equal_keys, make_cache, named, on
-from suites.tolerances import assert_lossy
 
 kernel = pytest.importorskip("kernels.paged_decode")
 
@@ -53,7 +53,7 @@ def check(p: dict, device: str, fault: str = "none") -> None:
     got = kernel.launch_paged_decode(
         *on(device, q, k_cache, v_cache, table, lens), scale, p["num_splits"], *scales, fault=fault
     )
-    assert_lossy("paged_decode", got.cpu(), mirror, ideal, f"paged decode {p}")
+    assert_lossy(families.PAGED_DECODE, got.cpu(), mirror, ideal, f"paged decode {p}")
 
 
 @given(p=decode_problems())
@@ -196,7 +196,7 @@ def test_mirror_is_close_to_the_ideal(num_splits, fp8):
     )
     mirror = ref.paged_decode_mirror(q, k_cache, v_cache, table, lens, scale, num_splits, k_scale, v_scale)
     ideal = ref.paged_attention_ideal(q, k_cache, v_cache, table, lens, scale, k_scale=k_scale, v_scale=v_scale)
-    assert_lossy("paged_decode", mirror, mirror, ideal)
+    assert_lossy(families.PAGED_DECODE, mirror, mirror, ideal)
 
 
 # ---- arguments ----

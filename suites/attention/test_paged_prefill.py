@@ -1,5 +1,5 @@
 """Paged prefill: the Triton varlen causal kernel against `reference.attention.paged` (the KV-tiled fp32 mirror
-and the fp64 ideal, through the ("paged_prefill", dtype) rows of suites.tolerances), over drawn block sizes,
+and the fp64 ideal, through the ("paged_prefill", dtype) rows of kernels.tolerances), over drawn block sizes,
 GQA groups, head sizes, ragged (query count, cached prefix) per sequence (prefix 0 and one query included),
 block tables with holes (every byte the sequences do not own is NaN) and shared prefixes; named cases with
 exact outputs; argument checks; one opcheck; a negative control. The cache and block-table builder is
@@ -12,9 +12,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kernels.tolerances import assert_lossy, families
 from reference.attention import paged as ref
 from suites.attention.paged_cases import DTYPES, build, dominant_key, equal_keys, named, on
-from suites.tolerances import assert_lossy
 
 kernel = pytest.importorskip("kernels.paged_prefill")
 
@@ -58,7 +58,7 @@ def check(p: dict, device: str, fault: str = "none") -> None:
     mirror = ref.paged_prefill_mirror(q, k_cache, v_cache, table, lens, cu, scale, kernel.kv_tile(device))
     ideal = ref.paged_attention_ideal(q, k_cache, v_cache, table, lens, scale, cu_seqlens=cu)
     got = kernel.launch_paged_prefill(*on(device, q, k_cache, v_cache, table, lens, cu), scale, fault)
-    assert_lossy("paged_prefill", got.cpu(), mirror, ideal, f"paged prefill {p}")
+    assert_lossy(families.PAGED_PREFILL, got.cpu(), mirror, ideal, f"paged prefill {p}")
 
 
 @given(p=prefill_problems())
@@ -144,7 +144,7 @@ def test_mirror_is_close_to_the_ideal(tile_n):
     q, k_cache, v_cache, table, lens, cu, scale = build_prefill(p)
     mirror = ref.paged_prefill_mirror(q, k_cache, v_cache, table, lens, cu, scale, tile_n)
     ideal = ref.paged_attention_ideal(q, k_cache, v_cache, table, lens, scale, cu_seqlens=cu)
-    assert_lossy("paged_prefill", mirror, mirror, ideal)
+    assert_lossy(families.PAGED_PREFILL, mirror, mirror, ideal)
 
 
 # ---- arguments ----

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from kernels.tolerances import assert_exact
 from reference.formats.e2m1 import E2M1_MAGNITUDES, decode_e2m1, encode_e2m1
 from reference.formats.e8m0 import decode_e8m0, encode_e8m0
 from reference.formats.nibbles import pack_nibbles, unpack_nibbles
 from suites import oracles
 from suites.quant.mxfp4_cases import all_bf16_patterns
-from suites.tolerances import assert_exact
 
 
 def test_e2m1_decode_all_codes_matches_ml_dtypes():

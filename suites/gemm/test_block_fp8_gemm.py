@@ -1,5 +1,5 @@
 """Block-FP8 W8A8 GEMM: the Triton kernel against the precision-mirroring reference (max/RMS relative error)
-and the unquantized fp64 product (SQNR), with the one tolerance row per output dtype in suites.tolerances;
+and the unquantized fp64 product (SQNR), with the one tolerance row per output dtype in kernels.tolerances;
 the mirror against the fp64 dequantized product; named cases with exact expected values; the 128x128
 weight quantizer; boundaries; negative controls (weight scales read from the neighbouring K or N block)."""
 
@@ -12,12 +12,12 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kernels.tolerances import assert_exact, assert_lossy, families
 from reference.gemm import block_fp8 as ref
 from reference.quant import fp8 as quant
-from suites.tolerances import assert_exact, assert_lossy
 
 kernel = pytest.importorskip("kernels.block_fp8_gemm")
-FAMILY = "block_fp8_gemm"
+FAMILY = families.BLOCK_FP8_GEMM
 FP8 = torch.float8_e4m3fn
 Config = kernel.LaunchConfig
 # Launch shapes the interpreter can afford that still walk every code path: scalar and per-column weight

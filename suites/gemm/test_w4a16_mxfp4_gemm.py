@@ -1,6 +1,6 @@
 """W4A16 MXFP4 GEMM: the Triton kernel against the precision-mirroring reference and the ideal one.
 
-Lossy-op policy (suites.tolerances, row "w4a16_mxfp4_gemm"): max/RMS relative error against the mirror
+Lossy-op policy (kernels.tolerances, row "w4a16_mxfp4_gemm"): max/RMS relative error against the mirror
 (the kernel sums fp32 in its own order, so a bf16 rounding may flip by one ulp) and an SQNR floor against
 the fp64 product with the weights before quantization. Named cases pin exact outputs where the arithmetic
 leaves no freedom (one-hot activations select single weights; sums exact in fp32 and rounded once).
@@ -16,13 +16,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kernels.tolerances import assert_exact, assert_lossy, families
 from reference.gemm import w4a16_mxfp4 as ref
 from reference.quant.mxfp4 import quantize_mxfp4
 from suites.quant.mxfp4_cases import random_blocks
-from suites.tolerances import assert_exact, assert_lossy
 
 kernel = pytest.importorskip("kernels.w4a16_mxfp4_gemm")
-FAMILY = "w4a16_mxfp4_gemm"
+FAMILY = families.W4A16_MXFP4_GEMM
 SCALE_MODES = ("floor", "rceil", "even", "ceil")
 
 

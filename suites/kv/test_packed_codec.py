@@ -11,11 +11,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kernels.tolerances import assert_exact
 from reference.kv import packed_codec as codec
 from reference.kv.allocate import allocate_kv_cache
 from reference.kv.packed_mla import DeepseekV4Spec, FP8DsMLASpec
 from suites.quant import mxfp4_cases as cases
-from suites.tolerances import assert_exact
 
 FORMATS = {"fp8_ds_mla": (512, 128), "dsv4": (448, 64)}  # NoPE values, tile
 

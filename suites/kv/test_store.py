@@ -11,13 +11,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kernels.tolerances import assert_exact
 from reference.kv import store as ref
 from reference.kv.allocate import KVCache, allocate_kv_cache
 from reference.kv.attention import FullAttentionSpec
 from reference.kv.packed_codec import encode_dsv4, encode_fp8_ds_mla
 from reference.kv.packed_mla import DeepseekV4Spec, FP8DsMLASpec
 from suites.quant import mxfp4_cases as cases
-from suites.tolerances import assert_exact
 
 kernel = pytest.importorskip("kernels.kv_store")
 CANARY = 0xA5  # every byte of a fresh cache: a store may change only the bytes of the slots it writes

@@ -11,6 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kernels.tolerances import assert_exact
 from reference.kv.allocate import allocate_kv_cache
 from reference.kv.attention import FullAttentionSpec
 from reference.kv.hybrid import MambaSpec, unify_attention_mamba
@@ -18,7 +19,6 @@ from reference.kv.mla import MLASpec
 from reference.kv.packed_mla import DeepseekV4Spec, FP8DsMLASpec
 from reference.kv.zeroer import zero_kv_blocks, zeroer_table
 from suites.kv.zeroer_geometry import check_zeroer_table
-from suites.tolerances import assert_exact
 
 kernel = pytest.importorskip("kernels.kv_zeroer")
 MAMBA = MambaSpec(shapes=((3, 40), (2, 8, 8)), dtypes=(torch.bfloat16, torch.float32))

@@ -7,11 +7,9 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
+from kernels.tolerances import assert_exact, assert_lossy, families
 from reference.mamba import state_update as ref
-from suites.tolerances import assert_exact, assert_lossy
 
-OUT_FAMILY = "mamba_state_update"  # out, keyed by x's dtype
-STATE_FAMILY = "mamba_state_update.state"  # the updated slots, keyed by the state's dtype
 INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -106,5 +104,11 @@ def check_state_update(update, case: dict, device: str, pad_slot_id: int = -1) -
     pads = pad_rows(case, pad_slot_id)
     assert_exact(out[pads], torch.zeros_like(out[pads]), f"out rows {pads} of pad entries")
     updated = [s for s in range(state.shape[0]) if s not in kept]
-    assert_lossy(STATE_FAMILY, state[updated], want_state[updated], ideal_state[updated], "updated state slots")
-    assert_lossy(OUT_FAMILY, out, want_out, ideal_out, "out")
+    assert_lossy(
+        families.MAMBA_STATE_UPDATE_STATE,
+        state[updated],
+        want_state[updated],
+        ideal_state[updated],
+        "updated state slots",
+    )
+    assert_lossy(families.MAMBA_STATE_UPDATE_OUT, out, want_out, ideal_out, "out")

@@ -1,6 +1,6 @@
 """Causal conv1d decode update: the Triton kernel against `reference.mamba.conv1d.causal_conv1d_update` over
 drawn dims, widths, dtypes, bias, activation and slot tables with pads and permutations: the whole conv state
-bit for bit (rolled rows are copies), out bit for bit without activation and lossy (suites.tolerances) with
+bit for bit (rolled rows are copies), out bit for bit without activation and lossy (kernels.tolerances) with
 SiLU; a run of decode steps equal to the prefill conv; pad slots inside the pool; errors; one opcheck; a
 negative control."""
 
@@ -11,11 +11,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kernels.tolerances import assert_exact, assert_lossy, families
 from reference.mamba import conv1d as ref
-from suites.tolerances import assert_exact, assert_lossy
 
 kernel = pytest.importorskip("kernels.mamba_conv1d_update")
-FAMILY = "mamba_conv1d_update"
+FAMILY = families.MAMBA_CONV1D_UPDATE
 
 
 @st.composite

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels.tolerances import assert_exact
 from reference.mamba.align import max_restorable_tokens, saved_state_positions
 from runner.model.state_offload import PrefixStateStore, block_keys, generate_with_offload
 from runner.model.tiny_hybrid import TinyHybridConfig, TinyHybridModel
-from suites.tolerances import assert_exact
 
 ALIGN = 8  # tokens per offloaded block; the SSD chunk (4) divides it, as vLLM's "all" mode arranges
 K = 3

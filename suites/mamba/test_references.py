@@ -10,10 +10,10 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kernels.tolerances import assert_exact, families, lossy_bound, sqnr_db
 from reference.mamba import conv1d as conv
 from reference.mamba import state_update as ssu
 from suites.mamba import state_update_cases as cases
-from suites.tolerances import assert_exact, lossy_bound, sqnr_db
 
 
 @given(
@@ -121,5 +121,5 @@ def test_mirror_is_near_the_ideal(p):
     case = cases.make_case(p)
     state, out = cases.run(ssu.selective_state_update, case, "cpu")
     ideal_state, ideal_out = ssu.selective_state_update_ideal(**case)
-    assert sqnr_db(out, ideal_out) >= lossy_bound(cases.OUT_FAMILY, out.dtype).sqnr_db
-    assert sqnr_db(state, ideal_state) >= lossy_bound(cases.STATE_FAMILY, state.dtype).sqnr_db
+    assert sqnr_db(out, ideal_out) >= lossy_bound(families.MAMBA_STATE_UPDATE_OUT, out.dtype).sqnr_db
+    assert sqnr_db(state, ideal_state) >= lossy_bound(families.MAMBA_STATE_UPDATE_STATE, state.dtype).sqnr_db

@@ -10,14 +10,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import reference.mamba.ssd as ssd
+from kernels.tolerances import assert_agree, families
 from reference.mamba.ssd import segsum, ssd_chunked_scan, ssm_recurrence_sequential
 from reference.mamba.state_update import selective_state_update, selective_state_update_ideal
-from suites.tolerances import assert_agree
 
 
 def assert_fp64_agree(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     assert got.dtype == torch.float64, what
-    assert_agree("ssd_orders", got, want, what)
+    assert_agree(families.SSD_ORDERS, got, want, what)
 
 
 def draw_inputs(
@@ -123,8 +123,8 @@ def test_one_token_of_the_scan_is_the_selective_state_update(shape, opts, seed, 
     out32 = selective_state_update(state32, **decode)
     y32, final32 = ssd_chunked_scan(**args, chunk_size=chunk, initial_states=state, **kwargs)
     assert y32.dtype == final32.dtype == torch.float32
-    assert_agree("ssd_orders", y32[:, 0], out32, "fp32 out")
-    assert_agree("ssd_orders", final32, state32, "fp32 state")
+    assert_agree(families.SSD_ORDERS, y32[:, 0], out32, "fp32 out")
+    assert_agree(families.SSD_ORDERS, final32, state32, "fp32 state")
 
 
 def test_named_two_token_case():

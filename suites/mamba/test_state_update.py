@@ -1,6 +1,6 @@
 """Selective state update (Mamba2 decode): the Triton kernel against `reference.mamba.state_update` over drawn
 heads, head dims, d_state, groups, state/input dtypes and slot tables with pads and permutations (out and
-state lossy per suites.tolerances, slots no request names bit for bit); named cases (dt = 0, A = 0, NaN
+state lossy per kernels.tolerances, slots no request names bit for bit); named cases (dt = 0, A = 0, NaN
 isolation, pad slots inside the pool); argument errors; one opcheck; a negative control."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import torch
 from hypothesis import given
 
+from kernels.tolerances import assert_exact
 from reference.mamba import state_update as ref
 from suites.mamba import state_update_cases as cases
-from suites.tolerances import assert_exact
 
 kernel = pytest.importorskip("kernels.mamba_state_update")
 

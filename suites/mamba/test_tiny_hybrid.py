@@ -11,6 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kernels.tolerances import assert_agree, families
 from reference.kv.hybrid import MambaSpec, mamba2_state_shapes
 from runner.model.tiny_hybrid import (
     AttentionKV,
@@ -20,12 +21,11 @@ from runner.model.tiny_hybrid import (
     TinyHybridModel,
     generate,
 )
-from suites.tolerances import assert_agree
 
 
 def assert_close_fp32(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     assert got.dtype == torch.float32, what
-    assert_agree("tiny_hybrid_orders", got, want, what)
+    assert_agree(families.TINY_HYBRID_ORDERS, got, want, what)
 
 
 def prompt(seed: int, batch: int, length: int, vocab: int = 61) -> torch.Tensor:

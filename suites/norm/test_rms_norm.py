@@ -11,8 +11,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kernels.tolerances import assert_exact, assert_lossy, families
 from reference.norm import rms_norm as ref
-from suites.tolerances import assert_exact, assert_lossy
 
 kernel = pytest.importorskip("kernels.rms_norm")
 EPS = 1e-5
@@ -47,7 +47,7 @@ def check_norm(x, weight, eps, residual, device, norm=kernel.rms_norm) -> None:
     if residual is not None:
         assert_exact(got[1], want[1], "new residual")
         got, want, ideal = got[0], want[0], ideal[0]
-    assert_lossy("rms_norm", got.cpu(), want, ideal, "out")
+    assert_lossy(families.RMS_NORM, got.cpu(), want, ideal, "out")
 
 
 @given(p=problems())

@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterable
 import pytest
 import torch
 
+from kernels.tolerances import assert_exact
 from suites.quant.mxfp4_cases import bits_of
-from suites.tolerances import assert_exact
 
 Quantize = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 Dequantize = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

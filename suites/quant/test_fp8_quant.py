@@ -12,10 +12,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kernels.tolerances import assert_exact
 from reference.quant import fp8 as ref
 from suites import oracles
 from suites.quant import mxfp4_cases as cases
-from suites.tolerances import assert_exact
 
 kernel = pytest.importorskip("kernels.fp8_quant")
 FORMATS = sorted(ref.FP8_FORMATS)

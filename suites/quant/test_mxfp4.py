@@ -13,11 +13,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kernels.tolerances import assert_exact
 from reference.quant import mxfp4 as ref
 from reference.quant.mx_scale import SCALE_MODES
 from suites.quant import fp4_checks
 from suites.quant import mxfp4_cases as cases
-from suites.tolerances import assert_exact
 
 kernel = pytest.importorskip("kernels.mxfp4")
 INPUT_DTYPES = ref.INPUT_DTYPES

@@ -12,11 +12,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kernels.tolerances import assert_exact
 from reference.quant import mxfp4 as ref
 from reference.quant.mx_scale import SCALE_MODES
 from suites import oracles
 from suites.quant import mxfp4_cases as cases
-from suites.tolerances import assert_exact
 
 INPUTS = {
     "bf16_all_patterns": lambda: cases.all_bf16_patterns(None),

@@ -14,13 +14,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kernels.tolerances import assert_exact
 from reference.formats.e4m3 import decode_e4m3
 from reference.quant import nvfp4 as ref
 from reference.quant.nvfp4_global_scale import DecodeScale, EncodeScale, tensor_amax
 from suites import oracles
 from suites.quant import fp4_checks, mxfp4_cases
 from suites.quant import nvfp4_cases as cases
-from suites.tolerances import assert_exact
 
 kernel = pytest.importorskip("kernels.nvfp4")
 INPUT_DTYPES = ref.INPUT_DTYPES

@@ -9,6 +9,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kernels.tolerances import assert_exact, sqnr_db
 from reference.formats.e4m3 import decode_e4m3
 from reference.quant import nvfp4 as ref
 from reference.quant.nvfp4_fused_w13 import (
@@ -19,7 +20,6 @@ from reference.quant.nvfp4_fused_w13 import (
     fuse_w13,
 )
 from reference.quant.nvfp4_global_scale import DecodeScale, EncodeScale, tensor_amax
-from suites.tolerances import assert_exact, sqnr_db
 
 
 def quantized(x: torch.Tensor, convention=DecodeScale) -> NVFP4Tensor:

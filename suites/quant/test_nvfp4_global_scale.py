@@ -14,6 +14,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kernels.tolerances import assert_exact, sqnr_db
 from reference.quant import nvfp4 as ref
 from reference.quant.nvfp4_global_scale import (
     AMAX_FLOOR,
@@ -25,7 +26,6 @@ from reference.quant.nvfp4_global_scale import (
     tensor_amax,
 )
 from suites.quant import nvfp4_cases as cases
-from suites.tolerances import assert_exact, sqnr_db
 
 fp32_scales = st.floats(2.0**-100, 2.0**100, allow_nan=False, allow_infinity=False, width=32)
 

@@ -8,6 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kernels.tolerances import assert_exact
 from reference.quant.scale_swizzle import (
     PAD_BYTE,
     swizzle_scales_128x4,
@@ -15,7 +16,6 @@ from reference.quant.scale_swizzle import (
     swizzled_shape,
     unswizzle_scales_128x4,
 )
-from suites.tolerances import assert_exact
 
 
 def recover_swizzled_scales(swizzled: torch.Tensor) -> torch.Tensor:

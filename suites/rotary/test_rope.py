@@ -12,8 +12,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kernels.tolerances import assert_exact
 from reference.rotary import rope as ref
-from suites.tolerances import assert_exact
 
 kernel = pytest.importorskip("kernels.rope")
 BASE = 10000.0

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from bench.registry import FAMILY_MODULES, discover
 from bench.rotary import rope as bench_op
+from kernels.tolerances import assert_exact
 from reference.rotary.rope import apply_rope
 from suites.bench_runs import cpu_verdicts
-from suites.tolerances import assert_exact
 
 
 def test_definitions():

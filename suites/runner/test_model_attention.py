@@ -12,6 +12,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kernels.tolerances import assert_agree, assert_exact, families
 from reference.attention.paged import paged_attention_ideal
 from runner.model import attention as model_attention
 from runner.model.config import LlamaConfig
@@ -19,7 +20,6 @@ from runner.model.llama import LlamaForCausalLM
 from runner.model.weights import dummy_weights
 from suites.runner.conftest import one_thread
 from suites.runner.model_driver import allocate, step
-from suites.tolerances import assert_agree, assert_exact
 
 TINY = LlamaConfig(
     vocab_size=97,
@@ -119,8 +119,8 @@ def test_chunked_prefill_and_decode_match_one_shot(seed, lens, chunk, block_size
     model = _tiny_model(seed=seed)
     with one_thread():
         one_shot = _run(model, prompts, max(lens), block_size)
-        assert_agree("llama_orders", _run(model, prompts, chunk, block_size), one_shot, "chunked prefill logits")
-        assert_agree("llama_orders", _run(model, prompts, 1, block_size), one_shot, "decode logits")
+        assert_agree(families.LLAMA_ORDERS, _run(model, prompts, chunk, block_size), one_shot, "chunked prefill logits")
+        assert_agree(families.LLAMA_ORDERS, _run(model, prompts, 1, block_size), one_shot, "decode logits")
 
 
 def test_prefix_cached_step_reads_the_cache():
@@ -131,7 +131,7 @@ def test_prefix_cached_step_reads_the_cache():
     step(model, caches, [[1, 2]], [[5, 6, 7, 8]], [0], 4, "cpu")
     after_prefix = step(model, caches, [[1, 2]], [[9, 9]], [4], 4, "cpu")
     one_shot = step(model, caches, [[3, 4]], [[5, 6, 7, 8, 9, 9]], [0], 4, "cpu")
-    assert_agree("llama_orders", after_prefix, one_shot, "logits after a cached prefix")
+    assert_agree(families.LLAMA_ORDERS, after_prefix, one_shot, "logits after a cached prefix")
     other = step(model, caches, [[3, 4]], [[5, 6, 7, 1, 9, 9]], [0], 4, "cpu")
     assert (other - one_shot).abs().max() > 1e-3
 
@@ -152,4 +152,4 @@ def test_kernel_path_matches_reference_path(device, monkeypatch):
         out.append(step(model, caches, tables, [[1], [2], [3]], [len(p) for p in prompts], 16, device))
         return torch.cat(out)
 
-    assert_agree("llama_kernels", run(True).cpu(), run(False).cpu(), "logits")
+    assert_agree(families.LLAMA_KERNELS, run(True).cpu(), run(False).cpu(), "logits")

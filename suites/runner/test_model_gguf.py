@@ -10,10 +10,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kernels.tolerances import assert_exact
 from runner.model.config import LlamaConfig
 from runner.model.layers import RotaryEmbedding
 from runner.model.weights import dummy_weights
-from suites.tolerances import assert_exact
 
 gguf = pytest.importorskip("gguf", reason="gguf-py (the runner extra) is needed to read and write GGUF files")
 

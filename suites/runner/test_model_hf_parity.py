@@ -15,10 +15,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels.tolerances import assert_agree, families
 from runner.model.config import MODELS
 from suites.runner.conftest import no_network, one_thread, require_model_packages
 from suites.runner.model_driver import greedy
-from suites.tolerances import assert_agree
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -95,7 +95,7 @@ def test_default_model_matches_hf(smollm2, prompts, our_greedy, hf_greedy):
     assert text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
     assert tok.decode(tok("Hello world, ça va?").input_ids) == "Hello world, ça va?"
 
-    assert_agree("llama_vs_hf", our_greedy[1], hf_greedy[1], "first-step logits")
+    assert_agree(families.LLAMA_VS_HF, our_greedy[1], hf_greedy[1], "first-step logits")
     for q, a, b in zip(QUESTIONS, our_greedy[0], hf_greedy[0], strict=True):
         assert len(a) == NEW_TOKENS
         assert a == b, f"{q!r}: ours {tok.decode(a)!r}\n   HF {tok.decode(b)!r}"

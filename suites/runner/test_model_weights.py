@@ -11,13 +11,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kernels.tolerances import assert_exact
 from runner.model import load_model
 from runner.model.config import MODELS, LlamaConfig
 from runner.model.layers import GateUpLinear, QKVLinear
 from runner.model.llama import LlamaForCausalLM
 from runner.model.weights import dummy_weights, hf_tensor_shapes
 from suites.runner.conftest import one_thread
-from suites.tolerances import assert_exact
 
 TINY = LlamaConfig(
     vocab_size=50,

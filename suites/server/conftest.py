@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from bench.serve import server as serve_process
+from runner.server import process as serve_process
 from suites.runner.conftest import missing_model_packages, require_model_packages, skip_or_fail
 
 READY_TIMEOUT_S = 600  # a model load takes 5-20 s on an idle 2-core box; a busy CI box is slower

@@ -1,7 +1,7 @@
 """A `touchstone serve` subprocess on a free loopback port: started, polled until /health answers, stopped with
 SIGTERM (its drain). The serving benchmark (when no --base-url is given) and the server suites both use it.
-httpx is imported only to poll: the suites' conftest imports this module before it knows whether the serve
-extra is installed."""
+httpx is imported only to poll: the suites import this module before they know whether the serve extra is
+installed."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+# The folder that holds the `runner` package: the repository root, or site-packages in an installed wheel.
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -40,8 +41,7 @@ def start(args: list[str], port: int, log_path: pathlib.Path, **env: str) -> sub
             [
                 sys.executable,
                 "-m",
-                "bench.cli",
-                "serve",
+                "runner.server.cli",
                 "--host",
                 "127.0.0.1",
                 "--port",
@@ -50,7 +50,6 @@ def start(args: list[str], port: int, log_path: pathlib.Path, **env: str) -> sub
                 "warning",
                 *args,
             ],
-            cwd=ROOT,
             env=server_env(**env),
             stdout=log,
             stderr=subprocess.STDOUT,

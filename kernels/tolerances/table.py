@@ -1,51 +1,32 @@
-"""The tolerance policy of every suite, in one table (DESIGN.md, "Tolerance policy").
+"""The tolerance table: one row per (family, output dtype), each with the measurement behind its numbers.
 
-Exact ops (format encode/decode, packing, geometry, hashing) compare bit patterns: rtol = atol = 0, NaN
-positions equal (NaN payloads may differ: GPUs canonicalise NaN on conversion), signed zero checked.
-Lossy ops (GEMM, attention, MoE, SSD) get, per (op family, output dtype), a max and an RMS relative-error
-bound against the precision-mirroring reference and an SQNR floor against the ideal one (`LOSSY`). Suites
-call `assert_lossy(key, ...)`; no suite carries its own tolerance knobs.
-
-Definitions (normalised by the reference's scale, so rows near zero do not blow up):
-- max_rel = max|got - mirror| / max|mirror|
-- rms_rel = rms(got - mirror) / rms(mirror)
-- sqnr_db = 10 log10(sum ideal^2 / sum (got - ideal)^2), the ideal being fp64 on the unquantized operands.
+`LOSSY` rows bound a lossy kernel against its precision-mirroring reference (max and RMS relative error) and
+its ideal reference (an SQNR floor). `AGREEMENT` rows bound two evaluation orders of the same reference math.
+A row is added with its op, together with the measurement that sets it; the rules that apply the rows are in
+`kernels.tolerances.lossy`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import torch
 
-_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-MAX_REPORTED = 8
-
-
-def _describe(mismatch: torch.Tensor, got: torch.Tensor, want: torch.Tensor) -> str:
-    where = mismatch.nonzero()[:MAX_REPORTED].tolist()
-    rows = [f"  at {tuple(i)}: got {got[tuple(i)].item()!r}, want {want[tuple(i)].item()!r}" for i in where]
-    return f"{int(mismatch.sum())} of {mismatch.numel()} differ; first:\n" + "\n".join(rows)
-
-
-def assert_exact(got: torch.Tensor, want: torch.Tensor, what: str = "output") -> None:
-    """Bit-exact equality (float: same bits, signed zeros included; NaN positions equal)."""
-    got, want = got.detach().cpu(), want.detach().cpu()
-    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
-    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-    if got.is_floating_point():
-        nan_got, nan_want = got.isnan(), want.isnan()
-        assert torch.equal(nan_got, nan_want), f"{what}: NaN positions differ: " + _describe(
-            nan_got != nan_want, got, want
-        )
-        view = _INT_VIEW[got.element_size()]
-        bits_got, bits_want = got.view(view), want.view(view)
-        mismatch = (bits_got != bits_want) & ~nan_want
-    else:
-        mismatch = got != want
-    if mismatch.any():
-        raise AssertionError(f"{what}: not bit-exact: " + _describe(mismatch, got, want))
+from kernels.tolerances.families import (
+    BLOCK_FP8_GEMM,
+    LLAMA_KERNELS,
+    LLAMA_ORDERS,
+    LLAMA_VS_HF,
+    MAMBA_CONV1D_UPDATE,
+    MAMBA_STATE_UPDATE_OUT,
+    MAMBA_STATE_UPDATE_STATE,
+    PAGED_DECODE,
+    PAGED_PREFILL,
+    RMS_NORM,
+    SSD_ORDERS,
+    TINY_HYBRID_ORDERS,
+    W4A16_MXFP4_GEMM,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +36,16 @@ class LossyBound:
     max_rel: float  # vs the precision-mirroring reference
     rms_rel: float  # vs the precision-mirroring reference
     sqnr_db: float  # floor vs the ideal reference
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class AgreementBound:
+    """Two evaluation orders of the same reference math (no kernel, no quantization): max |got - want| <=
+    max_rel * max(max|want|, 1). A real bug (a dropped decay, an off-by-one segment, a lost state row) moves
+    the result by O(1)."""
+
+    max_rel: float
     why: str
 
 
@@ -148,27 +139,27 @@ _RMS_NORM_WHY = (
 )
 LOSSY: dict[tuple[str, torch.dtype], LossyBound] = {
     # max_rel: one bf16 ulp of the peak (2**-7) plus 2.2e-3 for the accumulator; rms_rel: 3x the model.
-    ("block_fp8_gemm", torch.bfloat16): LossyBound(1e-2, 2e-3, 22.0, _BLOCK_FP8_WHY),
+    (BLOCK_FP8_GEMM, torch.bfloat16): LossyBound(1e-2, 2e-3, 22.0, _BLOCK_FP8_WHY),
     # max_rel: one fp16 ulp of the peak (2**-10) plus 2e-3; rms_rel: 8x the model.
-    ("block_fp8_gemm", torch.float16): LossyBound(3e-3, 1e-3, 22.0, _BLOCK_FP8_WHY),
+    (BLOCK_FP8_GEMM, torch.float16): LossyBound(3e-3, 1e-3, 22.0, _BLOCK_FP8_WHY),
     # no output rounding: ~10x the modelled accumulator error.
-    ("block_fp8_gemm", torch.float32): LossyBound(2e-3, 1e-3, 22.0, _BLOCK_FP8_WHY),
-    ("paged_decode", torch.bfloat16): LossyBound(1.5e-2, 6e-3, 45.0, _PAGED_DECODE_WHY),
-    ("paged_decode", torch.float16): LossyBound(2.5e-3, 1e-3, 62.0, _PAGED_DECODE_WHY),
-    ("paged_prefill", torch.bfloat16): LossyBound(1.5e-2, 6e-3, 45.0, _PAGED_PREFILL_WHY),
-    ("paged_prefill", torch.float16): LossyBound(2.5e-3, 1e-3, 62.0, _PAGED_PREFILL_WHY),
-    ("mamba_state_update", torch.float32): LossyBound(1e-4, 1e-4, 80.0, _MAMBA_STATE_UPDATE_WHY),
-    ("mamba_state_update", torch.bfloat16): LossyBound(2.0**-7, 2.0**-9, 40.0, _MAMBA_STATE_UPDATE_WHY),
-    ("mamba_state_update", torch.float16): LossyBound(2.0**-10, 2.0**-11, 55.0, _MAMBA_STATE_UPDATE_WHY),
-    ("mamba_state_update.state", torch.float32): LossyBound(1e-4, 1e-4, 80.0, _MAMBA_STATE_UPDATE_WHY),
-    ("mamba_state_update.state", torch.bfloat16): LossyBound(2.0**-7, 2.0**-9, 40.0, _MAMBA_STATE_UPDATE_WHY),
-    ("mamba_conv1d_update", torch.float32): LossyBound(5e-6, 3e-6, 110.0, _MAMBA_CONV1D_WHY),
-    ("mamba_conv1d_update", torch.bfloat16): LossyBound(2.0**-7, 2.0**-9, 45.0, _MAMBA_CONV1D_WHY),
-    ("mamba_conv1d_update", torch.float16): LossyBound(2.0**-10, 2.0**-12, 60.0, _MAMBA_CONV1D_WHY),
-    ("rms_norm", torch.bfloat16): LossyBound(2.0**-6, 2.0**-8, 40.0, _RMS_NORM_WHY),
-    ("rms_norm", torch.float16): LossyBound(2.0**-9, 2.0**-11, 60.0, _RMS_NORM_WHY),
-    ("rms_norm", torch.float32): LossyBound(5e-6, 1e-6, 120.0, _RMS_NORM_WHY),
-    ("w4a16_mxfp4_gemm", torch.bfloat16): LossyBound(
+    (BLOCK_FP8_GEMM, torch.float32): LossyBound(2e-3, 1e-3, 22.0, _BLOCK_FP8_WHY),
+    (PAGED_DECODE, torch.bfloat16): LossyBound(1.5e-2, 6e-3, 45.0, _PAGED_DECODE_WHY),
+    (PAGED_DECODE, torch.float16): LossyBound(2.5e-3, 1e-3, 62.0, _PAGED_DECODE_WHY),
+    (PAGED_PREFILL, torch.bfloat16): LossyBound(1.5e-2, 6e-3, 45.0, _PAGED_PREFILL_WHY),
+    (PAGED_PREFILL, torch.float16): LossyBound(2.5e-3, 1e-3, 62.0, _PAGED_PREFILL_WHY),
+    (MAMBA_STATE_UPDATE_OUT, torch.float32): LossyBound(1e-4, 1e-4, 80.0, _MAMBA_STATE_UPDATE_WHY),
+    (MAMBA_STATE_UPDATE_OUT, torch.bfloat16): LossyBound(2.0**-7, 2.0**-9, 40.0, _MAMBA_STATE_UPDATE_WHY),
+    (MAMBA_STATE_UPDATE_OUT, torch.float16): LossyBound(2.0**-10, 2.0**-11, 55.0, _MAMBA_STATE_UPDATE_WHY),
+    (MAMBA_STATE_UPDATE_STATE, torch.float32): LossyBound(1e-4, 1e-4, 80.0, _MAMBA_STATE_UPDATE_WHY),
+    (MAMBA_STATE_UPDATE_STATE, torch.bfloat16): LossyBound(2.0**-7, 2.0**-9, 40.0, _MAMBA_STATE_UPDATE_WHY),
+    (MAMBA_CONV1D_UPDATE, torch.float32): LossyBound(5e-6, 3e-6, 110.0, _MAMBA_CONV1D_WHY),
+    (MAMBA_CONV1D_UPDATE, torch.bfloat16): LossyBound(2.0**-7, 2.0**-9, 45.0, _MAMBA_CONV1D_WHY),
+    (MAMBA_CONV1D_UPDATE, torch.float16): LossyBound(2.0**-10, 2.0**-12, 60.0, _MAMBA_CONV1D_WHY),
+    (RMS_NORM, torch.bfloat16): LossyBound(2.0**-6, 2.0**-8, 40.0, _RMS_NORM_WHY),
+    (RMS_NORM, torch.float16): LossyBound(2.0**-9, 2.0**-11, 60.0, _RMS_NORM_WHY),
+    (RMS_NORM, torch.float32): LossyBound(5e-6, 1e-6, 120.0, _RMS_NORM_WHY),
+    (W4A16_MXFP4_GEMM, torch.bfloat16): LossyBound(
         max_rel=2.0**-7,
         rms_rel=2.0**-8,
         sqnr_db=6.0,
@@ -183,18 +174,8 @@ LOSSY: dict[tuple[str, torch.dtype], LossyBound] = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class AgreementBound:
-    """Two evaluation orders of the same reference math (no kernel, no quantization): max |got - want| <=
-    max_rel * max(max|want|, 1). A real bug (a dropped decay, an off-by-one segment, a lost state row) moves
-    the result by O(1)."""
-
-    max_rel: float
-    why: str
-
-
 AGREEMENT: dict[tuple[str, torch.dtype], AgreementBound] = {
-    ("ssd_orders", torch.float64): AgreementBound(
+    (SSD_ORDERS, torch.float64): AgreementBound(
         1e-12,
         (
             "SSD chunked scan vs the sequential recurrence, a scan split and resumed, a one-token scan vs the "
@@ -202,14 +183,14 @@ AGREEMENT: dict[tuple[str, torch.dtype], AgreementBound] = {
             "1.2e-15 of max(|want|, 1); 1e-12 leaves room for longer sums."
         ),
     ),
-    ("ssd_orders", torch.float32): AgreementBound(
+    (SSD_ORDERS, torch.float32): AgreementBound(
         1e-5,
         (
             "The fp32 decode reference and the fp32 scan on one token round differently (einsum sums vs the "
             "pinned state * dA + dB * x order): worst 1.1e-6 of max(|out|, 1) over 3000 draws; ~10x that."
         ),
     ),
-    ("tiny_hybrid_orders", torch.float32): AgreementBound(
+    (TINY_HYBRID_ORDERS, torch.float32): AgreementBound(
         1e-5,
         (
             "The tiny hybrid model (runner.model.tiny_hybrid) prefilled in chunks or decoded token by token vs "
@@ -217,7 +198,7 @@ AGREEMENT: dict[tuple[str, torch.dtype], AgreementBound] = {
             "random split); ~13x that."
         ),
     ),
-    ("llama_orders", torch.float32): AgreementBound(
+    (LLAMA_ORDERS, torch.float32): AgreementBound(
         5e-6,
         (
             "runner.model.llama (tiny dummy config, fp32, reference attention) prefilled in chunks over a cached "
@@ -225,7 +206,7 @@ AGREEMENT: dict[tuple[str, torch.dtype], AgreementBound] = {
             "seeds (1-3 sequences of 1-24 tokens, chunks 2-9, block sizes 4/16); ~11x that."
         ),
     ),
-    ("llama_kernels", torch.float32): AgreementBound(
+    (LLAMA_KERNELS, torch.float32): AgreementBound(
         2e-2,
         (
             "Tiny dummy Llama in bf16, logits (fp32 of the bf16 head GEMM) through the Triton kv_store / "
@@ -233,7 +214,7 @@ AGREEMENT: dict[tuple[str, torch.dtype], AgreementBound] = {
             "max(|logits|, 1) (interpreter, 20 seeds) = one bf16 ulp of the largest logit; 2e-2 ~ 2.5 ulps there."
         ),
     ),
-    ("llama_vs_hf", torch.float32): AgreementBound(
+    (LLAMA_VS_HF, torch.float32): AgreementBound(
         2e-5,
         (
             "SmolLM2-135M-Instruct fp32 CPU, first-step logits of 8 chat prompts vs HF transformers 5.17 (sdpa, "
@@ -241,93 +222,3 @@ AGREEMENT: dict[tuple[str, torch.dtype], AgreementBound] = {
         ),
     ),
 }
-
-
-def assert_agree(family: str, got: torch.Tensor, want: torch.Tensor, what: str = "output") -> None:
-    """`got` and `want` (same dtype and shape) within the family's AGREEMENT row."""
-    assert got.dtype == want.dtype and got.shape == want.shape, (
-        f"{what}: got {got.dtype} {tuple(got.shape)}, want {want.dtype} {tuple(want.shape)}"
-    )
-    bound = AGREEMENT[(family, got.dtype)]
-    scale = max(float(want.abs().max()) if want.numel() else 0.0, 1.0)
-    err = float((got - want).abs().max()) if want.numel() else 0.0
-    assert err <= bound.max_rel * scale, (
-        f"{what} ({family}, {got.dtype}): max |diff| {err:.3g} > {bound.max_rel:g} x {scale:.3g}"
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class LossyMetrics:
-    max_rel: float
-    rms_rel: float
-    sqnr_db: float
-
-    def __str__(self) -> str:
-        return f"max_rel {self.max_rel:.3g}, rms_rel {self.rms_rel:.3g}, SQNR {self.sqnr_db:.1f} dB"
-
-
-def _f64(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().to("cpu", torch.float64)
-
-
-def sqnr_db(got: torch.Tensor, ideal: torch.Tensor) -> float:
-    got, ideal = _f64(got), _f64(ideal)
-    noise = float(((got - ideal) ** 2).sum())
-    signal = float((ideal**2).sum())
-    if noise == 0.0:
-        return math.inf
-    return 10.0 * math.log10(signal / noise) if signal > 0 else -math.inf
-
-
-def lossy_metrics(got: torch.Tensor, mirror: torch.Tensor, ideal: torch.Tensor) -> LossyMetrics:
-    got64, mirror64 = _f64(got), _f64(mirror)
-    diff = got64 - mirror64
-    peak = float(mirror64.abs().max()) if mirror64.numel() else 0.0
-    rms = float(mirror64.pow(2).mean().sqrt()) if mirror64.numel() else 0.0
-    max_err = float(diff.abs().max()) if diff.numel() else 0.0
-    rms_err = float(diff.pow(2).mean().sqrt()) if diff.numel() else 0.0
-    return LossyMetrics(
-        max_rel=max_err / peak if peak > 0 else (0.0 if max_err == 0 else math.inf),
-        rms_rel=rms_err / rms if rms > 0 else (0.0 if rms_err == 0 else math.inf),
-        sqnr_db=sqnr_db(got, ideal),
-    )
-
-
-def lossy_bound(family: str, dtype: torch.dtype) -> LossyBound:
-    try:
-        return LOSSY[(family, dtype)]
-    except KeyError:
-        raise KeyError(f"no tolerance row for ({family!r}, {dtype}); add one to suites/tolerances.py") from None
-
-
-def nonfinite_agreement(got: torch.Tensor, mirror: torch.Tensor) -> tuple[str | None, torch.Tensor]:
-    """Lossy outputs must put NaN and each signed infinity where the mirror does (those are exact facts, not
-    rounding); returns (what differs or None, the mask of entries finite in the mirror to measure)."""
-    got, mirror = got.detach().cpu(), mirror.detach().cpu()
-    for name, test in (("NaN", torch.isnan), ("+Inf", torch.isposinf), ("-Inf", torch.isneginf)):
-        differ = test(got) != test(mirror)
-        if differ.any():
-            return f"{name} positions differ at {int(differ.sum())} of {differ.numel()}", differ
-    return None, torch.isfinite(mirror)
-
-
-def assert_lossy(
-    family: str, got: torch.Tensor, mirror: torch.Tensor, ideal: torch.Tensor, what: str = "output"
-) -> LossyMetrics:
-    """Check `got` against both references with the family's row; returns the metrics for reporting."""
-    assert got.shape == mirror.shape == ideal.shape, (
-        f"{what}: shapes got {tuple(got.shape)}, mirror {tuple(mirror.shape)}, ideal {tuple(ideal.shape)}"
-    )
-    problem, finite = nonfinite_agreement(got, mirror)
-    assert problem is None, f"{what}: {problem}"
-    bound = lossy_bound(family, got.dtype)
-    metrics = lossy_metrics(got.detach().cpu()[finite], mirror.detach().cpu()[finite], ideal.detach().cpu()[finite])
-    problems = []
-    if not metrics.max_rel <= bound.max_rel:
-        problems.append(f"max_rel {metrics.max_rel:.3g} > {bound.max_rel:g}")
-    if not metrics.rms_rel <= bound.rms_rel:
-        problems.append(f"rms_rel {metrics.rms_rel:.3g} > {bound.rms_rel:g}")
-    if not metrics.sqnr_db >= bound.sqnr_db:
-        problems.append(f"SQNR {metrics.sqnr_db:.1f} dB < {bound.sqnr_db:g} dB")
-    assert not problems, f"{what} ({family}, {got.dtype}): " + "; ".join(problems) + f" [{metrics}]"
-    return metrics
