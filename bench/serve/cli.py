@@ -66,8 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from bench.environment import collect
     from bench.serve import report
     from bench.serve.client import random_prompts, run_point
-    from runner.server.process import launched
     from bench.serve.stats import summarize
+    from runner.server.process import launched
 
     rate_mode = args.request_rate is not None
     points = _values(args.request_rate, float) if rate_mode else _values(args.concurrency, int)
