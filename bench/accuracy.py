@@ -9,12 +9,13 @@ so `touchstone report` rebuilds it without recomputing.
 
 from __future__ import annotations
 
-import csv
 import pathlib
 from collections.abc import Sequence
 from typing import Any
 
-from bench.formatting import md_table
+import pandas as pd
+
+from bench import tables
 from bench.registry import ACCURACY_REPORTS, AccuracyReport, discover
 
 SUFFIX = ".accuracy"
@@ -28,38 +29,23 @@ def is_accuracy_csv(path: pathlib.Path) -> bool:
     return path.name.endswith(f"{SUFFIX}.csv")
 
 
-def _cell(value: Any) -> str:
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
-
-
 def write(folder: pathlib.Path, report: AccuracyReport, rows: Sequence[dict[str, Any]]) -> pathlib.Path:
     """Write the table's CSV (replacing any earlier one) and render its Markdown."""
     if not rows or any(list(row) != list(rows[0]) for row in rows):
         raise ValueError(f"{report.name}: rows must be non-empty dicts with the same keys in the same order")
-    folder.mkdir(parents=True, exist_ok=True)
     path = csv_path(folder, report.name)
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows({key: _cell(value) for key, value in row.items()} for row in rows)
+    tables.write(path, pd.DataFrame(list(rows)).map(tables.cell))
     render(folder, report.name)
     return path
 
 
-def read(path: pathlib.Path) -> list[dict[str, str]]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def markdown(name: str, rows: Sequence[dict[str, str]]) -> str:
+def markdown(name: str, frame: pd.DataFrame) -> str:
     discover()  # the table's title and note come from its registration, when it still exists
     report = ACCURACY_REPORTS.get(name)
-    title = report.title if report else name
-    parts = [f"# {title}", ""]
+    parts = [f"# {report.title if report else name}", ""]
     if report and report.note:
         parts += [report.note, ""]
-    header = list(rows[0]) if rows else []
-    parts += [md_table(header, [[row[key] for key in header] for row in rows]), ""]
+    parts += [tables.markdown(frame), ""]
     if report:
         parts += [
             f"Recompute: `touchstone bench --ops {','.join(report.ops)}`; rebuild this page: `touchstone report`.",
@@ -69,7 +55,7 @@ def markdown(name: str, rows: Sequence[dict[str, str]]) -> str:
 
 
 def render(folder: pathlib.Path, name: str) -> None:
-    (folder / f"{name}{SUFFIX}.md").write_text(markdown(name, read(csv_path(folder, name))))
+    (folder / f"{name}{SUFFIX}.md").write_text(markdown(name, tables.read(csv_path(folder, name))))
 
 
 def names_in(folder: pathlib.Path) -> list[str]:

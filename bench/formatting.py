@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Sequence
-
-_NUMERIC = re.compile(r"^(—|-?[\d.]+)")
 
 
 def num(value: float | None) -> str:
@@ -25,11 +21,3 @@ def times(value: float | None) -> str:
     if value is None or math.isnan(value):
         return "—"
     return f"{value:.2f}x" if abs(value) >= 0.095 else f"{value:.2g}x"
-
-
-def md_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
-    """GitHub Markdown table; columns whose cells all start with a number are right-aligned."""
-    align = [
-        "---:" if body and all(_NUMERIC.match(str(line[i])) for line in body) else "---" for i in range(len(header))
-    ]
-    return "\n".join("| " + " | ".join(str(cell) for cell in line) + " |" for line in [header, align, *body])

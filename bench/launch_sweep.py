@@ -1,60 +1,128 @@
-"""What the launch sweeps share: the command line and its GPU gate, the timer, the same-run memcpy roof, and
-the per-config line (with the failed-config line and the tolerance verdict of the lossy ops' sweeps).
+"""What the launch sweeps share: the command line and its GPU gate, the timer (bench.timing's, the registry's
+one path), the same-run memcpy roof (bench.roofs'), and the per-config line, which is printed and recorded.
 
-GPU only (imports triton.testing); the sweep scripts themselves say which kernel and shapes they launch.
+Every measurement a sweep prints is also a row of <out>/<backend>-<device>/launch_sweeps/<sweep>.csv (the
+file is rewritten after each row, so a sweep cut short keeps what it measured): the config, its time, its
+rates (GB/s, TFLOP/s) and ratios to roofs and peers, the check's verdict, and the environment. The measurement
+behind every launch-table constant is data that can be re-plotted. GPU only; the sweep scripts themselves say
+which kernel and shapes they launch.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import pathlib
 import sys
 from collections.abc import Callable
 
+import pandas as pd
 import torch
-from triton.testing import do_bench
+
+from bench import tables
+from bench.environment import collect, timestamp
+from bench.roofs import measure_memcpy
+from bench.timing import bench
+
+UNITS = {"gbps": "GB/s", "tflops": "TFLOP/s"}
+
+
+class Recorder:
+    """The rows of one sweep run, written to its CSV after every row."""
+
+    def __init__(self, sweep: str, out: pathlib.Path, command: str) -> None:
+        self.env = collect()
+        self.path = out / f"{self.env.backend}-{self.env.slug}" / "launch_sweeps" / f"{sweep}.csv"
+        self.sweep, self.command, self.rows = sweep, command, []
+
+    def add(self, config: str, values: dict[str, object]) -> None:
+        fields = self.env.row_fields() | {"timestamp": timestamp(), "command": self.command}
+        self.rows.append({"sweep": self.sweep, "config": config.strip(), **values, **fields})
+        frame = pd.DataFrame(self.rows)
+        front = ["sweep", "config", *[c for c in frame.columns if c not in fields and c not in ("sweep", "config")]]
+        tables.write(self.path, frame[front + [c for c in frame.columns if c not in front]])
+
+
+_recorder: Recorder | None = None
 
 
 def parser(doc: str) -> argparse.ArgumentParser:
     """The sweep's command line, described by the first line of its module docstring `doc`."""
-    return argparse.ArgumentParser(description=doc.splitlines()[0])
+    cli = argparse.ArgumentParser(description=doc.splitlines()[0])
+    cli.add_argument("--out", type=pathlib.Path, default=pathlib.Path("reports"), help="reports root")
+    return cli
 
 
 def gpu_args(cli: argparse.ArgumentParser, argv: list[str] | None, sweep: str) -> argparse.Namespace:
-    """Parse `argv`; exit, naming the `sweep`, where there is no GPU (the interpreter says nothing of launches)."""
+    """Parse `argv`; exit, naming the `sweep`, where there is no GPU (the interpreter says nothing of launches);
+    start recording the sweep's rows."""
+    global _recorder
     args = cli.parse_args(argv)
     if not torch.cuda.is_available():
         sys.exit(f"{sweep} needs a GPU")
+    main = getattr(sys.modules.get("__main__"), "__spec__", None)
+    command = " ".join([f"python -m {main.name if main else sweep}", *(sys.argv[1:] if argv is None else argv)])
+    _recorder = Recorder(sweep, args.out, command)
+    print(f"{sweep}: recording to {_recorder.path}", flush=True)
     return args
 
 
-def time_ms(fn: Callable[[], object]) -> float:
-    """Median milliseconds of `fn` after one untimed call (which compiles the kernel for this shape)."""
+def record(config: str, **values: object) -> None:
+    """Record one measurement of `config` (its caller prints it)."""
+    if _recorder is not None:
+        _recorder.add(config, values)
+
+
+def note(config: str, text: str, **values: object) -> None:
+    """A measurement that is not a config of the kernel (a peer, a roof): printed as `text`, recorded."""
+    print(text, flush=True)
+    record(config, **values)
+
+
+def time_ms(fn: Callable[[], object], cuda_graph: bool = False) -> float:
+    """p50 milliseconds of `fn` after one untimed call (which compiles the kernel for this shape), through
+    bench.timing (cold L2; `cuda_graph`: one launch captured and replayed, no host dispatch in the time)."""
     fn()
-    return do_bench(fn, warmup=50, rep=300, return_mode="median")
+    return bench(fn, "cuda", cuda_graph=cuda_graph).p50
 
 
-def timed_or_none(fn: Callable[[], object], config: str) -> float | None:
-    """time_ms(fn), or None after a FAILED line for `config` where the launch raises (out of shared memory etc.)."""
+def timed_or_none(fn: Callable[[], object], config: str, cuda_graph: bool = False) -> float | None:
+    """time_ms(fn), or None after a FAILED line (recorded) for `config` where the launch raises (out of shared
+    memory etc.)."""
     try:
-        return time_ms(fn)
+        return time_ms(fn, cuda_graph)
     except Exception as err:  # a config the GPU cannot run: report, go on
-        print(f"{config}  FAILED: {type(err).__name__}: {str(err)[:80]}", flush=True)
+        failed(config, err)
         return None
 
 
-def memcpy_gbps(nbytes: int, note: str = "") -> float:
-    """GB/s (read + write) of a device-to-device copy of `nbytes`, printed; the roof every config is held to."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    gbps = 2 * src.numel() / time_ms(lambda: dst.copy_(src)) / 1e6
-    print(f"memcpy {src.numel() / 2**30:.2f} GiB: {gbps:.0f} GB/s{note}", flush=True)
-    return gbps
+def failed(config: str, err: BaseException) -> None:
+    text = f"{type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}"
+    print(f"{config}  FAILED: {text}", flush=True)
+    record(config, verdict=f"FAILED: {text}")
 
 
-def line(config: str, ms: float, rate: str, ratios: dict[str, float], verdict: str) -> None:
-    """One line per config: time, its `rate` (GB/s, TFLOP/s), each ratio as `0.950x name`, the check's verdict."""
+def memcpy_gbps(nbytes: int, label: str = "") -> float:
+    """GB/s (read + write) of a device-to-device copy of `nbytes` (bench.roofs.measure_memcpy), printed and
+    recorded; the roof every config is held to."""
+    roof = measure_memcpy("cuda", nbytes)
+    note(
+        "memcpy roof",
+        f"memcpy {nbytes / 2**30:.2f} GiB: {roof.value:.0f} GB/s{f' ({label})' if label else ''}",
+        gbps=roof.value,
+        bytes=roof.bytes,
+        verdict=label,
+    )
+    return roof.value
+
+
+def line(config: str, ms: float, ratios: dict[str, float], verdict: str, **rates: float) -> None:
+    """One line per config: time, its rates (gbps=, tflops=), each ratio as `0.950x name`, the check's verdict;
+    the same as a row."""
     shown = "".join(f"{value:.3f}x {name}  " for name, value in ratios.items())
+    rate = "  ".join(f"{value:5.0f} {UNITS[name]}" for name, value in rates.items() if not math.isnan(value))
     print(f"{config}  {ms * 1e3:8.1f} us  {rate}  {shown}{verdict}", flush=True)
+    record(config, time_us=ms * 1e3, **rates, **{f"x_{name}": value for name, value in ratios.items()}, verdict=verdict)
 
 
 def report(config: str, ms: float, moved: int, memcpy: float, exact: bool, **roofs: float) -> None:
@@ -62,4 +130,4 @@ def report(config: str, ms: float, moved: int, memcpy: float, exact: bool, **roo
     and to memcpy, and the bit-exact check."""
     gbps = moved / ms / 1e6
     ratios = {name: gbps / roof for name, roof in roofs.items()} | {"memcpy": gbps / memcpy}
-    line(config, ms, f"{gbps:5.0f} GB/s", ratios, "exact" if exact else "MISMATCH")
+    line(config, ms, ratios, "exact" if exact else "MISMATCH", gbps=gbps)

@@ -71,6 +71,9 @@ class Impl:
     # A gated impl's mismatch or error fails the run; an ungated one (a peer we measure but do not own,
     # such as torch.compile of the reference) is recorded in the report and does not.
     gated: bool = True
+    # This impl's own check against the baseline, where it differs from the op's (a peer that rounds elsewhere
+    # and is not expected to be bit-equal: bench.correctness.expected_difference).
+    check: Callable[[Any, Any], str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

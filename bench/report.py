@@ -12,13 +12,14 @@ import dataclasses
 import math
 import pathlib
 import sys
-from collections.abc import Sequence
 
-from bench import accuracy
-from bench.formatting import md_table, num, size, times
+import pandas as pd
+
+from bench import accuracy, oss_records, rows, tables
+from bench.correctness import is_checked
+from bench.formatting import num, size, times
 from bench.plots import plot_op
 from bench.registry import discover
-from bench.rows import Row, read_csv
 
 ROOFS_CSV = "roofs.csv"
 ENV_COLUMNS = (
@@ -42,181 +43,212 @@ class View:
     headline: tuple[tuple[str, str], ...]
 
 
-def view_of(rows: Sequence[Row]) -> View:
-    seen = tuple(dict.fromkeys(row["impl"] for row in rows))
-    op = discover().get(rows[0]["op"])
+def view_of(frame: pd.DataFrame) -> View:
+    seen = tuple(frame["impl"].unique())
+    op = discover().get(frame["op"].iloc[0])
     if op is None:
         return View(seen, seen[0] if seen else None, ())
     declared = tuple(impl.name for impl in op.impls)
     return View(declared + tuple(i for i in seen if i not in declared), op.compare_to, op.headline)
 
 
-def _unique(rows: Sequence[Row], column: str) -> str:
-    return " / ".join(dict.fromkeys(str(row[column]) for row in rows))
+def _unique(frame: pd.DataFrame, column: str) -> str:
+    return " / ".join(str(v) for v in frame[column].unique())
 
 
-def throughput(row: Row) -> float | None:
-    return row["gbps"] if row["roof_name"] == "memcpy" else row["tflops"]
+def throughput(frame: pd.DataFrame) -> pd.Series:
+    """GB/s for memcpy-roofed rows, TFLOP/s for GEMM-roofed ones."""
+    return frame["gbps"].where(frame["roof_name"] == "memcpy", frame["tflops"])
 
 
-def _status(row: Row | None) -> str:
-    if row is None:
-        return ""
-    return row["correctness"].split(":")[0] if row["p50"] is None else ""
+def by_case(frame: pd.DataFrame, column: str) -> pd.DataFrame:
+    """`column` as a table: one row per size (x_value, ascending), one column per impl."""
+    return frame.pivot(index="x_value", columns="impl", values=column).sort_index()
 
 
-def _cells(rows: Sequence[Row]) -> tuple[list[float], dict[tuple[str, float], Row]]:
-    xs = sorted(dict.fromkeys(row["x_value"] for row in rows))
-    return xs, {(row["impl"], row["x_value"]): row for row in rows}
+def speedups(frame: pd.DataFrame, other: str) -> pd.DataFrame:
+    """Per size and impl, the impl's speed over `other` (other's p50 / impl's p50), or the fraction of the roof
+    when `other` is the roof's name."""
+    if other in set(frame["roof_name"]):
+        return by_case(frame, "fraction_of_roof")
+    p50 = by_case(frame, "p50")
+    return p50.rdiv(p50[other], axis=0) if other in p50 else p50 * math.nan
 
 
-def ratio(rows: Sequence[Row], impl: str, other: str, x: float) -> float | None:
-    """Speed of impl over other at size x (other may be a roof name: the fraction of that roof)."""
-    _, cells = _cells(rows)
-    mine = cells.get((impl, x))
-    if mine is None or mine["p50"] is None:
-        return None
-    if other == mine["roof_name"]:
-        return mine["fraction_of_roof"]
-    theirs = cells.get((other, x))
-    return theirs["p50"] / mine["p50"] if theirs is not None and theirs["p50"] is not None else None
-
-
-def headline(rows: Sequence[Row], view: View) -> list[str]:
+def headline(frame: pd.DataFrame, view: View) -> list[str]:
     """'impl vs other: R at the largest size both ran (geomean G over N sizes)' for each headline pair."""
     out = []
-    xs, _ = _cells(rows)
     for impl, other in view.headline:
-        pairs = [(x, r) for x in xs if (r := ratio(rows, impl, other, x))]
-        if not pairs:
+        ratios = speedups(frame, other).get(impl, pd.Series(dtype=float)).dropna()
+        ratios = ratios[ratios > 0]
+        if ratios.empty:
             out.append(f"{impl} vs {other}: not measured")
             continue
-        geomean = math.exp(sum(math.log(r) for _, r in pairs) / len(pairs))
+        geomean = math.exp(ratios.map(math.log).mean())
         out.append(
-            f"{impl} vs {other}: {times(pairs[-1][1])} at {size(pairs[-1][0])} {rows[0]['x_name']} "
-            f"(geomean {times(geomean)} over {len(pairs)} sizes)"
+            f"{impl} vs {other}: {times(ratios.iloc[-1])} at {size(ratios.index[-1])} {frame['x_name'].iloc[0]} "
+            f"(geomean {times(geomean)} over {len(ratios)} sizes)"
         )
     return out
 
 
-def _throughput_cell(row: Row | None) -> str:
-    return _status(row) or f"{num(throughput(row))} ({times(row['fraction_of_roof'])})"
+def _status(row: pd.Series) -> str:
+    """The reason a row has no timing ("skipped", "error", ...), or "" when it was timed."""
+    return row["correctness"].split(":")[0] if pd.isna(row["p50"]) else ""
 
 
-def _latency_cell(row: Row | None) -> str:
-    return _status(row) or f"{row['p50']:.4g} [{row['p20']:.4g}, {row['p80']:.4g}] ({row['n_samples']})"
+def _throughput_cell(row: pd.Series) -> str:
+    value = row["gbps"] if row["roof_name"] == "memcpy" else row["tflops"]
+    return _status(row) or f"{num(value)} ({times(row['fraction_of_roof'])})"
 
 
-def _sweeps(rows: Sequence[Row]) -> list[str]:
-    commands = [row["repro_cmd"].split() for row in rows]
+def _latency_cell(row: pd.Series) -> str:
+    return _status(row) or f"{row['p50']:.4g} [{row['p20']:.4g}, {row['p80']:.4g}] ({int(row['n_samples'])})"
+
+
+def _cells(frame: pd.DataFrame, impls: list[str], cell) -> pd.DataFrame:
+    """One text cell per (size, impl) from each row through `cell`; "" where the impl has no row."""
+    shown = frame.assign(text=frame.apply(cell, axis=1))
+    return by_case(shown, "text").reindex(columns=impls).fillna("")
+
+
+def _sweeps(frame: pd.DataFrame) -> list[str]:
+    commands = [command.split() for command in frame["repro_cmd"]]
     return sorted({words[words.index("--sizes") + 1] for words in commands if "--sizes" in words})
 
 
-def op_markdown(rows: Sequence[Row], view: View) -> str:
-    op, x_name, roof_name = rows[0]["op"], rows[0]["x_name"], _unique(rows, "roof_name")
+def _with_size_column(table: pd.DataFrame, x_name: str) -> pd.DataFrame:
+    table = table.copy()
+    table.insert(0, x_name, [size(x) for x in table.index])
+    return table.reset_index(drop=True)
+
+
+def op_markdown(frame: pd.DataFrame, view: View) -> str:
+    op, x_name, roof_name = frame["op"].iloc[0], frame["x_name"].iloc[0], _unique(frame, "roof_name")
     unit = "GB/s" if roof_name == "memcpy" else "TFLOP/s"
-    xs, cells = _cells(rows)
-    impls = [impl for impl in view.impls if any(row["impl"] == impl for row in rows)]
-    shape_of = {row["x_value"]: (row["shape"], num(row["bytes"] / 1e6)) for row in rows}
+    impls = [impl for impl in view.impls if impl in set(frame["impl"])]
+    cases = frame.drop_duplicates("x_value").set_index("x_value").sort_index()
 
     def table(cell, extra: bool = False) -> str:
-        body = [[size(x), *(shape_of[x] if extra else ()), *(cell(cells.get((i, x))) for i in impls)] for x in xs]
-        header = [x_name, *(("shape", "MB moved") if extra else ()), *impls]
-        return md_table(header, body)
+        body = _cells(frame, impls, cell)
+        if extra:
+            body.insert(0, "MB moved", [num(b / 1e6) for b in cases["bytes"]])
+            body.insert(0, "shape", list(cases["shape"]))
+        return tables.markdown(_with_size_column(body, x_name))
 
-    roofs = ", ".join(f"{num(v)} {unit}" for v in dict.fromkeys(row["roof_value"] for row in rows))
-    parts = [f"# {op} ({_unique(rows, 'dtype')}) on {_unique(rows, 'device')}", ""]
+    roofs = ", ".join(f"{num(v)} {unit}" for v in frame["roof_value"].unique())
+    parts = [f"# {op} ({_unique(frame, 'dtype')}) on {_unique(frame, 'device')}", ""]
     parts += [
         f"Measured against the same-run **{roof_name}** roof: **{roofs}**. Bytes per call = compulsory "
         "bytes read + written; p50 of the timed samples (cold L2 on GPUs).",
         "",
     ]
-    parts += [f"- {line}" for line in headline(rows, view)] + [""]
+    parts += [f"- {line}" for line in headline(frame, view)] + [""]
     parts += [f"## {unit} at p50 (fraction of {roof_name})", "", table(_throughput_cell, extra=True), ""]
     parts += ["## Latency p50 [p20, p80] in ms (samples)", "", table(_latency_cell), ""]
     if view.compare_to in impls:
         parts += [f"## Speed relative to {view.compare_to} (its p50 / impl p50)", ""]
-        ratios = {(i, x): ratio(rows, i, view.compare_to, x) for i in impls for x in xs}
-        body = [[size(x), *(times(ratios[i, x]) for i in impls)] for x in xs]
-        parts += [md_table([x_name, *impls], body), ""]
-    parts += ["## Correctness against the op's baseline (bit-exact, or within kernels/tolerances's lossy bounds)", ""]
-    parts += [table(lambda row: row["correctness"] if row else ""), ""]
-    stamps = sorted(row["timestamp"] for row in rows)
-    env = [[column, _unique(rows, column)] for column in ENV_COLUMNS]
-    env.append(["measured", f"{stamps[0]} .. {stamps[-1]}"])
-    parts += ["## Environment", "", md_table(["field", "value"], env), ""]
+        ratios = speedups(frame, view.compare_to).reindex(columns=impls).map(times)
+        parts += [tables.markdown(_with_size_column(ratios, x_name)), ""]
+    parts += [
+        "## Correctness against the op's baseline (bit-exact, or within the lossy bounds of kernels/tolerances)",
+        "",
+    ]
+    parts += [table(lambda row: row["correctness"]), ""]
+    stamps = sorted(frame["timestamp"])
+    env = pd.DataFrame({"field": [*ENV_COLUMNS, "measured"]})
+    env["value"] = [_unique(frame, column) for column in ENV_COLUMNS] + [f"{stamps[0]} .. {stamps[-1]}"]
+    parts += ["## Environment", "", tables.markdown(env), ""]
     parts += ["## Reproduce", "", "```"]
-    parts += [f"git checkout {sha}" for sha in dict.fromkeys(row["git_sha"] for row in rows)]
-    parts += [f"touchstone bench --ops {op} --sizes {sweep}" for sweep in _sweeps(rows)] + ["```", ""]
+    parts += [f"git checkout {sha}" for sha in frame["git_sha"].unique()]
+    parts += [f"touchstone bench --ops {op} --sizes {sweep}" for sweep in _sweeps(frame)] + ["```", ""]
     parts += ["One row's command is in the CSV's `repro_cmd` column.", "", f"![{op}]({op}.png)", ""]
     return "\n".join(parts)
 
 
-def _read(path: pathlib.Path) -> list[Row]:
-    """Rows of a CSV, or none (with a warning) if it is not a bench CSV: other files may share the folder."""
-    try:
-        return read_csv(path)
-    except (ValueError, KeyError) as err:
-        print(f"warning: skipping {path}: {err}", file=sys.stderr, flush=True)
-        return []
-
-
 def render_op(folder: pathlib.Path, op: str) -> None:
-    rows = _read(folder / f"{op}.csv")
-    if not rows:
+    frame = rows.read(folder / f"{op}.csv")
+    if frame.empty:
         return
-    view = view_of(rows)
-    (folder / f"{op}.md").write_text(op_markdown(rows, view))
+    view = view_of(frame)
+    (folder / f"{op}.md").write_text(op_markdown(frame, view))
     try:
-        plot_op(rows, view.impls, folder / f"{op}.png")
+        plot_op(frame, view.impls, folder / f"{op}.png")
     except Exception as err:  # matplotlib is a bench extra; the CSV and Markdown stand without the plot
         print(f"warning: no plot for {op}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
 
 
+def summary(frame: pd.DataFrame) -> dict[str, str]:
+    """The index's line for one op: dtype, roof, the fastest impl at the largest size, the headline, the commit,
+    how many rows were checked against the baseline, and how many were wrong: in gated impls (ours, which fail
+    a run) / in ungated peers (a torch.compile of the reference, a vendor library)."""
+    timed = frame.dropna(subset=["p50"]).assign(throughput=lambda f: throughput(f).fillna(0.0))
+    best = timed.sort_values(["x_value", "throughput"]).iloc[-1] if not timed.empty else None
+    checked = frame["correctness"].map(is_checked)
+    wrong = frame["correctness"].str.startswith(("mismatch", "error"))
+    definition = discover().get(frame["op"].iloc[0])
+    peers = {impl.name for impl in definition.impls if not impl.gated} if definition else set()
+    by_peer = frame["impl"].isin(peers)
+    return {
+        "dtype": _unique(frame, "dtype"),
+        "roof": _unique(frame, "roof_name"),
+        "fastest at the largest size (throughput, x roof)": (
+            f"{best['impl']}: {_throughput_cell(best)}" if best is not None else "—"
+        ),
+        "checked": str(int(checked.sum())),
+        "wrong: ours / peers": f"{int((wrong & ~by_peer).sum())} / {int((wrong & by_peer).sum())}",
+        "headline": "; ".join(headline(frame, view_of(frame))) or "—",
+        "git": _unique(frame, "git_sha"),
+    }
+
+
+def _other_tables(folder: pathlib.Path) -> list[pathlib.Path]:
+    """CSVs of the folder that are neither op rows, roofs nor accuracy tables (runner and serving reports)."""
+    return [
+        path
+        for path in sorted(folder.glob("*.csv"))
+        if path.name != ROOFS_CSV and not accuracy.is_accuracy_csv(path) and not rows.is_rows_csv(path)
+    ]
+
+
+def op_csvs(folder: pathlib.Path) -> list[pathlib.Path]:
+    return [
+        path
+        for path in sorted(folder.glob("*.csv"))
+        if path.name != ROOFS_CSV and not accuracy.is_accuracy_csv(path) and rows.is_rows_csv(path)
+    ]
+
+
 def index_markdown(folder: pathlib.Path) -> str:
     parts = [f"# Benchmarks: {folder.name}", ""]
-    body = []
-    for path in sorted(folder.glob("*.csv")):
-        if path.name == ROOFS_CSV or accuracy.is_accuracy_csv(path) or not (rows := _read(path)):
-            continue
-        op, view = rows[0]["op"], view_of(rows)
-        timed = [row for row in rows if row["p50"] is not None]
-        best = max(timed, key=lambda row: (row["x_value"], throughput(row) or 0)) if timed else None
-        best_text = f"{best['impl']}: {_throughput_cell(best)}" if best else "—"
-        body.append(
-            [
-                f"[{op}]({op}.md)",
-                _unique(rows, "dtype"),
-                _unique(rows, "roof_name"),
-                best_text,
-                "; ".join(headline(rows, view)) or "—",
-                _unique(rows, "git_sha"),
-            ]
-        )
-    header = ["op", "dtype", "roof", "fastest at the largest size (throughput, x roof)", "headline", "git"]
-    parts += [md_table(header, body), ""]
-    if tables := accuracy.names_in(folder):
+    lines = []
+    for path in op_csvs(folder):
+        frame = rows.read(path)
+        if not frame.empty:
+            lines.append({"op": f"[{path.stem}]({path.stem}.md)", **summary(frame)})
+    if lines:
+        parts += [tables.markdown(pd.DataFrame(lines)), ""]
+    if others := _other_tables(folder):
+        parts += ["## Runner and serving reports", ""]
+        parts += [f"- [{path.stem}]({path.stem}.md)" for path in others] + [""]
+    if names := accuracy.names_in(folder):
         parts += ["## Accuracy tables", ""]
-        parts += [f"- [{name}]({name}{accuracy.SUFFIX}.md)" for name in tables] + [""]
+        parts += [f"- [{name}]({name}{accuracy.SUFFIX}.md)" for name in names] + [""]
     if (folder / ROOFS_CSV).exists():
-        roofs = _read(folder / ROOFS_CSV)
-        parts += ["## Roofs (measured in the bench run)", ""]
-        parts += [
-            md_table(
-                ["roof", "what", "shape", "value", "measured"],
-                [
-                    [
-                        row["roof_name"],
-                        f"{row['impl']} ({row['dtype']})",
-                        row["shape"],
-                        f"{num(row['roof_value'])} {'GB/s' if row['roof_name'] == 'memcpy' else 'TFLOP/s'}",
-                        row["timestamp"],
-                    ]
-                    for row in roofs
+        roofs = rows.read(folder / ROOFS_CSV)
+        shown = pd.DataFrame(
+            {
+                "roof": roofs["roof_name"],
+                "what": roofs["impl"] + " (" + roofs["dtype"] + ")",
+                "shape": roofs["shape"],
+                "value": [
+                    f"{num(v)} {'GB/s' if name == 'memcpy' else 'TFLOP/s'}"
+                    for v, name in zip(roofs["roof_value"], roofs["roof_name"], strict=True)
                 ],
-            ),
-            "",
-        ]
+                "measured": roofs["timestamp"],
+            }
+        )
+        parts += ["## Roofs (measured in the bench run)", "", tables.markdown(shown), ""]
     return "\n".join(parts)
 
 
@@ -225,13 +257,18 @@ def render_index(folder: pathlib.Path) -> None:
 
 
 def rebuild(path: pathlib.Path) -> list[pathlib.Path]:
-    """Re-render every report folder under `path` (or `path` itself) from its CSVs. Returns the folders."""
+    """Re-render every report folder under `path` (or `path` itself) from its CSVs, and rewrite their PyTorch
+    OSS benchmark records. Returns the folders."""
     folders = sorted({csv.parent for csv in path.rglob("*.csv")})
     for folder in folders:
         for csv in sorted(folder.glob("*.csv")):
             if accuracy.is_accuracy_csv(csv):
                 accuracy.render(folder, csv.name.removesuffix(f"{accuracy.SUFFIX}.csv"))
-            elif csv.name != ROOFS_CSV:
-                render_op(folder, csv.stem)
+        for csv in op_csvs(folder):
+            render_op(folder, csv.stem)
+            oss_records.write(csv.with_suffix(oss_records.SUFFIX), oss_records.op_records(rows.read(csv)))
+        for csv in _other_tables(folder):
+            records = oss_records.table_records(csv.stem, tables.read(csv), {})
+            oss_records.write(csv.with_suffix(oss_records.SUFFIX), records)
         render_index(folder)
     return folders

@@ -6,16 +6,20 @@ explained. Derived columns: gbps = bytes / p50, tflops = flops / p50 (empty when
 model), fraction_of_roof = gbps or tflops over the same-run roof named in roof_name.
 
 CSV files are upserted: rows of a new run replace rows with the same key (op, impl, dtype, shape, metric)
-and leave the others, so re-running one impl after a fix keeps the rest of the table.
+and leave the others, so re-running one impl after a fix keeps the rest of the table. In memory a row is a
+dict while it is measured and the rows of a file are a pandas DataFrame.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import pathlib
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any
+
+import pandas as pd
+
+from bench import oss_records, tables
 
 COLUMNS = (
     "op",
@@ -51,8 +55,19 @@ COLUMNS = (
     "timestamp",
     "repro_cmd",
 )
-FLOAT_COLUMNS = ("x_value", "p20", "p50", "p80", "gbps", "tflops", "roof_value", "fraction_of_roof")
-INT_COLUMNS = ("n_samples", "bytes", "flops")
+NUMERIC_COLUMNS = (
+    "x_value",
+    "p20",
+    "p50",
+    "p80",
+    "n_samples",
+    "bytes",
+    "flops",
+    "gbps",
+    "tflops",
+    "roof_value",
+    "fraction_of_roof",
+)
 KEY = ("op", "impl", "dtype", "shape", "metric")
 
 Row = dict[str, Any]
@@ -117,42 +132,26 @@ def make_row(
     return row
 
 
-def _parse(column: str, text: str) -> Any:
-    if column in FLOAT_COLUMNS:
-        return float(text) if text != "" else None
-    if column in INT_COLUMNS:
-        return int(float(text)) if text != "" else None
-    return text
+def frame(rows: Sequence[Row]) -> pd.DataFrame:
+    return pd.DataFrame(list(rows), columns=list(COLUMNS))
 
 
-def read_csv(path: pathlib.Path) -> list[Row]:
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        if tuple(reader.fieldnames or ()) != COLUMNS:
-            raise ValueError(f"{path}: columns {reader.fieldnames} are not the tidy schema {COLUMNS}")
-        return [{column: _parse(column, row[column]) for column in COLUMNS} for row in reader]
+def is_rows_csv(path: pathlib.Path) -> bool:
+    """Whether `path` holds tidy op rows (other report tables share the folders)."""
+    return tables.header(path) == COLUMNS
 
 
-def write_csv(path: pathlib.Path, rows: Iterable[Row]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: ("" if row[k] is None else row[k]) for k in COLUMNS})
-    tmp.replace(path)  # a run killed mid-write (device time limit) leaves the previous file intact
+def read(path: pathlib.Path) -> pd.DataFrame:
+    """The tidy rows of an op's CSV; numeric columns as floats (NaN where the impl did not run)."""
+    rows = tables.read(path, NUMERIC_COLUMNS)
+    if tuple(rows.columns) != COLUMNS:
+        raise ValueError(f"{path}: not a tidy op CSV (columns differ from bench.rows.COLUMNS)")
+    return rows
 
 
-def upsert_csv(path: pathlib.Path, rows: list[Row]) -> list[Row]:
-    """Replace rows with the same KEY, keep the rest; order: kept rows, then the new ones. Returns all."""
-    new_keys = {tuple(row[k] for k in KEY) for row in rows}
-    try:
-        old = read_csv(path) if path.exists() else []
-    except ValueError:  # written by an older schema: keep it aside rather than mix columns
-        path.replace(path.with_suffix(".csv.old"))
-        old = []
-    kept = [row for row in old if tuple(row[k] for k in KEY) not in new_keys]
-    merged = kept + rows
-    write_csv(path, merged)
+def upsert(path: pathlib.Path, rows: Sequence[Row]) -> pd.DataFrame:
+    """Rows of a new run replace rows with the same KEY and leave the others (bench.tables.upsert); the
+    PyTorch OSS records beside the CSV are rewritten from the result."""
+    merged = tables.upsert(path, frame(rows), KEY, NUMERIC_COLUMNS)
+    oss_records.write(path.with_suffix(oss_records.SUFFIX), oss_records.op_records(merged))
     return merged

@@ -1,9 +1,13 @@
-"""Time a zero-argument callable: p20/p50/p80 in milliseconds and the number of samples behind them.
+"""Time a zero-argument callable: p20/p50/p80 in milliseconds and the number of samples behind them. The one
+timing path of the registry's benches and the launch sweeps, and the one quantile function of every report.
 
 GPU (CUDA, ROCm, XPU): `triton.testing.do_bench`, which times every repetition with device events and
 zeroes a 256 MB buffer before each one (cold L2; H200 L2 is 50 MB). It is called with return_mode="all" so
 that the sample count is known; the quantiles are then the same linear interpolation do_bench applies when
-asked for quantiles=[0.2, 0.5, 0.8].
+asked for quantiles=[0.2, 0.5, 0.8]. A CUDA-graph timing (`cuda_graph=True`) captures one call into a graph
+and times its replays the same way; `triton.testing.do_bench_cudagraph` does not fit here: it replays many
+calls back to back with no L2 flush between them (a decode GEMM's 34 MiB of weights would stay in the 50 MB
+L2 and time faster than HBM allows) and returns 10 samples.
 CPU: a perf_counter loop with the same shape (estimate, warm up for a time, repeat for a time). Caches are
 not flushed: the CPU path exists to exercise the harness, not to judge kernels.
 
@@ -18,6 +22,8 @@ import math
 import time
 import warnings
 from collections.abc import Callable, Sequence
+
+import numpy as np
 
 from bench.device import synchronize
 
@@ -48,20 +54,18 @@ class Timing:
     note: str = ""  # how the timing departs from what was asked (e.g. a CUDA graph that could not be captured)
 
 
-def quantile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default, and do_bench's)."""
-    point = q * (len(sorted_values) - 1)
-    lower, upper = math.floor(point), math.ceil(point)
-    frac = point - lower
-    return (1 - frac) * sorted_values[lower] + frac * sorted_values[upper]
+def quantiles(values: Sequence[float], qs: Sequence[float]) -> list[float]:
+    """Linear interpolation between closest ranks (numpy's default, and do_bench's); NaN for no values."""
+    if not len(values):
+        return [math.nan] * len(qs)
+    return [float(v) for v in np.quantile(np.asarray(values, dtype=np.float64), qs)]
 
 
 def summarize(times_ms: Sequence[float]) -> Timing:
     if not times_ms:
         raise ValueError("no samples")
-    ordered = sorted(times_ms)
-    p20, p50, p80 = (quantile(ordered, q) for q in QUANTILES)
-    return Timing(p20, p50, p80, len(ordered))
+    p20, p50, p80 = quantiles(times_ms, QUANTILES)
+    return Timing(p20, p50, p80, len(times_ms))
 
 
 def _one_call_ms(fn: Callable[[], object], torch_device: str) -> float:

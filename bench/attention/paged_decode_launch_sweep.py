@@ -22,7 +22,7 @@ import sys
 import torch
 
 from bench.attention import paged_decode_inputs as pdi
-from bench.launch_sweep import gpu_args, line, memcpy_gbps, parser, time_ms, timed_or_none
+from bench.launch_sweep import gpu_args, line, memcpy_gbps, note, parser, time_ms, timed_or_none
 from kernels import paged_decode as kernel
 from kernels.tolerances import families, lossy_bound, lossy_metrics, tolerance_verdict
 from reference.attention import paged as ref
@@ -43,7 +43,12 @@ def sweep(batch: int, context: int, splits: tuple[int, ...], configs, memcpy: fl
     q, k_cache, v_cache, table, lens, scale, _ = problem.args
     kv_bytes = pdi.kv_bytes(batch, context)
     sdpa = sdpa_ms(problem)
-    print(f"batch {batch} context {context}: SDPA {sdpa * 1e3:.1f} us, {kv_bytes / sdpa / 1e6:.0f} GB/s", flush=True)
+    note(
+        f"batch {batch} context {context} SDPA",
+        f"batch {batch} context {context}: SDPA {sdpa * 1e3:.1f} us, {kv_bytes / sdpa / 1e6:.0f} GB/s",
+        time_us=sdpa * 1e3,
+        gbps=kv_bytes / sdpa / 1e6,
+    )
     scales = (None, None)
     if fp8:
         k_cache, v_cache, *scales = pdi.fp8_kv(problem)
@@ -54,7 +59,7 @@ def sweep(batch: int, context: int, splits: tuple[int, ...], configs, memcpy: fl
         mirror = ref.paged_decode_mirror(q, k_cache, v_cache, table, lens, scale, num_splits, *scales)
         for tile_n, warps, stages in configs:
             kernel._GPU.update(tile_n=tile_n, warps=warps, stages=stages, fp8_stages=stages)
-            name = f"  splits={num_splits:2d} tile={tile_n:3d} warps={warps} stages={stages}"
+            name = f"  B{batch} L{context} splits={num_splits:2d} tile={tile_n:3d} warps={warps} stages={stages}"
             call = functools.partial(
                 kernel.launch_paged_decode, q, k_cache, v_cache, table, lens, scale, num_splits, *scales
             )
@@ -65,9 +70,9 @@ def sweep(batch: int, context: int, splits: tuple[int, ...], configs, memcpy: fl
             line(
                 name,
                 ms,
-                f"{gbps:5.0f} GB/s",
                 {"SDPA": sdpa / ms, "memcpy": gbps / memcpy},
                 tolerance_verdict(lossy_metrics(call(), mirror, ideal), bound),
+                gbps=gbps,
             )
 
 
@@ -82,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             (64,) if args.quick else TILES, (4, 8) if args.quick else WARPS, (2, 3) if args.quick else STAGES
         )
     )
-    memcpy = memcpy_gbps(pdi.kv_bytes(8, 32768), " (the KV bytes of batch 8 x 32k)")
+    memcpy = memcpy_gbps(pdi.kv_bytes(8, 32768), "the KV bytes of batch 8 x 32k")
     saved = dict(kernel._GPU)
     try:
         for (batch, context), splits in SHAPES.items():

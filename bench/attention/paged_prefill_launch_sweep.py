@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from bench.launch_sweep import gpu_args, line, parser, time_ms, timed_or_none
+from bench.launch_sweep import gpu_args, line, note, parser, time_ms, timed_or_none
 from kernels import paged_prefill as kernel
 from kernels.tolerances import families, lossy_bound, lossy_metrics, tolerance_verdict
 from reference.attention import paged as ref
@@ -72,19 +72,25 @@ def sweep(batch: int, new: int, prefix: int, configs) -> None:
     flops = 4 * HEAD * HQ * batch * (new * prefix + new * (new + 1) // 2)
     try:
         sdpa = sdpa_ms(q, k_cache, v_cache, table, batch, new, prefix)
-        print(
+        note(
+            f"{batch} x {new} new after {prefix} SDPA flash",
             f"{batch} x {new} new after {prefix}: SDPA flash {sdpa * 1e3:.1f} us, {flops / sdpa / 1e9:.0f} TFLOP/s",
-            flush=True,
+            time_us=sdpa * 1e3,
+            tflops=flops / sdpa / 1e9,
         )
     except RuntimeError as err:
         sdpa = float("nan")
-        print(f"{batch} x {new} new after {prefix}: SDPA flash unavailable: {str(err)[:80]}", flush=True)
+        note(
+            f"{batch} x {new} new after {prefix} SDPA flash",
+            f"{batch} x {new} new after {prefix}: SDPA flash unavailable: {str(err)[:80]}",
+            verdict=f"unavailable: {str(err)[:80]}",
+        )
     bound = lossy_bound(families.PAGED_PREFILL, torch.bfloat16)
     ideal = ref.paged_attention_ideal(q, k_cache, v_cache, table, lens, scale, cu_seqlens=cu)
     mirrors = {}
     for tile_m, tile_n, warps, stages in configs:
         kernel._GPU.update(tile_m=tile_m, tile_n=tile_n, warps=warps, stages=stages)
-        name = f"  tile_m={tile_m:3d} tile_n={tile_n:3d} warps={warps} stages={stages}"
+        name = f"  {batch}x{new}+{prefix} tile_m={tile_m:3d} tile_n={tile_n:3d} warps={warps} stages={stages}"
         call = functools.partial(kernel.launch_paged_prefill, q, k_cache, v_cache, table, lens, cu, scale)
         ms = timed_or_none(call, name)
         if ms is None:
@@ -94,9 +100,9 @@ def sweep(batch: int, new: int, prefix: int, configs) -> None:
         line(
             name,
             ms,
-            f"{flops / ms / 1e9:5.0f} TFLOP/s",
             {"SDPA flash": sdpa / ms},
             tolerance_verdict(lossy_metrics(call(), mirrors[tile_n], ideal), bound),
+            tflops=flops / ms / 1e9,
         )
 
 

@@ -8,8 +8,9 @@ operands + fp32 scales + bf16 output (bench/gemm/block_fp8_peers.py). One op per
 Implementations: reference-mirror (reference.gemm.block_fp8, eager: the baseline every row is checked
 against with the suites' tolerance row), triton (kernels.block_fp8_gemm, gated), and ungated vendor peers:
 cublas-blockwise (`torch._scaled_mm` with 1x128 / 128x128 scales: the bar), cublas-rowwise-fp8 and
-cublas-bf16 (see block_fp8_peers.py). The peers multiply differently quantized (rowwise) or unquantized
-(bf16) operands, so their correctness verdict is a distance from the block-FP8 result, not a failure.
+cublas-bf16 (see block_fp8_peers.py). The last two multiply differently quantized (rowwise) or unquantized
+(bf16) operands: not expected to equal the block-FP8 result, their verdict records the distance from it
+("differs as expected") and is a mismatch only beyond a bound that rounding of that kind cannot reach.
 Timing: CUDA-graph replays for every impl (`cuda_graph=True`; bench.timing.graphed says why), so the small-M
 rows time the GPU, not the host's op dispatch.
 """
@@ -20,7 +21,7 @@ from collections.abc import Callable
 
 import torch
 
-from bench.correctness import lossy_check
+from bench.correctness import expected_difference, lossy_check
 from bench.gemm import block_fp8_peers as peers
 from bench.quant.sweeps import kernel, triton_skip
 from bench.registry import Case, Impl, OpBench, Unavailable, register
@@ -73,12 +74,17 @@ def fp8_cublas_skip(case: Case, backend: str) -> str | None:
     return reason
 
 
+# Distances from the block-FP8 mirror measured on the H200 (randn operands, every shape of this file, M 1-8192):
+# rowwise FP8 max_rel 0.031-0.048, bf16 of the unquantized operands 0.0033-0.0071; bounds ~2x the worst.
+ROWWISE_CHECK = expected_difference("rowwise FP8 scales, not 1x128 / 128x128 blocks", 0.1)
+BF16_CHECK = expected_difference("bf16 GEMM of the unquantized operands", 0.015)
+
 IMPLS = (
     Impl("reference-mirror", _mirror),
     Impl("triton", _triton, triton_skip),
     Impl("cublas-blockwise", _peer(peers.cublas_blockwise), fp8_cublas_skip, gated=False),
-    Impl("cublas-rowwise-fp8", _peer(peers.cublas_rowwise), fp8_cublas_skip, gated=False),
-    Impl("cublas-bf16", peers.bf16_matmul, cuda_only, gated=False),
+    Impl("cublas-rowwise-fp8", _peer(peers.cublas_rowwise), fp8_cublas_skip, gated=False, check=ROWWISE_CHECK),
+    Impl("cublas-bf16", peers.bf16_matmul, cuda_only, gated=False, check=BF16_CHECK),
 )
 
 

@@ -17,7 +17,7 @@ import sys
 import torch
 
 from bench.gemm import block_fp8_peers as peers
-from bench.launch_sweep import gpu_args, parser, time_ms
+from bench.launch_sweep import failed, gpu_args, line, parser, time_ms
 from kernels import block_fp8_gemm as kernel
 from kernels.tolerances import families, lossy_bound, lossy_metrics
 from reference.gemm.block_fp8 import block_fp8_gemm_mirror
@@ -70,7 +70,7 @@ def sweep_shape(m: int, n: int, k: int, quick: bool) -> None:
         cublas_ms = time_ms(peers.cublas_blockwise(ops))
     except RuntimeError as err:
         cublas_ms = float("nan")
-        print(f"{m}x{n}x{k} cublas-blockwise FAILED: {str(err).splitlines()[0][:200]}", flush=True)
+        failed(f"{m}x{n}x{k} cublas-blockwise", err)
     for name, make in (
         ("cublas-blockwise", None),
         ("cublas-rowwise-fp8", peers.cublas_rowwise),
@@ -78,13 +78,9 @@ def sweep_shape(m: int, n: int, k: int, quick: bool) -> None:
     ):
         try:
             ms = cublas_ms if make is None else time_ms(make(ops))
-            print(
-                f"{m}x{n}x{k} {name:<40} {ms * 1e3:9.1f} us  {flops / ms / 1e9:7.1f} TFLOP/s  "
-                f"{cublas_ms / ms:5.3f}x blockwise",
-                flush=True,
-            )
+            line(f"{m}x{n}x{k} {name:<40}", ms, {"blockwise": cublas_ms / ms}, "peer", tflops=flops / ms / 1e9)
         except RuntimeError as err:
-            print(f"{m}x{n}x{k} {name} FAILED: {str(err).splitlines()[0][:200]}", flush=True)
+            failed(f"{m}x{n}x{k} {name}", err)
     table = kernel.choose_config(m, n, k, torch.device("cuda"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     candidates = (SMALL_M if m <= 64 else LARGE_M)[: 3 if quick else None]
@@ -104,13 +100,14 @@ def sweep_shape(m: int, n: int, k: int, quick: bool) -> None:
             verdict = "ok" if metrics.max_rel <= bound.max_rel and metrics.rms_rel <= bound.rms_rel else "MISMATCH"
             ms = time_ms(fn)
         except Exception as err:  # a config that does not compile or launch is a result, not a stop
-            print(f"{m}x{n}x{k} triton {text} {label} FAILED: {type(err).__name__}: {str(err)[:160]}", flush=True)
+            failed(f"{m}x{n}x{k} triton {text} {label}", err)
             continue
-        print(
-            f"{m}x{n}x{k} triton {text:<40} {ms * 1e3:9.1f} us  {flops / ms / 1e9:7.1f} TFLOP/s  "
-            f"{cublas_ms / ms:5.3f}x blockwise  {verdict} (max_rel {metrics.max_rel:.2g}, rms_rel "
-            f"{metrics.rms_rel:.2g}) {label}",
-            flush=True,
+        line(
+            f"{m}x{n}x{k} triton {text:<40}",
+            ms,
+            {"blockwise": cublas_ms / ms},
+            f"{verdict} (max_rel {metrics.max_rel:.2g}, rms_rel {metrics.rms_rel:.2g}) {label}".rstrip(),
+            tflops=flops / ms / 1e9,
         )
     del ops, mirror
     torch.cuda.empty_cache()
@@ -124,7 +121,6 @@ def main(argv: list[str] | None = None) -> int:
     shapes = DEFAULT_SHAPES
     if args.shapes:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}", flush=True)
     for m, n, k in shapes:
         sweep_shape(m, n, k, args.quick)
     return 0

@@ -5,9 +5,9 @@ same run, and weight GB/s against a memcpy of the same run.
 
 This is how `_GPU_CONFIGS` in kernels/w4a16_mxfp4_gemm.py is chosen (its comment says which rows are measured
 and which are guesses). Every config is checked against the mirror reference (lossy bound of the suites)
-before it is timed. Each time is the median of do_bench over a CUDA-graph replay of one launch (the kernel(s)
+before it is timed. Each time is the p50 of bench.timing over a CUDA-graph replay of one launch (the kernel(s)
 alone: no Python dispatch), with do_bench's 256 MB L2 flush before every repetition, so the 34 MiB of weights
-stream from HBM; "dispatch" is the same op called through torch.ops (what the bench registry times).
+stream from HBM; "dispatch" is the same op called eagerly through torch.ops.
 Lines: M, config (kernel BLOCK_N BLOCK_M GROUPS SPLIT_K warps stages), us, x bf16 matmul, weight GB/s,
 x memcpy, check.
 """
@@ -18,10 +18,9 @@ import itertools
 import sys
 
 import torch
-from triton.testing import do_bench
 
 from bench.gemm.w4a16_mxfp4 import SCALE_RANGE
-from bench.launch_sweep import gpu_args, parser
+from bench.launch_sweep import failed, gpu_args, line, memcpy_gbps, note, parser, time_ms
 from kernels import w4a16_mxfp4_gemm as kernel
 from kernels.tolerances import families, lossy_bound, lossy_metrics
 from reference.gemm.w4a16_mxfp4 import w4a16_mxfp4_gemm_mirror
@@ -61,32 +60,18 @@ def candidates(m: int) -> list[tuple]:
     return gemv + dot_configs(m)
 
 
-def memcpy_gbps() -> float:
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    return 2 * src.numel() / do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median") / 1e6
-
-
-def graph_time_ms(fn) -> float:
-    fn()  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return do_bench(graph.replay, warmup=25, rep=200, return_mode="median")
-
-
 def sweep_m(x, codes, scales, w, memcpy: float, only: str | None) -> None:
     m = x.shape[0]
     weight_bytes = codes.numel() + scales.numel()
     bound = lossy_bound(families.W4A16_MXFP4_GEMM, torch.bfloat16)
     want = w4a16_mxfp4_gemm_mirror(x, codes, scales)
-    matmul = graph_time_ms(lambda: torch.matmul(x, w.T))
-    dispatch = do_bench(lambda: kernel.w4a16_mxfp4_gemm(x, codes, scales), warmup=25, rep=200, return_mode="median")
-    print(
-        f"M={m}: bf16 matmul {matmul * 1e3:.1f} us; op through torch.ops (default config, do_bench as the "
-        f"registry times it) {dispatch * 1e3:.1f} us",
-        flush=True,
+    matmul = time_ms(lambda: torch.matmul(x, w.T), cuda_graph=True)
+    dispatch = time_ms(lambda: kernel.w4a16_mxfp4_gemm(x, codes, scales))
+    note(f"M={m} bf16 matmul", f"M={m}: bf16 matmul {matmul * 1e3:.1f} us", time_us=matmul * 1e3)
+    note(
+        f"M={m} op through torch.ops",
+        f"M={m}: op through torch.ops (default config, eager) {dispatch * 1e3:.1f} us",
+        time_us=dispatch * 1e3,
     )
     results = []
     for config in candidates(m):
@@ -96,17 +81,14 @@ def sweep_m(x, codes, scales, w, memcpy: float, only: str | None) -> None:
             got = kernel.launch(x, codes, scales, config=config)
             metrics = lossy_metrics(got, want, want)
             ok = metrics.max_rel <= bound.max_rel and metrics.rms_rel <= bound.rms_rel
-            ms = graph_time_ms(lambda config=config: kernel.launch(x, codes, scales, config=config))
+            ms = time_ms(lambda config=config: kernel.launch(x, codes, scales, config=config), cuda_graph=True)
         except Exception as err:  # a config that does not compile or fit is a line, not the end of the sweep
-            print(f"M={m:5d} {config}  failed: {type(err).__name__}: {str(err).splitlines()[0][:120]}", flush=True)
+            failed(f"M={m:5d} {config}", err)
             continue
         gbps = weight_bytes / ms / 1e6
         results.append((ms, config))
-        print(
-            f"M={m:5d} {config}  {ms * 1e3:8.1f} us  {matmul / ms:5.2f}x bf16  {gbps:6.0f} GB/s weights  "
-            f"{gbps / memcpy:.3f}x memcpy  {'ok' if ok else 'MISMATCH ' + str(metrics)}",
-            flush=True,
-        )
+        verdict = "ok" if ok else f"MISMATCH {metrics}"
+        line(f"M={m:5d} {config}", ms, {"bf16": matmul / ms, "memcpy": gbps / memcpy}, verdict, gbps=gbps)
     if results:
         ms, config = min(results)
         print(
@@ -127,11 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     codes = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=gen)
     scales = torch.randint(*SCALE_RANGE, (n, k // 32), dtype=torch.uint8, device="cuda", generator=gen)
     w = dequantize_mxfp4(codes, scales, dtype=torch.bfloat16)
-    memcpy = memcpy_gbps()
-    print(
-        f"memcpy 1 GiB: {memcpy:.0f} GB/s; N = K = {n}; weights {(codes.numel() + scales.numel()) / 2**20:.1f} MiB",
-        flush=True,
-    )
+    memcpy = memcpy_gbps(1 << 30, f"N = K = {n}; weights {(codes.numel() + scales.numel()) / 2**20:.1f} MiB")
     for m in args.m:
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda", generator=gen)
         sweep_m(x, codes, scales, w, memcpy, args.only)

@@ -49,7 +49,7 @@ def sweep_full_attention(tokens: int, dtype: torch.dtype) -> None:
     want, got = caches
     ref.store_kv(key, value, want.views[0]["k"], want.views[0]["v"], slots, **scales[0])
     moved = 2 * key.numel() * 2 + 2 * key.numel() * dtype.itemsize + (2 * tokens * HEADS * 4 if fp8 else 0)
-    memcpy = memcpy_gbps(2 * key.numel() * 2, f" ({dtype} store, {tokens} tokens)")
+    memcpy = memcpy_gbps(2 * key.numel() * 2, f"{dtype} store, {tokens} tokens")
     for heads, warps in KV_SHAPES:
         kernel._GPU.update(heads_per_program=heads, kv_warps=warps)
         got.buffer.zero_()
@@ -86,7 +86,7 @@ def sweep_packed_mla(tokens: int, fmt: str) -> None:
 
     store(ref.store_fp8_ds_mla if fmt == "fp8_ds_mla" else ref.store_dsv4, want)()
     moved = latent.numel() * 2 + tokens * spec.token_bytes
-    memcpy = memcpy_gbps(latent.numel() * 2, f" ({fmt} store, {tokens} tokens)")
+    memcpy = memcpy_gbps(latent.numel() * 2, f"{fmt} store, {tokens} tokens")
     for warps in MLA_WARPS:
         kernel._GPU.update(mla_warps=warps)
         got.buffer.zero_()

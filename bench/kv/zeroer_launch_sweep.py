@@ -18,7 +18,7 @@ import sys
 import torch
 
 from bench.kv.zeroer import CANARY, DSV4_PACKED, FA_BF16, make_inputs
-from bench.launch_sweep import gpu_args, memcpy_gbps, parser, report, time_ms
+from bench.launch_sweep import gpu_args, memcpy_gbps, note, parser, report, time_ms
 from kernels import kv_zeroer as kernel
 from reference.kv import zeroer as ref
 
@@ -38,10 +38,12 @@ def main(argv: list[str] | None = None) -> int:
         cleared = got.cleared
         scratch = torch.empty(cleared, dtype=torch.uint8, device="cuda")
         memset = cleared / time_ms(scratch.zero_) / 1e6
-        print(
+        note(
+            f"{name} memset",
             f"{name}: {case.shape[0]} of {case.shape[1]} blocks, {cleared / 2**20:.0f} MiB cleared; "
             f"memset {memset:.0f} GB/s",
-            flush=True,
+            gbps=memset,
+            bytes=cleared,
         )
         for chunk_bytes, warps in itertools.product(CHUNK_BYTES, WARPS):
             got.buffers[0].fill_(CANARY)

@@ -9,7 +9,7 @@ import pathlib
 import sys
 from collections.abc import Sequence
 
-from bench import tidy_tables
+from bench import tables
 from bench.environment import Environment
 
 COLUMNS = (
@@ -58,7 +58,7 @@ def write(out: pathlib.Path, env: Environment, name: str, rows: Sequence[dict], 
 
     main = sys.modules["__main__"].__spec__
     command = "python -m " + " ".join([main.name if main else "?", *sys.argv[1:]])
-    folder = tidy_tables.write(
+    folder = tables.write_report(
         out,
         env,
         name,

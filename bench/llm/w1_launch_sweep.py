@@ -1,18 +1,16 @@
-"""Sweep the runner's engine knobs on W1 (GPU): output tok/s per configuration, and the ratio to the issue's
-40,000 tok/s bar.
+"""Sweep the runner's engine knobs on W1 (GPU): output tok/s per configuration, and the ratio to the W1 bar
+(40,000 tok/s).
 
     python -m bench.llm.w1_launch_sweep [--requests 256 --output-len 512]
 
 Knobs: the step token budget (max_num_batched_tokens: prefill chunk size, so how many steps the 256 prompts
-take), max_num_seqs (the decode batch; 256 = the whole workload at once) and CUDA graphs on/off. The
-defaults in bench.llm.w1 (16384 tokens, 256 sequences, graphs) are untuned: no GPU run has measured them;
-this sweep is what should set them. Each configuration builds its own LLM (dummy bf16 weights, its own
+take), max_num_seqs (the decode batch; 256 = the whole workload at once) and CUDA graphs on/off; this sweep
+is what sets the defaults of bench.llm.w1. Each configuration builds its own LLM (dummy bf16 weights, its own
 graph capture, its own KV sizing), runs one small warm-up generate and one timed generate of the workload.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import gc
 import itertools
@@ -21,6 +19,7 @@ import time
 
 import torch
 
+from bench.launch_sweep import gpu_args, note, parser
 from bench.llm.w1 import BAR_TOK_S
 from bench.llm.workload import W1
 
@@ -30,14 +29,11 @@ GRAPHS = (True, False)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.llm.w1_launch_sweep", description=__doc__.split("\n\n")[0])
+    p = parser(__doc__)
     p.add_argument("--requests", type=int)
     p.add_argument("--output-len", type=int)
     p.add_argument("--model", default="smollm2-135m")
-    args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("the sweep needs CUDA", file=sys.stderr)
-        return 2
+    args = gpu_args(p, argv, "w1_launch_sweep")
     from runner import LLM, SamplingParams
 
     workload = W1.scaled(args.requests, args.output_len)
@@ -66,11 +62,17 @@ def main(argv: list[str] | None = None) -> int:
         seconds = time.perf_counter() - started
         tokens = sum(len(o.token_ids) for o in outs)
         rate = tokens / seconds
-        print(
-            f"budget={budget:>6} seqs={seqs:>4} graphs={graphs!s:>5} steps={llm.engine.stats.steps:>5} "
-            f"preempted={llm.engine.scheduler.num_preemptions - preempted:>4}: {seconds:7.3f} s {rate:>10,.0f} tok/s "
+        config = f"budget={budget:>6} seqs={seqs:>4} graphs={graphs!s:>5}"
+        steps, preemptions = llm.engine.stats.steps, llm.engine.scheduler.num_preemptions - preempted
+        note(
+            config,
+            f"{config} steps={steps:>5} preempted={preemptions:>4}: {seconds:7.3f} s {rate:>10,.0f} tok/s "
             f"({rate / BAR_TOK_S:.2f}x bar)",
-            flush=True,
+            seconds=seconds,
+            output_tok_per_s=rate,
+            steps=steps,
+            preemptions=preemptions,
+            x_bar=rate / BAR_TOK_S,
         )
         del llm
         gc.collect()

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     args = gpu_args(cli, argv, "conv1d_update_launch_sweep")
     problem = make_problem(args.batch, "cuda")
     moved = moved_bytes(args.batch)
-    memcpy = memcpy_gbps(moved // 2, f" ({moved / 2**20:.1f} MiB moved a call)")
+    memcpy = memcpy_gbps(moved // 2, f"{moved / 2**20:.1f} MiB moved a call")
     want_state = problem["conv_state"].clone()
     want = ref.causal_conv1d_update(**dict(problem, conv_state=want_state))
     ideal = ref.causal_conv1d_ideal(
@@ -58,9 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         line(
             name,
             ms,
-            f"{gbps:5.0f} GB/s",
             {"memcpy": gbps / memcpy},
             f"{exact}  out {tolerance_verdict(lossy_metrics(out, want, ideal), bound)}",
+            gbps=gbps,
         )
     return 0
 

@@ -50,7 +50,7 @@ def sweep(batch: int, label: str, state_dtype: torch.dtype, configs) -> None:
     problem = make_problem(batch, state_dtype, "cuda")
     moved = moved_bytes(batch, state_dtype)
     state_bytes = problem["state"].numel() * state_dtype.itemsize
-    memcpy = memcpy_gbps(state_bytes, f" (the {label} state of batch {batch})")
+    memcpy = memcpy_gbps(state_bytes, f"the {label} state of batch {batch}")
     slots = problem["state_indices"][:CHECKED].long()
     mirror_state = problem["state"].clone()
     want_out = ref.selective_state_update(**dict(problem, state=mirror_state))[:CHECKED]
@@ -64,7 +64,7 @@ def sweep(batch: int, label: str, state_dtype: torch.dtype, configs) -> None:
         if ms is None:
             continue
         gbps = moved / ms / 1e6
-        line(name, ms, f"{gbps:5.0f} GB/s", {"memcpy": gbps / memcpy}, verdict(problem, config, *checks))
+        line(name, ms, {"memcpy": gbps / memcpy}, verdict(problem, config, *checks), gbps=gbps)
 
 
 def main(argv: list[str] | None = None) -> int:

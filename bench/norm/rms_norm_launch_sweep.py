@@ -14,9 +14,8 @@ import sys
 
 import torch
 import triton
-from triton.testing import do_bench_cudagraph
 
-from bench.launch_sweep import gpu_args, line, memcpy_gbps, parser
+from bench.launch_sweep import gpu_args, line, memcpy_gbps, parser, time_ms
 from kernels import rms_norm as kernel
 from kernels.tolerances import families, lossy_bound, lossy_metrics, tolerance_verdict
 from reference.norm.rms_norm import rms_norm, rms_norm_ideal
@@ -25,11 +24,6 @@ EPS = 1e-5
 HIDDENS = (576, 4096)
 ROWS = (1, 64, 4096)
 WARPS = (1, 2, 4, 8, 16)
-
-
-def graphed_ms(fn) -> float:
-    fn()
-    return do_bench_cudagraph(fn, rep=200, return_mode="median")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
             for fused in (True, False):
                 res = residual if fused else None
                 moved = ((4 if fused else 2) * rows + 1) * hidden * 2
-                eager = graphed_ms(functools.partial(rms_norm, x, weight, EPS, res))  # the runner's op sequence
+                eager = time_ms(
+                    functools.partial(rms_norm, x, weight, EPS, res), cuda_graph=True
+                )  # the runner's op sequence
                 want = rms_norm(x, weight, EPS, res)
                 ideal = rms_norm_ideal(x, weight, EPS, res)
                 want, ideal = (want[0], ideal[0]) if fused else (want, ideal)
@@ -68,15 +64,13 @@ def main(argv: list[str] | None = None) -> int:
                         FAULT=0,
                         num_warps=warps,
                     )
-                    ms = graphed_ms(launch)
+                    ms = time_ms(launch, cuda_graph=True)
                     verdict = tolerance_verdict(lossy_metrics(out.cpu(), want.cpu(), ideal.cpu()), bound)
                     if fused and not torch.equal(new_res, x + residual):
                         verdict = "MISMATCH in new residual; " + verdict
                     gbps = moved / ms / 1e6
                     config = f"{'fused' if fused else 'plain'} rows={rows:5d} hidden={hidden:5d} warps={warps:2d}"
-                    line(
-                        config, ms, f"{gbps:6.0f} GB/s", {"memcpy": gbps / memcpy, "eager-speedup": eager / ms}, verdict
-                    )
+                    line(config, ms, {"memcpy": gbps / memcpy, "eager-speedup": eager / ms}, verdict, gbps=gbps)
     return 0
 
 

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     scale = EncodeScale.from_amax(tensor_amax(x))
     moved = x.numel() * 2 + m * k // 2 + m * k // 16
     n_blocks = m * k // 16
-    memcpy = memcpy_gbps(x.numel() * 2, f"; x [{m}, {k}] bf16")
+    memcpy = memcpy_gbps(x.numel() * 2, f"x [{m}, {k}] bf16")
 
     tail = slice(m - 256, m)
     want_codes, want_scales = ref.quantize_nvfp4(x[tail].cpu(), scale.to("cpu"))

@@ -16,9 +16,8 @@ import sys
 
 import torch
 import triton
-from triton.testing import do_bench_cudagraph
 
-from bench.launch_sweep import gpu_args, line, memcpy_gbps, parser
+from bench.launch_sweep import gpu_args, line, memcpy_gbps, parser, time_ms
 from bench.rotary.rope import BASE, HEADS, MAX_POSITIONS, hf_rotation, views
 from kernels import rope as kernel
 from reference.rotary.rope import apply_rope, rope_cos_sin_cache
@@ -27,11 +26,6 @@ TOKENS = (1, 64, 256, 4096)
 TOKENS_PER_PROGRAM = (1, 2, 4, 8, 16)
 TILE_ELEMENTS = (1024, 2048, 4096)
 WARPS = (1, 2, 4)
-
-
-def graphed_ms(fn) -> float:
-    fn()
-    return do_bench_cudagraph(fn, rep=200, return_mode="median")
 
 
 def launcher(qkv, heads, positions, table, block_t, tile_elements, warps):
@@ -61,7 +55,7 @@ def sweep(hq: int, hkv: int, d: int, tokens: int, memcpy: float) -> None:
     moved = 2 * tokens * (hq + hkv) * d * 2 + 8 * tokens + 4 * tokens * d
     want_q, want_k = apply_rope(*views(qkv, (hq, hkv, d)), positions, table)
     # the peer: HF's eager rotation (the runner's before this kernel), cos/sin computed outside the timed call
-    eager = graphed_ms(hf_rotation(False)(dict(qkv=qkv.clone(), heads=(hq, hkv, d), positions=positions)))
+    eager = time_ms(hf_rotation(False)(dict(qkv=qkv.clone(), heads=(hq, hkv, d), positions=positions)), cuda_graph=True)
     for block_t, tile, warps in itertools.product(TOKENS_PER_PROGRAM, TILE_ELEMENTS, WARPS):
         if block_t > triton.next_power_of_2(tokens):
             continue
@@ -69,15 +63,15 @@ def sweep(hq: int, hkv: int, d: int, tokens: int, memcpy: float) -> None:
         launcher(fresh, (hq, hkv, d), positions, table, block_t, tile, warps)()  # the checked call
         got_q, got_k = views(fresh, (hq, hkv, d))
         exact = torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
-        ms = graphed_ms(launcher(fresh, (hq, hkv, d), positions, table, block_t, tile, warps))
+        ms = time_ms(launcher(fresh, (hq, hkv, d), positions, table, block_t, tile, warps), cuda_graph=True)
         gbps = moved / ms / 1e6
         config = f"q{hq:2d} kv{hkv} d{d:3d} T={tokens:5d} tokens/prog={block_t:2d} tile={tile:5d} warps={warps}"
         line(
             config,
             ms,
-            f"{gbps:6.0f} GB/s",
             {"memcpy": gbps / memcpy, "eager-speedup": eager / ms},
             "exact" if exact else "MISMATCH",
+            gbps=gbps,
         )
 
 

@@ -1,5 +1,5 @@
-"""`touchstone bench serve`: serving benchmark, like `vllm bench serve` (serving-runner.md §6): a sweep of
-concurrency (default) or Poisson request rate; TTFT, TPOT, ITL p50/p99, E2EL, output tok/s, req/s.
+"""`touchstone bench serve`: serving benchmark, like `vllm bench serve`: a sweep of concurrency (default) or
+Poisson request rate; TTFT, TPOT, ITL p50/p99, E2EL, output tok/s, req/s.
 
     touchstone bench serve                                  # CPU: launches the real model, concurrency 1,4,16
     touchstone bench serve --load-format dummy --device cuda --concurrency 1,16,64,256 \\
@@ -23,16 +23,32 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-
-def _values(text: str, kind) -> list:
-    return [kind(v) for v in text.split(",") if v]
+from runner.cli_parser import Parser
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="touchstone bench serve", description=__doc__.split("\n\n")[0])
+def positive_list(kind):
+    """An argparse type: a comma-separated list of positive `kind` values ("1,4,16")."""
+
+    def parse(text: str) -> list:
+        try:
+            values = [kind(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {kind.__name__}s") from None
+        if not values or any(v <= 0 for v in values):
+            raise argparse.ArgumentTypeError(f"{text!r}: give one or more values > 0")
+        return values
+
+    parse.__name__ = f"list of {kind.__name__}s"
+    return parse
+
+
+def parser() -> Parser:
+    p = Parser(prog="touchstone bench serve", description=__doc__.split("\n\n")[0])
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--concurrency", default="1,4,16", help="comma-separated sweep (default 1,4,16)")
-    mode.add_argument("--request-rate", help="comma-separated Poisson arrival rates, requests/s")
+    mode.add_argument(
+        "--concurrency", type=positive_list(int), default=[1, 4, 16], help="comma-separated sweep (default 1,4,16)"
+    )
+    mode.add_argument("--request-rate", type=positive_list(float), help="comma-separated Poisson rates, requests/s")
     p.add_argument("--num-prompts", type=int, help="requests per point (default 4 x concurrency, >= 8; 32 for rates)")
     p.add_argument("--input-len", type=int, default=64)
     p.add_argument("--output-len", type=int, default=32)
@@ -70,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from runner.server.process import launched
 
     rate_mode = args.request_rate is not None
-    points = _values(args.request_rate, float) if rate_mode else _values(args.concurrency, int)
+    points = args.request_rate if rate_mode else args.concurrency
     server_args = _server_args(args)
     log_dir = pathlib.Path(tempfile.mkdtemp(prefix="touchstone-bench-serve-"))
     with contextlib.ExitStack() as stack:

@@ -1,13 +1,13 @@
-"""Serving-benchmark rows -> reports/<backend>-<device>/serve_<name>.csv and .md (bench.tidy_tables: CSV with the
-environment on every row, a Markdown table with a headline) and .png, a self-describing figure: TTFT / TPOT / ITL
-p50 and p99 and output tok/s against the swept concurrency or rate."""
+"""Serving-benchmark rows -> reports/<backend>-<device>/serve_<name>.csv, .md and .pytorch.json (through
+bench.tables.write_report) and .png, a self-describing figure: TTFT / TPOT / ITL p50 and p99 and output tok/s
+against the swept concurrency or rate."""
 
 from __future__ import annotations
 
 import pathlib
 from collections.abc import Sequence
 
-from bench import tidy_tables
+from bench import tables
 from bench.environment import Environment
 
 SHOWN = (
@@ -48,7 +48,7 @@ COLUMNS = (
 def write(
     out: pathlib.Path, env: Environment, name: str, rows: Sequence[dict], headline: str, common: dict
 ) -> pathlib.Path:
-    folder = tidy_tables.write(
+    folder = tables.write_report(
         out,
         env,
         name,

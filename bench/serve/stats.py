@@ -1,14 +1,15 @@
-"""Summaries of one benchmark point (vLLM bench serve's metric names and definitions, serving-runner.md §6)."""
+"""Summaries of one benchmark point, with the metric names and definitions of vLLM's `vllm bench serve`: TTFT,
+TPOT (per request, over its output tokens after the first), ITL (every gap between streamed tokens), E2EL."""
 
 from __future__ import annotations
 
-import numpy as np
-
 from bench.serve.client import RequestResult
+from bench.timing import quantiles
 
 
 def _pct(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) * 1e3 if values else float("nan")
+    """The q-th percentile of seconds, in ms."""
+    return quantiles(values, [q / 100])[0] * 1e3
 
 
 def summarize(results: list[RequestResult], seconds: float) -> dict:

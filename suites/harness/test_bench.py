@@ -12,16 +12,19 @@ import dataclasses
 import importlib.util
 import inspect
 import io
+import math
+import re
 
 import pytest
 import torch
 
-from bench import accuracy, cli, environment, report
+from bench import accuracy, cli, environment, oss_records, report, tables
+from bench import rows as tidy
 from bench.correctness import compare_exact
 from bench.environment import NVIDIA_SMI_QUERIES, collect, parse_nvidia_smi
 from bench.registry import ACCURACY_REPORTS, REGISTRY, AccuracyReport, Case, Impl, OpBench, Unavailable, discover
 from bench.roofs import Roof, Roofs
-from bench.rows import COLUMNS, KEY, read_csv, upsert_csv
+from bench.rows import COLUMNS, KEY
 from bench.runner import Progress, RunConfig, count_measurements, run_op
 from bench.timing import MIN_SAMPLES, Timing, bench, summarize
 from kernels.platform import Platform
@@ -113,6 +116,21 @@ def dummy_rows(env):
     return rows, stream.getvalue()
 
 
+def squeeze(markdown: str) -> str:
+    """Markdown with runs of spaces collapsed: tables are padded to their widest cell."""
+    return re.sub(r" +", " ", markdown)
+
+
+def same_rows(frame, rows) -> bool:
+    """A read-back frame holds the measured rows (missing numbers read back as NaN)."""
+    back = frame.to_dict("records")
+    norm = lambda v: None if isinstance(v, float) and math.isnan(v) else v
+    return len(back) == len(rows) and all(
+        {k: norm(v) for k, v in got.items()} == {k: norm(v) for k, v in want.items()}
+        for got, want in zip(back, rows, strict=True)
+    )
+
+
 def _cell(rows, impl, x):
     (row,) = [row for row in rows if row["impl"] == impl and row["x_value"] == x]
     return row
@@ -169,14 +187,16 @@ def test_report_files_and_rebuild_from_csv(dummy_rows, tmp_path, monkeypatch):
     rows, _ = dummy_rows
     monkeypatch.setitem(REGISTRY, "dummy_copy", dummy_op())
     folder = tmp_path / "cpu-test"
-    upsert_csv(folder / "dummy_copy.csv", rows)
+    tidy.upsert(folder / "dummy_copy.csv", rows)
     report.render_op(folder, "dummy_copy")
     report.render_index(folder)
     with open(folder / "dummy_copy.csv", newline="") as f:
         assert tuple(next(csv.reader(f))) == COLUMNS
-    assert read_csv(folder / "dummy_copy.csv") == rows
+    assert same_rows(tidy.read(folder / "dummy_copy.csv"), rows)
     md = (folder / "dummy_copy.md").read_text()
-    assert "| KiB | shape | MB moved | copy | add-zero | off-by-one | small-only | missing | broken | oom |" in md
+    assert "| KiB | shape | MB moved | copy | add-zero | off-by-one | small-only | missing | broken | oom |" in squeeze(
+        md
+    )
     assert "mismatch 1024/1024" in md and "skipped: too large for this impl" in md
     assert "add-zero vs copy:" in md and "add-zero vs memcpy:" in md and "touchstone bench --ops dummy_copy" in md
     assert (folder / "dummy_copy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -184,19 +204,62 @@ def test_report_files_and_rebuild_from_csv(dummy_rows, tmp_path, monkeypatch):
     assert "[dummy_copy](dummy_copy.md)" in index
     for name in ("dummy_copy.md", "dummy_copy.png", "index.md"):
         (folder / name).unlink()
-    assert cli.main(["report", "--out", str(tmp_path)]) == 0
+    assert cli.report_main(["--out", str(tmp_path)]) == 0
     assert (folder / "dummy_copy.md").read_text() == md
     assert (folder / "index.md").read_text() == index and (folder / "dummy_copy.png").exists()
+
+
+def test_index_counts_checked_rows_and_never_counts_unchecked_ones(dummy_rows, tmp_path, monkeypatch):
+    rows, _ = dummy_rows
+    monkeypatch.setitem(REGISTRY, "dummy_copy", dummy_op())
+    unchecked = [
+        dict(row, correctness="unchecked: no baseline ran") if row["impl"] == "add-zero" else row for row in rows
+    ]
+    summary = report.summary(tidy.frame(unchecked))
+    # checked: off-by-one x2 (mismatches) and small-only at 4KiB; wrong: those mismatches and 3 errors (broken x2,
+    # no-compile at 4KiB). The add-zero rows, exact before, count as neither once they are unchecked.
+    assert (summary["checked"], summary["wrong: ours / peers"]) == ("3", "5 / 0")
+    assert report.summary(tidy.frame(rows))["checked"] == "5"
+
+
+def test_other_report_tables_are_linked_without_warnings(dummy_rows, tmp_path, monkeypatch, capsys):
+    rows, _ = dummy_rows
+    monkeypatch.setitem(REGISTRY, "dummy_copy", dummy_op())
+    folder = tmp_path / "cpu-test"
+    tidy.upsert(folder / "dummy_copy.csv", rows)
+    tables.write(folder / "runner_w1.csv", tables.pd.DataFrame({"workload": ["w1"], "output_tok_per_s": [5.0]}))
+    report.render_index(folder)
+    assert "[runner_w1](runner_w1.md)" in (folder / "index.md").read_text()
+    assert capsys.readouterr().err == ""
+
+
+def test_rows_are_also_pytorch_oss_benchmark_records(dummy_rows, tmp_path):
+    rows, _ = dummy_rows
+    path = tmp_path / "dummy_copy.csv"
+    tidy.upsert(path, rows)
+    records = oss_records.read(tmp_path / "dummy_copy.pytorch.json")
+    timed = [row for row in rows if row["p50"] is not None]
+    assert len(records) == 3 * len(timed)  # latency p50, GB/s and the fraction of the roof, per timed row
+    first = records[0]
+    assert first["benchmark"]["name"] == "touchstone" and first["model"]["name"] == "dummy_copy"
+    assert first["metric"]["name"] == "latency_ms_p50" and first["metric"]["benchmark_values"] == [timed[0]["p50"]]
+    assert first["metric"]["extra_info"]["p20"] == timed[0]["p20"]
+    assert first["runners"][0]["name"] == timed[0]["device"] and first["runners"][0]["extra_info"]["driver"]
+    deps = first["dependencies"]
+    assert deps["torch"]["version"] == torch.__version__ and deps["touchstone"]["sha"] == timed[0]["git_sha"]
+    assert {r["metric"]["name"] for r in records} == {"latency_ms_p50", "gbps", "fraction_of_roof"}
 
 
 def test_upsert_replaces_same_key_only(dummy_rows, tmp_path):
     rows, _ = dummy_rows
     path = tmp_path / "dummy_copy.csv"
-    upsert_csv(path, rows)
+    tidy.upsert(path, rows)
     rerun = [dict(row, correctness="exact", timestamp="later") for row in rows if row["impl"] == "off-by-one"]
-    merged = upsert_csv(path, rerun)
-    assert len(merged) == len(rows) and read_csv(path) == merged
-    assert {row["timestamp"] for row in merged if row["impl"] == "off-by-one"} == {"later"}
+    merged = tidy.upsert(path, rerun)
+    assert len(merged) == len(rows) and tidy.read(path).equals(tidy.read(path))
+    assert same_rows(tidy.read(path), merged.to_dict("records"))
+    assert set(merged[merged["impl"] == "off-by-one"]["timestamp"]) == {"later"}
+    assert list(merged["impl"].iloc[-2:]) == ["off-by-one", "off-by-one"]  # kept rows first, then the new ones
 
 
 def test_cli_bench_end_to_end_with_mismatch(tmp_path, monkeypatch, capsys):
@@ -204,10 +267,10 @@ def test_cli_bench_end_to_end_with_mismatch(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(REGISTRY, "dummy_copy", dummy_op())
     monkeypatch.setattr("bench.roofs.MEMCPY_BYTES", {"cpu": 1 << 20, "gpu": 1 << 20})
     monkeypatch.setattr("bench.roofs.GEMM_N", {"cpu": 64, "gpu": 64})
-    status = cli.main(["bench", "--ops", "dummy_copy", "--impls", "copy,off-by-one", "--out", str(tmp_path)])
+    status = cli.bench_main(["--ops", "dummy_copy", "--impls", "copy,off-by-one", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert status == 1  # a mismatch fails the run
-    assert "[4/4]" in out and "1 mismatches/errors" not in out and "2 mismatches/errors" in out
+    assert "[4/4]" in out and "2 checked against a baseline, 2 mismatches/errors in gated impls" in out
     (folder,) = [path for path in tmp_path.iterdir() if path.is_dir()]
     assert {p.name for p in folder.iterdir()} >= {
         "dummy_copy.csv",
@@ -216,15 +279,24 @@ def test_cli_bench_end_to_end_with_mismatch(tmp_path, monkeypatch, capsys):
         "index.md",
         "roofs.csv",
     }
-    roofs = read_csv(folder / "roofs.csv")
-    assert [row["roof_name"] for row in roofs] == ["memcpy", "gemm"] and roofs[1]["tflops"] > 0
-    row = read_csv(folder / "dummy_copy.csv")[0]
+    roofs = tidy.read(folder / "roofs.csv")
+    assert list(roofs["roof_name"]) == ["memcpy", "gemm"] and roofs["tflops"].iloc[1] > 0
+    row = tidy.read(folder / "dummy_copy.csv").iloc[0]
     assert row["repro_cmd"] == "touchstone bench --ops dummy_copy --sizes small --impls copy --cases 4KiB"
 
 
-def test_cli_rejects_unknown_names(capsys):
-    assert cli.main(["bench", "--ops", "no_such_op"]) == 2
-    assert "no_such_op" in capsys.readouterr().err
+def test_cli_rejects_unknown_names_in_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.bench_main(["--ops", "mxfp4_quantise"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown op 'mxfp4_quantise' (did you mean mxfp4_quantize?)" in err
+
+
+def test_report_on_a_missing_folder_is_an_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.report_main(["--out", str(tmp_path / "nowhere")])
+    assert exit_.value.code == 2 and capsys.readouterr().err.count("\n") == 1
 
 
 def test_compare_exact_is_bitwise():
@@ -372,14 +444,21 @@ def test_accuracy_table_files_index_and_rebuild(tmp_path, monkeypatch):
     folder = tmp_path / "cpu-test"
     path = accuracy.write(folder, table, table.rows())
     assert path.name == "dummy_accuracy.accuracy.csv"
-    assert accuracy.read(path) == [{"policy": "a", "sqnr_db": "20.12"}, {"policy": "b", "sqnr_db": "refused"}]
+    assert tables.read(path).to_dict("records") == [
+        {"policy": "a", "sqnr_db": "20.12"},
+        {"policy": "b", "sqnr_db": "refused"},
+    ]
     md = (folder / "dummy_accuracy.accuracy.md").read_text()
     assert md.startswith("# Dummy accuracy table") and "Two rows, two columns." in md
-    assert "| policy | sqnr_db |" in md and "| a | 20.12 |" in md and "touchstone bench --ops dummy_copy" in md
+    assert (
+        "| policy | sqnr_db |" in squeeze(md)
+        and "| a | 20.12 |" in squeeze(md)
+        and "touchstone bench --ops dummy_copy" in md
+    )
     report.render_index(folder)
     assert "[dummy_accuracy](dummy_accuracy.accuracy.md)" in (folder / "index.md").read_text()
     (folder / "dummy_accuracy.accuracy.md").unlink()
-    assert cli.main(["report", "--out", str(tmp_path)]) == 0  # no bench CSV warning, the table rebuilt
+    assert cli.report_main(["--out", str(tmp_path)]) == 0  # no bench CSV warning, the table rebuilt
     assert (folder / "dummy_accuracy.accuracy.md").read_text() == md
     assert accuracy.for_ops(["dummy_copy"]) == [table] and accuracy.for_ops(["other"]) == []
     with pytest.raises(ValueError, match="same keys"):
@@ -395,7 +474,7 @@ def test_cli_bench_writes_the_accuracy_tables_of_its_ops(tmp_path, monkeypatch, 
     )
     monkeypatch.setattr("bench.roofs.MEMCPY_BYTES", {"cpu": 1 << 20, "gpu": 1 << 20})
     monkeypatch.setattr("bench.roofs.GEMM_N", {"cpu": 64, "gpu": 64})
-    assert cli.main(["bench", "--ops", "dummy_copy", "--impls", "copy", "--out", str(tmp_path)]) == 0
+    assert cli.bench_main(["--ops", "dummy_copy", "--impls", "copy", "--out", str(tmp_path)]) == 0
     assert "accuracy table dummy_accuracy" in capsys.readouterr().out
     (folder,) = [path for path in tmp_path.iterdir() if path.is_dir()]
     names = {p.name for p in folder.iterdir()}
@@ -436,3 +515,24 @@ def test_nvfp4_w13_policy_table():
     for ratio in (2.0, 10.0):
         assert sqnr[ratio, "raise"] == "refused (ValueError)"
         assert sqnr[ratio, "use_w1"] < 10.0 < sqnr[ratio, "max_requant"] <= sqnr[ratio, "separate"] + 1e-9
+
+
+def test_launch_sweep_lines_are_rows_of_a_csv(tmp_path, monkeypatch, capsys):
+    from bench import launch_sweep
+
+    monkeypatch.setattr("bench.environment.detect_platform", lambda: CPU)
+    recorder = launch_sweep.Recorder("demo_launch_sweep", tmp_path, "python -m bench.demo_launch_sweep --quick")
+    monkeypatch.setattr(launch_sweep, "_recorder", recorder)
+    launch_sweep.line("  tile=64 warps=4", 0.5, {"memcpy": 0.9, "SDPA": 1.2}, "ok [max_rel 1e-3]", gbps=3800.0)
+    launch_sweep.report("blocks=8 warps=2", 1.0, 4 << 30, 4000.0, exact=False, memset=3000.0)
+    launch_sweep.failed("tile=256 warps=8", RuntimeError("out of resource: shared memory\nmore"))
+    printed = capsys.readouterr().out
+    assert "tile=64 warps=4     500.0 us   3800 GB/s  0.900x memcpy  1.200x SDPA  ok" in printed
+    frame = tables.read(recorder.path, ["time_us", "gbps", "x_memcpy"])
+    assert recorder.path == tmp_path / "cpu-test-cpu" / "launch_sweeps" / "demo_launch_sweep.csv"
+    assert list(frame["config"]) == ["tile=64 warps=4", "blocks=8 warps=2", "tile=256 warps=8"]
+    assert list(frame.columns[:4]) == ["sweep", "config", "time_us", "gbps"]
+    assert frame["gbps"].iloc[1] == pytest.approx((4 << 30) / 1e9 / 1e-3) and frame["verdict"].iloc[1] == "MISMATCH"
+    assert frame["x_memcpy"].iloc[0] == pytest.approx(0.9) and math.isnan(frame["time_us"].iloc[2])
+    assert frame["verdict"].iloc[2] == "FAILED: RuntimeError: out of resource: shared memory"
+    assert set(frame["device"]) == {"Test CPU"} and set(frame["command"]) == {recorder.command}

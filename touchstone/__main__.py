@@ -1,0 +1,5 @@
+import sys
+
+from touchstone.cli import main
+
+sys.exit(main())
