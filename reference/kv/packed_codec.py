@@ -1,6 +1,6 @@
 """Byte codecs of one token of the packed FP8 MLA caches (layouts in reference.kv.packed_mla).
 
-Rule (FlashMLA's `tests/quant.py`, the oracle of note §2.1 and recommendation 2), per tile of the NoPE part
+Rule (FlashMLA's `tests/quant.py`), per tile of the NoPE part
 (128 values for fp8_ds_mla, 64 for DeepSeek-V4), in fp32:
 
     scale = 2**ceil(log2(max(amax / 448, 1e-4)))     a power of two at or above amax / 448, at least 2**-13

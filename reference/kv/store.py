@@ -1,6 +1,6 @@
 """KV store: write N new tokens' K/V (or MLA latents) into their cache slots, in place.
 
-Slots follow vLLM's `slot_mapping` (note §1.1; `reshape_and_cache_flash`, `concat_and_cache_mla`): token i
+Slots follow vLLM's `slot_mapping` (`reshape_and_cache_flash`, `concat_and_cache_mla`): token i
 goes to slot s = slot_mapping[i] of the layer's cache, i.e. block s // block_size, position s % block_size
 in that block; a negative slot (vLLM's PAD_SLOT_ID = -1, padding of a CUDA-graph batch) is skipped. Valid
 slots must be distinct and below num_blocks * block_size (checked here; the kernel does not read slot values
