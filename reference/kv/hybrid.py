@@ -8,8 +8,7 @@ Attention's page grows with its block size, so the attention block size is raise
     attn_block = alignment * ceil(mamba_page / (alignment * attn_token_bytes))
 (`alignment` is the attention kernel's block alignment, or in vLLM's prefix-caching "all" mode
 lcm(mamba chunk size, kernel alignment)), never lowered, and the Mamba page is then padded to the attention
-page (attn_block * attn_token_bytes, or that rounded up to the spec's alignment for DeepSeek-V4 pages; vLLM
-multiplies the page of a one-token block instead, the same number for every unaligned spec).
+page (attn_block * attn_token_bytes, or that rounded up to the spec's alignment for DeepSeek-V4 pages).
 `unify_page_sizes` is the general rule over many specs: the largest page wins; a smaller attention page grows
 its block size by the whole ratio when that lands exactly on it, else is padded (one-part blocks only); a
 Mamba page is padded.

@@ -1,6 +1,6 @@
 """MXFP4 (OCP Microscaling v1.0): blocks of 32 E2M1 elements sharing one E8M0 power-of-two scale.
 
-Layout (the one every public producer uses): `codes` uint8 [..., K // 2], element 2i in the low nibble;
+Layout (triton_kernels', torchao's and vLLM's): `codes` uint8 [..., K // 2], element 2i in the low nibble;
 `scales` uint8 E8M0 [..., K // block_size].
 
 Quantization of one block (values V_i):
@@ -15,7 +15,8 @@ Edge-case policy:
 - All-zero block: scale byte 0x00 (2**-127); codes keep each zero's sign (-0.0 -> 0x8).
 - Subnormal inputs are values like any other (no flush to zero).
 - Dequantization never produces Inf from a finite code: MX has no infinities, so a product beyond the
-  output dtype's range saturates to +-finfo(dtype).max (as triton_kernels' upcast does). -0 codes give -0.0.
+  output dtype's range saturates to +-finfo(dtype).max. (triton_kernels' `upcast_from_mxfp` clamps to the same
+  bound in its current versions; its first versions let the product overflow to +-Inf.) -0 codes give -0.0.
 
 Producers that emit only +0 (AMD Quark checkpoints) differ from this in the sign of zero only:
 `canonicalize_neg_zero` maps 0x8 nibbles to 0x0 before comparing codes.
