@@ -52,7 +52,7 @@ FAULTS = {
 # H200 at 1 GiB of input by `python -m bench.quant.mxfp4_launch_sweep` (fraction of a same-run memcpy):
 # - quantize bf16: (64, 8, 2) 0.918x; (32, 8, 1) 0.917x; (128, 1, 1) 0.895x; (64, 1, 2) 0.823x. Several tiles
 #   per program let a warp's next loads fly while its ALUs round the current tile (~12 SASS ops/element).
-# - quantize fp32 (earlier sweep, same per-element code, one tile per program): (64, 1, 4) 0.957x,
+# - quantize fp32 (swept with one tile per program): (64, 1, 4) 0.957x,
 #   (128, 1, 1) 0.849x (64-bit words: fewer elements per register). fp16 reuses the bf16 shape, unswept.
 # - dequantize: (64, 1, 2) 0.959x; (128, 1, 4) 0.950x; (32, 1, 1) 0.917x.
 _QUANTIZE_GPU = {torch.bfloat16: (64, 8, 2), torch.float16: (64, 8, 2), torch.float32: (64, 1, 4)}

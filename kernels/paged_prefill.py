@@ -33,7 +33,7 @@ from reference.attention.paged import check_paged_args
 # GPU launch shapes: query rows and KV positions per tile (powers of two >= 16), warps, pipeline stages. H200
 # (`python -m bench.attention.paged_prefill_launch_sweep`, bf16, 32/8 heads of 128, block size 16): 8 x 2048
 # causal: 932 us = 1.003x SDPA flash (K/V repeated to 32 heads); 8 x 512 after a 1536-token cached prefix:
-# 1.034x. 128 x 64 at 8 warps (the first guess): 0.918x; 128 x 128 at 8 warps: 0.99x; every 8-warp 64-row tile
+# 1.034x. 128 x 64 at 8 warps: 0.918x; 128 x 128 at 8 warps: 0.99x; every 8-warp 64-row tile
 # and every 4-warp 128 x 64+ tile is slower (0.46-0.87x); stages 3 beats 2 by up to 10 %. tile_n also fixes
 # where the mirror rounds p (kv_tile).
 _GPU = {"tile_m": 64, "tile_n": 64, "warps": 4, "stages": 3}

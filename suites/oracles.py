@@ -2,7 +2,7 @@
 
 ml_dtypes casts to float4_e2m1fn round to nearest even, saturate and keep the sticky bit; float8_e8m0fnu
 holds powers of two. The MX scale rules here use float64 log2 and the fp32 bit trick for "even", not the
-reference's frexp arithmetic, so the two derivations check each other.
+reference's exponent-field arithmetic, so the two derivations check each other.
 """
 
 from __future__ import annotations
