@@ -37,7 +37,6 @@ _GPU = {
     torch.float32: {"block_d": 64, "warps": 2, "stages": 1},
     torch.bfloat16: {"block_d": 16, "warps": 1, "stages": 1},
 }
-_STATE_TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16}
 
 
 @triton.jit

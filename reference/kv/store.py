@@ -41,10 +41,6 @@ COPY_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 FP8_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _dtype_name(t: object) -> str:
-    return str(t.dtype) if isinstance(t, torch.Tensor) else type(t).__name__
-
-
 def _check_tensor(name: str, t: object) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")

@@ -17,9 +17,6 @@ Edge-case policy:
 - Dequantization never produces Inf from a finite code: MX has no infinities, so a product beyond the
   output dtype's range saturates to +-finfo(dtype).max. (triton_kernels' `upcast_from_mxfp` clamps to the same
   bound in its current versions; its first versions let the product overflow to +-Inf.) -0 codes give -0.0.
-
-Producers that emit only +0 (AMD Quark checkpoints) differ from this in the sign of zero only:
-`canonicalize_neg_zero` maps 0x8 nibbles to 0x0 before comparing codes.
 """
 
 from __future__ import annotations
@@ -84,11 +81,3 @@ def dequantize_mxfp4(
     limit = torch.finfo(dtype).max
     product = torch.where(product.isnan(), product, product.clamp(-limit, limit))
     return product.flatten(-2).to(torch.float32).to(dtype)
-
-
-def canonicalize_neg_zero(codes: torch.Tensor) -> torch.Tensor:
-    """Map -0 nibbles (0x8) to +0 (0x0) in packed codes, for comparing with producers that emit only +0."""
-    low, high = codes & 0xF, codes >> 4
-    low = torch.where(low == 0x8, torch.zeros_like(low), low)
-    high = torch.where(high == 0x8, torch.zeros_like(high), high)
-    return (low | (high << 4)).to(torch.uint8)
