@@ -50,13 +50,14 @@ class LaunchConfig:
     num_stages: int = 3
 
 
-# GPU launch table by M. M > 64 measured at 8192^3 on the H200 (`python -m bench.gemm.block_fp8_launch_sweep`,
-# 2026-11-29; cuBLAS blockwise `_scaled_mm` 1128 TFLOP/s in the same run): 128x128 tiles, 8 warps, 3 stages,
-# GROUP_M 16: 876 TFLOP/s = 0.776x (GROUP_M 8: 853-863 at 3-4 stages; persistent 805-854; 64x128 / 4 warps
-# 808-832; warp-specialized 64x128 502-541). Every K step waits for its wgmma before the per-block scaling
-# FMAs (see the module doc), which is what caps it below cuBLAS. M <= 64 (weight-bandwidth-bound: a 64-row
-# tile, wgmma's minimum M, and split-K to put every SM on the weight stream) is UNMEASURED: the sweep's
-# DeepSeek-V3 shapes did not fit the session's device time.
+# GPU launch table by M. M > 64 swept at 8192^3 on the H200 (`python -m bench.gemm.block_fp8_launch_sweep`;
+# cuBLAS blockwise `_scaled_mm` 1128 TFLOP/s in the same run): 128x128 tiles, 8 warps, 3 stages, GROUP_M 16:
+# 876 TFLOP/s = 0.776x (GROUP_M 8: 853-863 at 3-4 stages; persistent 805-854; 64x128 / 4 warps 808-832;
+# warp-specialized 64x128 502-541). Every K step waits for its wgmma before the per-block scaling FMAs (see
+# the module doc), which is what caps it below cuBLAS. M <= 64 (weight-bandwidth-bound: a 64-row tile,
+# wgmma's minimum M, and split-K to put every SM on the weight stream) was not swept; the bench runs it at
+# 0.78-1.14x cuBLAS blockwise for M = 1 and 16 on the four DeepSeek-V3 shapes
+# (reports/cuda-h200/block_fp8_gemm_n*.md).
 GPU_CONFIGS: tuple[tuple[int, LaunchConfig], ...] = (
     (64, LaunchConfig(block_m=64, block_n=128, group_m=1, split_k=0, num_warps=4, num_stages=4)),
     (1 << 62, LaunchConfig(block_m=128, block_n=128, group_m=16, split_k=1, num_warps=8, num_stages=3)),

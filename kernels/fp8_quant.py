@@ -31,8 +31,8 @@ FAULTS = {
 }
 _SCALE_SOURCE = {"group": 0, "tensor_amax": 1, "static": 2}
 # Elements per program: GPU tiles of 8 K elements (64 groups of 128, 8 warps) run group-128 quantization of
-# 1 GiB bf16 at 1.017x memcpy on the H200 (fp32 and UE8M0 scales alike; `python -m bench.quant.fp8_launch_sweep`,
-# 2026-11-29): 16-64 groups at 2-8 warps all land at 1.01-1.02x, fewer threads per group (1 warp for 64
+# 1 GiB bf16 at 1.017x memcpy on the H200 (fp32 and UE8M0 scales alike; `python -m bench.quant.fp8_launch_sweep`):
+# 16-64 groups at 2-8 warps all land at 1.01-1.02x, fewer threads per group (1 warp for 64
 # groups, 1-4 warps for 128) fall to 0.16-0.84x. The interpreter pays ~1 ms per program: few, large ones.
 _GPU_TILE_ELEMENTS = 8192
 _INTERPRETER_TILE_ELEMENTS = 1 << 16

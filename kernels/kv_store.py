@@ -41,8 +41,8 @@ FAULTS = {
 }
 # GPU launch shapes: heads per program of the full-attention store, and warps of each kernel. H200
 # (`python -m bench.kv.store_launch_sweep`, 65536 tokens to random slots, 8 KV heads of 128): all 8 heads a
-# program at 1 warp moves 0.94x memcpy GB/s for bf16 and 0.91x for FP8 (4 heads at 4 warps, the first guess:
-# 0.81x / 0.56x; 1 head a program: 0.41x / 0.31x). Packed MLA stores are best at 1 warp: fp8_ds_mla 0.66x,
+# program at 1 warp moves 0.94x memcpy GB/s for bf16 and 0.91x for FP8 (4 heads at 4 warps: 0.81x / 0.56x;
+# 1 head a program: 0.41x / 0.31x). Packed MLA stores are best at 1 warp: fp8_ds_mla 0.66x,
 # DeepSeek-V4 0.63x memcpy (44 and 40 MB moved, ~47 us: more warps only add per-token reduction cost).
 _GPU = {"heads_per_program": 8, "kv_warps": 1, "mla_warps": 1}
 DS_MLA_ROPE_AT = DS_MLA_NOPE + 4 * 4  # after the four fp32 scales

@@ -33,7 +33,7 @@ from reference.kv.zeroer import check_zero_kv_blocks_args, table_rows
 # Planted bugs for the suite's negative controls; FAULT is a constexpr, so fault 0 compiles them away.
 FAULTS = {
     "none": 0,
-    # vLLM #50276's conflation: one number for stride and span. The bytes a block clears (its page) are
+    # The conflation vLLM PR #50276 fixed: one number for stride and span. The bytes a block clears (its page) are
     # used as the block-to-block stride, so in a packed row block b + 1 lands on the next layer's block b.
     "page_as_stride": 1,
 }

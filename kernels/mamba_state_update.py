@@ -29,15 +29,14 @@ from reference.mamba.state_update import SOFTPLUS_THRESHOLD, check_selective_sta
 
 # GPU launch shape per state dtype: head_dim rows per program (the whole dstate in each), warps, stages. H200
 # (`python -m bench.mamba.state_update_launch_sweep`, batch 256, 64 heads x 64 x d_state 128, 40 configs a
-# dtype): fp32 state, 64 rows at 2 warps: 288 us = 0.904x memcpy (32 rows at 1 warp 0.896x; the first guess,
-# 16 rows at 4 warps, 0.87x in the bench); bf16 state, 16 rows at 1 warp: 157 us = 0.848x (8 rows 0.839x; 16
+# dtype): fp32 state, 64 rows at 2 warps: 288 us = 0.904x memcpy (32 rows at 1 warp 0.896x; 16 rows at 4 warps
+# 0.87x in the bench); bf16 state, 16 rows at 1 warp: 157 us = 0.848x (8 rows 0.839x; 16
 # rows at 4 warps 0.755x). More warps than the tile needs only lose (8 warps: 0.18-0.82x). The kernel has no
 # loop: stages 1 and 2 measure the same.
 _GPU = {
     torch.float32: {"block_d": 64, "warps": 2, "stages": 1},
     torch.bfloat16: {"block_d": 16, "warps": 1, "stages": 1},
 }
-_STATE_TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16}
 
 
 @triton.jit

@@ -1,7 +1,7 @@
 """MXFP4 quantize / dequantize in Triton, bit-exact with `reference.quant.mxfp4` in every scale mode.
 
-Ops: `touchstone::quantize_mxfp4(x, block_size, scale_mode) -> (codes, scales)` and
-`touchstone::dequantize_mxfp4(codes, scales, dtype, block_size) -> values`; call them through
+Ops: `touchstone::quantize_mxfp4(x, scale_mode) -> (codes, scales)` and
+`touchstone::dequantize_mxfp4(codes, scales, dtype) -> values`; call them through
 `quantize_mxfp4` / `dequantize_mxfp4` below, which have the reference's signatures.
 
 How the kernels stay exact without a sticky bit: everything is decided on fp32 bit patterns, and the
@@ -52,7 +52,7 @@ FAULTS = {
 # H200 at 1 GiB of input by `python -m bench.quant.mxfp4_launch_sweep` (fraction of a same-run memcpy):
 # - quantize bf16: (64, 8, 2) 0.918x; (32, 8, 1) 0.917x; (128, 1, 1) 0.895x; (64, 1, 2) 0.823x. Several tiles
 #   per program let a warp's next loads fly while its ALUs round the current tile (~12 SASS ops/element).
-# - quantize fp32 (earlier sweep, same per-element code, one tile per program): (64, 1, 4) 0.957x,
+# - quantize fp32 (swept with one tile per program): (64, 1, 4) 0.957x,
 #   (128, 1, 1) 0.849x (64-bit words: fewer elements per register). fp16 reuses the bf16 shape, unswept.
 # - dequantize: (64, 1, 2) 0.959x; (128, 1, 4) 0.950x; (32, 1, 1) 0.917x.
 _QUANTIZE_GPU = {torch.bfloat16: (64, 8, 2), torch.float16: (64, 8, 2), torch.float32: (64, 1, 4)}
@@ -216,9 +216,9 @@ def _dequantize_mxfp4_kernel(
     store_block_words(out_ptr, block, in_range, low, high, nan_block, 16, OUTPUT)
 
 
-def launch_quantize(x: torch.Tensor, block_size: int, scale_mode: str, fault: str = "none"):
+def launch_quantize(x: torch.Tensor, scale_mode: str, fault: str = "none"):
     """Validate, allocate and launch; `fault` plants a named bug (negative controls only)."""
-    check_quantize_args(x, block_size, scale_mode)
+    check_quantize_args(x, scale_mode)
     check_device(x=x)
     rows, codes, scales, n_blocks = packed_fp4_outputs(x, MX_BLOCK_SIZE)
     k = x.shape[-1]
@@ -243,8 +243,8 @@ def launch_quantize(x: torch.Tensor, block_size: int, scale_mode: str, fault: st
     return codes, scales
 
 
-def launch_dequantize(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, block_size: int):
-    check_dequantize_args(codes, scales, dtype, block_size)
+def launch_dequantize(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype):
+    check_dequantize_args(codes, scales, dtype)
     check_device(codes=codes, scales=scales)
     code_rows, scale_rows, contiguous = packed_rows(codes, scales)
     blocks_per_row = scales.shape[-1]
@@ -269,13 +269,13 @@ def launch_dequantize(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
 
 
 @torch.library.custom_op("touchstone::quantize_mxfp4", mutates_args=())
-def _quantize_op(x: torch.Tensor, block_size: int, scale_mode: str) -> tuple[torch.Tensor, torch.Tensor]:
-    return launch_quantize(x, block_size, scale_mode)
+def _quantize_op(x: torch.Tensor, scale_mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    return launch_quantize(x, scale_mode)
 
 
 @_quantize_op.register_fake
-def _(x, block_size, scale_mode):
-    check_quantize_args(x, block_size, scale_mode)
+def _(x, scale_mode):
+    check_quantize_args(x, scale_mode)
     k = x.shape[-1]
     return (
         x.new_empty(*x.shape[:-1], k // 2, dtype=torch.uint8),
@@ -284,29 +284,21 @@ def _(x, block_size, scale_mode):
 
 
 @torch.library.custom_op("touchstone::dequantize_mxfp4", mutates_args=())
-def _dequantize_op(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, block_size: int) -> torch.Tensor:
-    return launch_dequantize(codes, scales, dtype, block_size)
+def _dequantize_op(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return launch_dequantize(codes, scales, dtype)
 
 
 @_dequantize_op.register_fake
-def _(codes, scales, dtype, block_size):
-    check_dequantize_args(codes, scales, dtype, block_size)
+def _(codes, scales, dtype):
+    check_dequantize_args(codes, scales, dtype)
     return codes.new_empty(*codes.shape[:-1], codes.shape[-1] * 2, dtype=dtype)
 
 
-def quantize_mxfp4(
-    x: torch.Tensor, *, block_size: int = MX_BLOCK_SIZE, scale_mode: str = "floor"
-) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_mxfp4(x: torch.Tensor, *, scale_mode: str = "floor") -> tuple[torch.Tensor, torch.Tensor]:
     """Kernel twin of `reference.quant.mxfp4.quantize_mxfp4` (same arguments, same bytes)."""
-    return torch.ops.touchstone.quantize_mxfp4(x, block_size, scale_mode)
+    return torch.ops.touchstone.quantize_mxfp4(x, scale_mode)
 
 
-def dequantize_mxfp4(
-    codes: torch.Tensor,
-    scales: torch.Tensor,
-    *,
-    dtype: torch.dtype = torch.bfloat16,
-    block_size: int = MX_BLOCK_SIZE,
-) -> torch.Tensor:
+def dequantize_mxfp4(codes: torch.Tensor, scales: torch.Tensor, *, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """Kernel twin of `reference.quant.mxfp4.dequantize_mxfp4`."""
-    return torch.ops.touchstone.dequantize_mxfp4(codes, scales, dtype, block_size)
+    return torch.ops.touchstone.dequantize_mxfp4(codes, scales, dtype)

@@ -26,14 +26,11 @@ The elements are read and written as words holding one element pair (the two nib
 as in kernels/mxfp4.py, with a multi-tile prefetch (unrolled: no loop-carried register copies).
 
 SASS per element, quantize bf16 (sm_90, Triton 3.6, compiled without a GPU by triton.compile + cuobjdump,
-main path: slow-path division subroutines excluded), at one block per thread (128 blocks, 4 warps):
-                            before (division, integer E2M1 rounding)   now (table)   now (TABLE off)
-  one tile (TILES=1)        16.75                                      13.62         14.44
-  per extra tile            14.94                                      11.44         12.56
-  TILES=8 kernel            16.56 per tile (loop body)                 11.87         12.82
-Per element now: fmul, min (saturation), max (1.0), shift, imad (rounding base), fma = 6 (was 8); per pair
-word: 3 to split, 2 for the signs, 1 to pack; per block ~30 (amax, scale, lookup, stores). MXFP4's quantize
-counts 12.5 per element the same way (its loop body) and reached 0.92x memcpy on the H200.
+main path: slow-path division subroutines excluded), at one block per thread (128 blocks, 4 warps), TABLE off
+(on): one tile (TILES=1) 14.44 (13.62), each extra tile 12.56 (11.44), the TILES=8 loop body 12.82 (11.87).
+Per element: fmul, min (saturation), max (1.0), shift, imad (rounding base), fma = 6; per pair word: 3 to
+split, 2 for the signs, 1 to pack; per block ~30 (amax, scale, lookup, stores). MXFP4's quantize counts 12.5
+per element the same way (its loop body) and reached 0.92x memcpy on the H200.
 """
 
 from __future__ import annotations
@@ -67,15 +64,13 @@ FAULTS = {
     "fused_product": 3,  # v = |x| * r not rounded before the E2M1 rounding (one fma: a single rounding)
 }
 
-# Launch shapes (blocks of 16 elements per tile, tiles per program, warps). H200, bf16 256 MiB, memcpy 4107 GB/s
-# (`python -m bench.quant.nvfp4_launch_sweep --mib 256`), measured with the previous element rounding
-# (~15 SASS per element) and the per-block division:
-# - quantize: blocks 64/128/256, tiles 8, warps 2/4/8 all ~104.8 us = 0.799x memcpy (a plateau: issue-bound);
-#   tiles 1: 0.72-0.73x; blocks 512: 0.70-0.72x.
-#   The current kernel (~11.9 per element), same sweep, 2026-11-29, memcpy 4108 GB/s: in-kernel division
-#   (TABLE off) at tiles 8: (64, 8, 2) 0.938x, (128, 8, 4) 0.936x, (256, 8, 8) 0.927x; with the multiplier
-#   table (its extra launch included) at most 0.919x (64, 2, 2) and 0.898x at (128, 8, 4). So the table is
-#   off and the shape stays (128, 8, 4) (fp16 reuses bf16's shape; fp32 never swept).
+# Launch shapes (blocks of 16 elements per tile, tiles per program, warps). H200, bf16 256 MiB, memcpy ~4108 GB/s
+# (`python -m bench.quant.nvfp4_launch_sweep --mib 256`):
+# - quantize, in-kernel division (TABLE off) at tiles 8: (64, 8, 2) 0.938x, (128, 8, 4) 0.936x, (256, 8, 8)
+#   0.927x; with the multiplier table (its extra launch included) at most 0.919x (64, 2, 2) and 0.898x at
+#   (128, 8, 4). One tile per program (0.72-0.73x) and 512-block tiles (0.70-0.72x) lost ~0.08x against the
+#   tiles-8 plateau (0.799x) of a ~15-SASS-per-element version of the kernel. fp16 reuses bf16's shape; fp32
+#   is not swept.
 # - dequantize: (128, 1, 2) 93.9 us 0.892x (best); (256, 1, 4) 0.886x; (128, 1, 4) 0.822x.
 _QUANTIZE_GPU = {torch.bfloat16: (128, 8, 4), torch.float16: (128, 8, 4), torch.float32: (128, 1, 4)}
 _DEQUANTIZE_GPU = (128, 1, 2)

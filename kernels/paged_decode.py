@@ -1,32 +1,25 @@
-"""Paged decode in Triton: one new token a sequence attends to its whole paged context (GQA), split-K.
+"""Paged decode in Triton, split-K: the kernel twin of `reference.attention.paged.paged_decode_mirror`, whose
+module docstring is the contract (layouts, FP8 caches, precision, edge cases).
 
-`touchstone::paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, k_scale, v_scale)
--> out` has the layouts and semantics of `reference.attention.paged` (q [B, Hq, D]; NHD bf16/fp16 caches of
-any strides, or float8_e4m3fn caches with float32 k_scale/v_scale [num_blocks, block_size, Hkv];
-block_table int32 [B, max_blocks]; seq_lens int32 [B]) and the precision of its `paged_decode_mirror` (up
-to the online softmax over KV tiles inside a split: see the reference's docstring).
+Op: `touchstone::paged_decode(q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, k_scale, v_scale)
+-> out`; call it through `paged_decode`.
 
 Two launches:
 1. `_split_kernel`, grid (B, Hkv, num_splits). A program takes one sequence, one KV head and the group's
    Hq / Hkv query heads together (GQA-packed: the K/V bytes of a head are read once for the whole group;
-   the group is padded to 16 rows, tl.dot's smallest M). Its range of whole cache blocks is
-   `split_blocks` of the reference, computed from seq_lens on the device (no host sync, no max_seq_len
-   argument). It walks the range a tile of TILE_N tokens (TILE_N / block_size blocks, each gathered through
-   the block table) at a time with an online softmax in the exp2 domain: scores q k^T in fp32 (tensor cores,
-   fp32 accumulate), p = exp2(s * scale * log2 e - m), acc += p (rounded to the cache dtype) @ v in fp32,
-   and writes the unnormalised acc [group, D] and (m, l) in fp32. Keys and values of positions past the
-   sequence (the rest of its last block) are never loaded (masked to 0, scores to -inf), nor are the table
-   entries past its last block: NaN or garbage there cannot leak. FP8 caches (the constexpr FP8; the bf16/fp16
-   code is unchanged): the tile's codes and its per-(slot, KV head) scales are gathered through the same
-   block-table rows and masks; K's codes go to the tensor cores in q's dtype (exact) and the score column is
-   multiplied by its scale, s = fp32(q . code) * k_scale * scale * log2 e; V is dequantized fp32(code) * scale,
-   rounded to q's dtype, and used as the bf16/fp16 path uses its V tile (p rounded to q's dtype).
-2. `_combine_kernel`, grid (B, Hq): M = max m_s; out = sum 2^(m_s - M) acc_s / sum 2^(m_s - M) l_s (IEEE
-   division), rounded once to q's dtype. Empty splits hold m = -inf, l = 0, acc = 0 and weigh nothing.
-   With one split (the runner's decode) there is no combine launch: the split kernel ends with the same
-   arithmetic, whose weight is then 2^0 = 1 (out = acc / l, IEEE division, 0 where l = 0), so the bits are
-   the two-launch path's. Measured on the H200 W1 decode step (batch 256, 30 layers): the combine cost 2.4 us
-   a layer, 0.07 ms of a ~6.3 ms step.
+   the group is padded to 16 rows, tl.dot's smallest M). Its range of whole cache blocks is the reference's
+   `split_blocks`, computed from seq_lens on the device (no host sync, no max_seq_len argument). It walks the
+   range a tile of TILE_N tokens (TILE_N / block_size blocks, each gathered through the block table) at a time
+   with an online softmax in the exp2 domain, p = exp2(s * scale * log2 e - m), and writes the unnormalised
+   acc [group, D] and (m, l) in fp32. Keys, values and table entries past the sequence are never loaded
+   (masked to 0, scores to -inf). FP8 caches (the constexpr FP8; the bf16/fp16 code is unchanged): K's codes
+   go to the tensor cores in q's dtype and each score column is multiplied by its scale; V is dequantized,
+   rounded to q's dtype and used as the bf16/fp16 path uses its V tile.
+2. `_combine_kernel`, grid (B, Hq): the mirror's combine with 2^(m_s - M) weights (IEEE division), rounded
+   once to q's dtype. With one split (the runner's decode) there is no combine launch: the split kernel ends
+   with the same arithmetic, whose weight is then 2^0 = 1 (out = acc / l, 0 where l = 0), so the bits are the
+   two-launch path's. Measured on the H200 W1 decode step (batch 256, 30 layers): the combine cost 2.4 us a
+   layer, 0.07 ms of a ~6.3 ms step.
 
 A sequence of length 0 (invalid for the reference) gives a 0 output here (no split holds anything).
 """

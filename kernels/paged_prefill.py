@@ -1,10 +1,8 @@
-"""Paged prefill in Triton: variable-length causal attention (GQA) over a cached prefix and the new tokens.
+"""Paged prefill in Triton: the kernel twin of `reference.attention.paged.paged_prefill_mirror` at
+`tile_n = kv_tile(device)`, whose module docstring is the contract (layouts, causality, precision, edge cases).
 
-`touchstone::paged_prefill(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens, scale) -> out` has the
-layouts and semantics of `reference.attention.paged` (q [T, Hq, D] with sequence b's new tokens at rows
-cu_seqlens[b] : cu_seqlens[b + 1]; NHD bf16/fp16 caches of any strides holding the prefix AND the new tokens,
-stored before attention runs as vLLM does; block_table int32 [B, max_blocks]; seq_lens int32 [B], new tokens
-included) and the precision of its `paged_prefill_mirror` at `tile_n = kv_tile(device)`.
+Op: `touchstone::paged_prefill(q, k_cache, v_cache, block_table, seq_lens, cu_seqlens, scale) -> out`; call it
+through `paged_prefill`. The caches already hold the new tokens (stored before attention runs, as vLLM does).
 
 One launch, grid (Hq, T // TILE_M + B). A program takes TILE_M query rows of one query head of one sequence
 (FlashAttention's shape; the heads of a GQA group are neighbours on grid axis 0, so they run together and
@@ -12,16 +10,14 @@ share K/V through L2). Axis 1 enumerates every sequence's query tiles without a 
 start at cu_seqlens[b] // TILE_M + b (strictly increasing in b, and sequence b's last tile ends before
 sequence b + 1's first), so a binary search over cu_seqlens finds the program's sequence; at most B
 programs of the axis find no tile and exit. Axis 1 is walked backwards so the longest tiles (latest in their
-sequence) start first (the usual causal load balance; not measured here).
+sequence) start first (the usual causal load balance; not measured).
 
 K and V are read through the block table a KV tile of TILE_N positions at a time (any block size: the tile
-may span blocks or part of one), tiles aligned at position 0 as in the mirror. Online softmax in the exp2
-domain: scores q k^T in fp32 (tensor cores, fp32 accumulate) times scale * log2 e, m' = max(m, tile max),
-p = exp2(s - m'), acc = acc * 2^(m - m') + p (rounded to the cache dtype) @ v in fp32, out = acc / l (IEEE
-division), rounded once. Two loops: tiles wholly at or before the tile's first query position need no mask
-(every row sees every key); the rest, up to the tile's last query position, are masked causally and at the
-sequence end. No position at or past the tile's last query + 1 (<= seq_lens[b]) is loaded, nor any table
-entry past it: NaN or garbage in unused blocks cannot leak.
+may span blocks or part of one), tiles aligned at position 0 as in the mirror, with the mirror's online
+softmax in the exp2 domain and one IEEE division at the end. Two loops: tiles wholly at or before the tile's
+first query position need no mask (every row sees every key); the rest, up to the tile's last query
+position, are masked causally and at the sequence end. No position at or past the tile's last query + 1
+(<= seq_lens[b]) is loaded, nor any table entry past it.
 """
 
 from __future__ import annotations
@@ -37,7 +33,7 @@ from reference.attention.paged import check_paged_args
 # GPU launch shapes: query rows and KV positions per tile (powers of two >= 16), warps, pipeline stages. H200
 # (`python -m bench.attention.paged_prefill_launch_sweep`, bf16, 32/8 heads of 128, block size 16): 8 x 2048
 # causal: 932 us = 1.003x SDPA flash (K/V repeated to 32 heads); 8 x 512 after a 1536-token cached prefix:
-# 1.034x. 128 x 64 at 8 warps (the first guess): 0.918x; 128 x 128 at 8 warps: 0.99x; every 8-warp 64-row tile
+# 1.034x. 128 x 64 at 8 warps: 0.918x; 128 x 128 at 8 warps: 0.99x; every 8-warp 64-row tile
 # and every 4-warp 128 x 64+ tile is slower (0.46-0.87x); stages 3 beats 2 by up to 10 %. tile_n also fixes
 # where the mirror rounds p (kv_tile).
 _GPU = {"tile_m": 64, "tile_n": 64, "warps": 4, "stages": 3}

@@ -83,9 +83,6 @@ class Platform:
     def is_rocm(self) -> bool:
         return self.backend == "rocm"
 
-    def is_xpu(self) -> bool:
-        return self.backend == "xpu"
-
     def is_cpu(self) -> bool:
         return self.backend == "cpu"
 

@@ -27,8 +27,8 @@ FAULTS = {
     "forgets_eps": 1,  # rsqrt(mean(r^2)): a row of zeros becomes NaN
     "residual_after_norm": 2,  # normalizes x alone and adds the residual to the output
 }
-# (largest BLOCK, warps). UNTUNED: no GPU was available when this was written; chosen so that each thread holds
-# 8-16 fp32 values of the row. `python -m bench.norm.rms_norm_launch_sweep` on the H200 decides them.
+# (largest BLOCK, warps), chosen so that each thread holds 8-16 fp32 values of the row; not swept on a GPU
+# (`python -m bench.norm.rms_norm_launch_sweep` sweeps them).
 _WARPS = ((256, 1), (1024, 4), (4096, 8), (MAX_HIDDEN, 16))
 
 

@@ -29,9 +29,8 @@ FAULTS = {
     "gptj_pairs": 1,  # pairs dims (2i, 2i + 1) (GPT-J interleaved style) instead of (i, i + D/2)
 }
 # Launch shape: tokens per program, fp32 elements of one half-head tile (BLOCK_T x BLOCK_H x D/2), warps.
-# GPU: UNTUNED (no GPU when this was written): 4 tokens a program gives 64 programs at a 256-token decode step
-# (the H200 has 132 SMs) and 2048-element tiles are 16 values a thread at 4 warps.
-# `python -m bench.rotary.rope_launch_sweep` on the H200 decides them.
+# GPU, not swept (`python -m bench.rotary.rope_launch_sweep` sweeps them): 4 tokens a program gives 64 programs
+# at a 256-token decode step (the H200 has 132 SMs) and 2048-element tiles are 16 values a thread at 4 warps.
 # Interpreter: ~1 ms a program, so one program for up to 256 tokens and all heads in one tile.
 _GPU_LAUNCH = {"tokens": 4, "tile_elements": 2048, "warps": 4}
 _INTERPRETER_LAUNCH = {"tokens": 256, "tile_elements": 1 << 17, "warps": 1}

@@ -55,21 +55,19 @@ FAULTS = {
 
 # Launch configs. Rows: (largest M, kernel, BLOCK_N, BLOCK_M, GROUPS, SPLIT_K, warps, stages); the first row
 # whose M bound holds is used. For the GEMV, stages 2 is its one-tile register prefetch (PREFETCH), 1 none.
-# Measured on the H200 (bench/gemm/w4a16_mxfp4_launch_sweep.py --m 1 4 16, N = K = 8192, CUDA-graph replay,
-# bf16 matmul 44.4 us at M = 1..16) with the kernels as they were BEFORE the prefetch and the sign-spread
-# decode (`_sign_spread`):
-# - M = 1: best ('gemv', 64, 1, 16, 4, 4, 1) 24.2 us = 1.81x bf16, 0.348x memcpy; dot kernels 45-110 us.
-# - M = 4 and 16: best ('dot', 64, 16, 4, 4, 4, 3) 46.8 / 47.4 us (0.95x bf16); GEMV 60-87 us at M = 4.
-# After them (same sweep, `--m 1 4`, 2026-11-29, bf16 matmul 44.0 us): 70 GEMV candidates span 20.5-34.2 us;
-# best (32, 1, 32, split 1, 8 warps, prefetch) 20.5 us = 2.14x bf16, 0.411x memcpy; the row below (16, 1, 32,
-# split 1, 4 warps, prefetch) 20.6 us (2.13x, 0.409x); the old best 22.1 us. So the prefetch and the cheaper
-# decode gained ~15%, split-K gains nothing, and the GEMV sits at ~0.41x memcpy: far from the 0.75x bar.
-# What limits it is not yet known (the sweep is flat across occupancy, so not latency alone; likely the
-# per-tile shared-memory round trip of x and its barriers). M = 4: dot (64, 16, 4, split 4) 46.3 us, GEMV
-# 54-56 us. Through torch.ops without a CUDA graph the M = 1 call takes 52.5 us: host dispatch dominates,
-# which is why bench/gemm/w4a16_mxfp4.py times graph replays.
-# - M > 16 rows are UNMEASURED guesses: the dot kernel with BLOCK_N 64 and split-K 2 up to M = 64 (about
-#   one program per SM, two K halves); above, compute bound, 128 x 128 tiles, K tile 128 (GROUPS = 4).
+# H200 sweep (bench/gemm/w4a16_mxfp4_launch_sweep.py, N = K = 8192, CUDA-graph replay, bf16 matmul 44.0 us):
+# - M = 1: 70 GEMV candidates span 20.5-34.2 us; best (32, 1, 32, split 1, 8 warps, prefetch) 20.5 us = 2.14x
+#   bf16, 0.411x memcpy; the row below (16, 1, 32, split 1, 4 warps, prefetch) 20.6 us (2.13x, 0.409x).
+#   Split-K gains nothing, and the GEMV sits at ~0.41x memcpy, short of the 0.75x it was written for (module
+#   doc). The sweep is flat across occupancy, so latency alone does not explain it; the per-tile shared-memory
+#   round trip of x and its barriers are the likely limit (not measured). Through torch.ops without a CUDA
+#   graph the M = 1 call takes 52.5 us: host dispatch dominates, which is why bench/gemm/w4a16_mxfp4.py times
+#   graph replays.
+# - M = 4 and 16: dot (64, 16, 4, split 4) 46.3 us at M = 4 (GEMV 54-56 us); the bench runs this row at 0.96x
+#   and 0.95x bf16 matmul (reports/cuda-h200/w4a16_mxfp4_gemm.md).
+# - M > 16 was not swept: the dot kernel with BLOCK_N 64 and split-K 2 up to M = 64 (about one program per SM,
+#   two K halves; not measured); above, compute bound, 128 x 64 (M <= 256) and 128 x 128 tiles, K tile 128
+#   (GROUPS = 4), which the bench runs at 0.37x (M = 128) and 0.31x (M = 1024) bf16 matmul.
 # Every row here and every candidate of the sweep compiles for sm_90 (Triton 3.6, no GPU) with no
 # local-memory spills: wgmma for the dot kernel; registers 92-224 (GEMV), 70-255 (dot).
 _GPU_CONFIGS = (

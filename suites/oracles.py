@@ -1,8 +1,9 @@
-"""Independent oracles: ml_dtypes (numpy) codecs, and an MXFP4 quantizer derived differently from ours.
+"""Independent oracles: ml_dtypes (numpy) codecs, an MXFP4 quantizer derived differently from ours, and the
+fp64 product of unquantized GEMM operands (the signal of the GEMM suites' SQNR).
 
 ml_dtypes casts to float4_e2m1fn round to nearest even, saturate and keep the sticky bit; float8_e8m0fnu
 holds powers of two. The MX scale rules here use float64 log2 and the fp32 bit trick for "even", not the
-reference's frexp arithmetic, so the two derivations check each other.
+reference's exponent-field arithmetic, so the two derivations check each other.
 """
 
 from __future__ import annotations
@@ -122,3 +123,9 @@ def quantize_nvfp4(x: torch.Tensor, encode_scale: float) -> tuple[torch.Tensor, 
     scale_bytes = np.where(finite, scale.view(np.uint8), 0x7F).astype(np.uint8)
     lead, k = tuple(x.shape[:-1]), x.shape[-1]
     return (torch.from_numpy(packed.reshape(*lead, k // 2)), torch.from_numpy(scale_bytes.reshape(*lead, k // 16)))
+
+
+def unquantized_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """float64 x [M, K] @ w [N, K]^T: the product a quantized GEMM approximates, with the weights (and
+    activations) before quantization."""
+    return x.to(torch.float64) @ w.to(torch.float64).T

@@ -1,6 +1,7 @@
-"""Paged attention: softmax(q k^T * scale) v over each sequence's tokens, read through its block table.
+"""Paged attention: softmax(q k^T * scale) v over each sequence's tokens, read through its block table. This
+docstring is the contract of the kernels in kernels/paged_decode.py and kernels/paged_prefill.py.
 
-Layouts (vLLM v1, note §1.1; the caches are the "k"/"v" views of reference.kv.attention, NHD):
+Layouts (vLLM v1's; the caches are the "k"/"v" views of reference.kv.attention, NHD):
 - q [T, Hq, D], bf16 or fp16 (the ideal also takes fp32, the runner's fp32 CPU model): T query tokens of B
   sequences, sequence b's tokens at rows cu_seqlens[b] : cu_seqlens[b + 1] (cu_seqlens int32 [B + 1],
   starting at 0, non-decreasing). Decode is one new token a sequence: T = B, cu_seqlens = arange(B + 1).
@@ -21,39 +22,40 @@ positions 0 .. L - n + i (a cached prefix of L - n tokens, then the new tokens c
 query attends to all L tokens.
 
 `paged_attention_ideal` is the definition: fp64 on the stored operands (one exp, one sum, one division per
-row), output float64; over an FP8 cache it takes fp64(code) * fp64(scale), exact. `paged_decode_mirror`
-follows the precision of the split-K decode kernel (kernels.paged_decode) up to its tiling: the kernel runs
-an online softmax over KV tiles inside each split, so p is rounded against a running maximum rather than the
-split's (measured: max_rel 2.3e-3 in bf16 at block size 8 with one split, 0 when each split is one tile; the
-("paged_decode", dtype) tolerance rows cover it). Scores q . k in fp32 (exact
+row), output float64; over an FP8 cache it takes fp64(code) * fp64(scale), exact.
+
+`paged_decode_mirror` has the split-K decode kernel's precision up to its tiling. Scores q . k in fp32 (exact
 products, fp32 sums), scaled in fp32; the context of a sequence split into `num_splits` ranges of whole cache
 blocks (`split_blocks`); per split the max m_s, p = exp(s - m_s) in fp32, l_s = sum p in fp32, acc_s = (p
 rounded to the cache dtype) @ v summed in fp32 (the kernel feeds p to the tensor cores in the cache dtype);
 combine in fp32: M = max m_s, out = sum_s e^(m_s - M) acc_s / sum_s e^(m_s - M) l_s; one rounding to q's
-dtype. Empty splits (more splits than blocks) contribute nothing.
+dtype. Empty splits (more splits than blocks) contribute nothing. The kernel runs an online softmax over KV
+tiles inside each split, so its p is rounded against a running maximum rather than the split's: max_rel
+2.3e-3 in bf16 at block size 8 with one split, 0 when each split is one tile; the ("paged_decode", dtype)
+tolerance rows cover that and nothing more.
 Over an FP8 cache, with q's dtype as the "cache dtype" above: K's scale is folded into the scores, s =
 fp32(q.code) * k_scale (exact products: every e4m3 code is a bf16 and an fp16; fp32 sums; then one fp32
-multiply per score, before the softmax scale), so K costs no rounding; V is dequantized per element as the
-kernel does, fp32(code) * v_scale (one fp32 multiply, RNE), rounded once (RNE) to q's dtype, then p @ v as
-above. (Dequantizing K the same way costs a rounding that the score's size amplifies: over 400 suite draws the
-bf16 mirror's worst SQNR against the ideal fell from 48.8 to 19.4 dB.)
+multiply per score, before the softmax scale), so K costs no rounding; V is dequantized per element,
+fp32(code) * v_scale (one fp32 multiply, RNE), rounded once (RNE) to q's dtype, then p @ v as above.
+(Dequantizing K the same way would cost a rounding that the score's size amplifies: over 400 suite draws it
+takes the bf16 mirror's worst SQNR against the ideal from 48.8 to 19.4 dB.)
 
-`paged_prefill_mirror` follows the prefill kernel (kernels.paged_prefill): per sequence, scores in fp32 times
+`paged_prefill_mirror` has the prefill kernel's precision and KV tiling: per sequence, scores in fp32 times
 scale * log2(e) (fp32), the causal mask, then an online softmax over KV tiles of `tile_n` positions aligned at
-position 0 (the kernel's tiles): per tile m' = max(m, tile max), p = 2^(s - m') in fp32, l = l 2^(m - m') +
-sum p, acc = acc 2^(m - m') + (p rounded to the cache dtype) @ v in fp32; out = acc / l, one rounding. A tile
-wholly past a row's last position leaves that row unchanged (2^0 = 1, p = 0), so padding tiles do not matter;
-position 0 is in every row's first tile, so m is finite from then on.
+position 0: per tile m' = max(m, tile max), p = 2^(s - m') in fp32, l = l 2^(m - m') + sum p, acc = acc
+2^(m - m') + (p rounded to the cache dtype) @ v in fp32; out = acc / l, one rounding. A tile wholly past a
+row's last position leaves that row unchanged (2^0 = 1, p = 0), so padding tiles do not matter; position 0
+is in every row's first tile, so m is finite from then on.
 
 Edge-case policy: only the first seq_lens[b] tokens are read; whatever the cache holds elsewhere (NaN in
 unused blocks or past the end of a sequence's last block) never reaches the output. A NaN in q or in a
 key/value row a query attends to makes that query head's output NaN; a +Inf score makes it NaN (Inf - Inf in
 the softmax), as does a row whose scores are all -Inf; a single -Inf score only gets weight 0, as in
-torch.softmax. The output is rounded to nearest even once (mirror);
-subnormal outputs are kept. FP8 caches: a NaN code or scale (reference.kv.store writes NaN for a head that
-held NaN) in an attended slot makes the output NaN like a NaN value; codes and scales of unattended slots are
-never read. Dequantized V values beyond fp16's range (only from fp32 inputs stored into the cache) become
-+-Inf in an fp16 decode, as the kernel's conversion does (K's never leave fp32).
+torch.softmax. The mirrors round the output to nearest even once; subnormal outputs are kept. FP8 caches: a
+NaN code or scale (reference.kv.store writes NaN for a head that held NaN) in an attended slot makes the
+output NaN like a NaN value; codes and scales of unattended slots are never read. Dequantized V values
+beyond fp16's range (only from fp32 inputs stored into the cache) become +-Inf in an fp16 decode, as the
+kernel's conversion does (K's never leave fp32).
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ finite value 448 (0x7E), smallest normal 2**-6, smallest subnormal 2**-9 (0x01).
 
 `encode_e4m3` rounds to nearest, ties to even, and saturates: finite values beyond +-448 and +-Inf give
 +-448, NaN gives 0x7F. The clamp runs before torch's cast, so the bytes do not depend on whether the cast
-itself saturates (it does from torch 2.13; earlier releases, such as the GPU image's 2.11, map overflow to
-NaN: NVIDIA/Model-Optimizer#1633 wrote NaN bytes into NVFP4 checkpoints that way). This is also what the
+itself saturates (it does from torch 2.13; earlier releases, 2.11 for one, map overflow to NaN:
+NVIDIA/Model-Optimizer#1633 wrote NaN bytes into NVFP4 checkpoints that way). This is also what the
 GPU's `cvt.rn.satfinite.e4m3x2.f32` computes. Values at or below half the smallest subnormal round to
 signed zero.
 """

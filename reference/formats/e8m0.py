@@ -14,13 +14,6 @@ E8M0_MIN_EXPONENT = -127
 E8M0_MAX_EXPONENT = 127
 
 
-def encode_e8m0(exponent: torch.Tensor) -> torch.Tensor:
-    """Unbiased exponents (already inside [-127, 127]) -> uint8 bytes."""
-    if exponent.numel() and (int(exponent.min()) < E8M0_MIN_EXPONENT or int(exponent.max()) > E8M0_MAX_EXPONENT):
-        raise ValueError("exponent: E8M0 holds exponents in [-127, 127] only")
-    return (exponent + E8M0_BIAS).to(torch.uint8)
-
-
 def decode_e8m0(scale_bytes: torch.Tensor) -> torch.Tensor:
     """uint8 bytes -> float32 scales (2**(b-127), exact; 0xFF -> NaN)."""
     exponent = scale_bytes.to(torch.int32) - E8M0_BIAS

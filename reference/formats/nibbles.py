@@ -1,7 +1,7 @@
 """Packing two 4-bit codes per byte: element 2i in the low nibble (bits 3:0), element 2i+1 in the high one.
 
-This is the order of torchao `pack_uint4`, triton_kernels, DeepGEMM, ModelOpt and vLLM, and of
-`torch.float4_e2m1fn_x2` (PTX `cvt.*.e2m1x2` takes its operands high first, which callers swap).
+This is the order of torchao's mx_formats `pack_uint4`, triton_kernels' `downcast_to_mxfp`, vLLM's MXFP4 test
+reference and `torch.float4_e2m1fn_x2` (PTX `cvt.*.e2m1x2` takes its operands high first, which callers swap).
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ Two references:
   the tolerance row ("block_fp8_gemm", out dtype) in kernels/tolerances covers that difference and
   nothing more. Under the Triton interpreter the in-block sum is an fp32 numpy matmul.
 - `block_fp8_gemm_ideal`: the exact product of the dequantized operands, in float64. The suites measure
-  SQNR against the product of the *unquantized* operands (`unquantized_gemm`), which this file cannot see.
+  SQNR against the product of the *unquantized* operands (`suites.oracles.unquantized_product`), which this
+  file cannot see.
 
 Edge-case policy: no scale is checked or clamped; NaN and Inf in codes (0x7F/0xFF are NaN in e4m3fn) or
 scales propagate by IEEE fp32 arithmetic (a NaN code poisons its whole output row or column; Inf * 0 is
@@ -117,8 +118,3 @@ def block_fp8_gemm_ideal(
     check_block_fp8_gemm_args(a, a_scales, b, b_scales, torch.float32)
     a64, b64 = dequantize_operands(a, a_scales, b, b_scales)
     return a64 @ b64.T
-
-
-def unquantized_gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """float64 x [M, K] @ w [N, K]^T: the product the quantized GEMM approximates (the SQNR's signal)."""
-    return x.to(torch.float64) @ w.to(torch.float64).T

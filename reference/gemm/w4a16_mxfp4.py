@@ -22,8 +22,8 @@ Two references:
   3. The fp32 sum is cast to bf16 once, round to nearest even; fp32 values beyond bf16 range become +-Inf.
 - `w4a16_mxfp4_gemm_ideal`: the product of the dequantized operands in float64 (exact products, no
   saturation, float64 sums), for measuring what the kernel's arithmetic (fp32 sums, one bf16 rounding)
-  loses. `unquantized_product` is the fp64 product with
-  the weights before quantization: SQNR against it measures what MXFP4 itself loses.
+  loses. SQNR against the fp64 product with the weights before quantization
+  (`suites.oracles.unquantized_product`) measures what MXFP4 itself loses.
 
 NaN policy: an E8M0 scale byte 0xFF makes its 32 weights NaN, so y[m, n] is NaN for every m whose row n
 holds such a block (NaN * 0 is NaN too). NaN or Inf in x propagates by IEEE rules (Inf * 0 = NaN). Both
@@ -89,8 +89,3 @@ def w4a16_mxfp4_gemm_ideal(x: torch.Tensor, codes: torch.Tensor, scales: torch.T
     """float64 [M, N]: the product of the dequantized operands, computed in float64."""
     check_w4a16_args(x, codes, scales)
     return torch.matmul(x.to(torch.float64), dequantize_exact(codes, scales).T)
-
-
-def unquantized_product(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """float64 [M, N]: x @ w^T with the weights before quantization (the SQNR reference)."""
-    return torch.matmul(x.to(torch.float64), w.to(torch.float64).T)

@@ -1,6 +1,6 @@
 """Full-attention KV cache: K and V of `num_kv_heads` heads, with separate K and V head sizes.
 
-Bytes of one layer's block (note §1.1-1.2, vLLM `FullAttentionSpec.real_page_size_bytes =
+Bytes of one layer's block (vLLM `FullAttentionSpec.real_page_size_bytes =
 block_size * num_kv_heads * (head_size + head_size_v) * dtype_size`):
 
     block-first (kv_outer=False; FlashInfer/Triton order): page = [ K | V ]
@@ -10,7 +10,7 @@ block_size * num_kv_heads * (head_size + head_size_v) * dtype_size`):
         blocks' V; a block is two segments, K's and V's, each strided by its own size.
 
 Inside K (and V) the element order is "NHD" = [block_size, num_kv_heads, head] or "HND" =
-[num_kv_heads, block_size, head] (HND only swaps the token and head dims; note §1.1).
+[num_kv_heads, block_size, head] (HND only swaps the token and head dims).
 Views: "k" and "v", [num_blocks, block_size, H, D] for NHD, [num_blocks, H, block_size, D] for HND.
 """
 

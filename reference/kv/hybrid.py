@@ -1,6 +1,6 @@
 """Hybrid page unification: attention and Mamba (recurrent-state) layers share one block pool, so every
-layer's page must be the same number of bytes. Note §1.3 (vLLM `Platform._align_hybrid_block_size`,
-`unify_kv_cache_spec_page_size`) and §3.1 (state shapes).
+layer's page must be the same number of bytes (vLLM `Platform._align_hybrid_block_size`,
+`unify_kv_cache_spec_page_size`).
 
 A Mamba page holds one request's whole state (conv state + SSM state), whatever the block size:
     mamba_page = sum(prod(shape) * dtype_size)
@@ -8,8 +8,7 @@ Attention's page grows with its block size, so the attention block size is raise
     attn_block = alignment * ceil(mamba_page / (alignment * attn_token_bytes))
 (`alignment` is the attention kernel's block alignment, or in vLLM's prefix-caching "all" mode
 lcm(mamba chunk size, kernel alignment)), never lowered, and the Mamba page is then padded to the attention
-page (attn_block * attn_token_bytes, or that rounded up to the spec's alignment for DeepSeek-V4 pages; vLLM
-multiplies the page of a one-token block instead, the same number for every unaligned spec).
+page (attn_block * attn_token_bytes, or that rounded up to the spec's alignment for DeepSeek-V4 pages).
 `unify_page_sizes` is the general rule over many specs: the largest page wins; a smaller attention page grows
 its block size by the whole ratio when that lands exactly on it, else is padded (one-part blocks only); a
 Mamba page is padded.
@@ -62,7 +61,7 @@ class MambaSpec:
 
 
 def _extra_groups_for_head_shards(n_groups: int, tp: int) -> int:
-    # Groups are replicated so that every tensor-parallel head shard carries its group (note §3.1); vLLM's
+    # Groups are replicated so that every tensor-parallel head shard carries its group; vLLM's
     # mixer allows only n_groups % tp == 0 or a single group (replicated tp times).
     if n_groups % tp and n_groups != 1:
         raise ValueError(f"n_groups: must divide by tp={tp} or be 1, got {n_groups}")

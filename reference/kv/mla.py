@@ -1,6 +1,6 @@
 """MLA latent KV cache: one latent of kv_lora_rank + rope_dim values a token, shared by all heads.
 
-Bytes of one layer's block (note §1.1-1.2, vLLM `MLAAttentionSpec` without "fp8_ds_mla": `block_size *
+Bytes of one layer's block (vLLM `MLAAttentionSpec` without "fp8_ds_mla": `block_size *
 num_kv_heads * head_size * dtype_size` with num_kv_heads = 1 and no factor 2, since K and V both come from
 the latent): token t at page offset t * (kv_lora_rank + rope_dim) * dtype_size; inside it the compressed
 latent c_kv (kv_lora_rank values), then the RoPE key k_pe (rope_dim values). DeepSeek: 512 + 64 = 576.

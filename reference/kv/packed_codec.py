@@ -1,6 +1,6 @@
 """Byte codecs of one token of the packed FP8 MLA caches (layouts in reference.kv.packed_mla).
 
-Rule (FlashMLA's `tests/quant.py`, the oracle of note §2.1 and recommendation 2), per tile of the NoPE part
+Rule (FlashMLA's `tests/quant.py`), per tile of the NoPE part
 (128 values for fp8_ds_mla, 64 for DeepSeek-V4), in fp32:
 
     scale = 2**ceil(log2(max(amax / 448, 1e-4)))     a power of two at or above amax / 448, at least 2**-13
@@ -27,7 +27,7 @@ from reference.formats.e8m0 import decode_e8m0
 from reference.kv.packed_mla import DS_MLA_TOKEN_BYTES, DSV4_DATA_ROW_BYTES, DSV4_SCALE_ROW_BYTES
 from reference.quant.fp8 import dequantize_fp8, quantize_fp8
 
-SCALE_FLOOR = 1e-4  # FlashMLA's floor on the scale ("align with HFAI FP8's FP8_AMAX_MARGIN")
+SCALE_FLOOR = 1e-4  # FlashMLA's floor on the scale (its tests/quant.py ties it to FP8_AMAX_MARGIN)
 AMAX_EPS = 448.0 * SCALE_FLOOR
 ROPE_DIM = 64
 DS_MLA_NOPE, DS_MLA_TILE = 512, 128

@@ -1,13 +1,13 @@
 """Packed FP8 MLA caches: bytes, not elements (one latent of 512 NoPE + 64 RoPE values a token).
 
-`fp8_ds_mla` (DeepSeek V3.2, FlashMLA "V32_FP8Sparse"; note §2.1, three agreeing sources), 656 B a token,
+`fp8_ds_mla` (DeepSeek V3.2, FlashMLA "V32_FP8Sparse"), 656 B a token,
 token-interleaved: token t of a block at page offset t * 656:
     [  0, 512)  512 FP8 e4m3fn NoPE values
     [512, 528)  4 fp32 scales, scale i for NoPE values [128 i, 128 i + 128), powers of two
     [528, 656)  64 bf16 RoPE values, unquantized
   page = block_size * 656. View: "entries", uint8 [num_blocks, block_size, 656].
 
-DeepSeek-V4 (FlashMLA "MODEL1_FP8Sparse"; note §2.1-2.2), 584 B a token, NOT token-interleaved: a page
+DeepSeek-V4 (FlashMLA "MODEL1_FP8Sparse"), 584 B a token, NOT token-interleaved: a page
 holds every token's data row, then every token's scale row, then padding:
     data row t  at t * 576:                  448 FP8 e4m3fn NoPE values, then 64 bf16 RoPE values (128 B)
     scale row t at block_size * 576 + t * 8: 7 UE8M0 scales (one per 64 NoPE values), then 1 pad byte (0)

@@ -1,7 +1,6 @@
 """What every KV-cache spec shares: the bytes one layer's block occupies, and where the blocks of `num_layers`
-layers lie in one byte buffer. Facts: ../shared/notes/kv-cache-and-mamba.md §1.2 (vLLM `KVCacheSpec`,
-`page_size_bytes`, `page_size_padded`), §1.3 (one buffer, "layer l of block b at offset + l*layer_stride +
-b*block_stride") and §2.3-2.4 (the zeroer bug: block stride and page span are two numbers, never one).
+layers lie in one byte buffer (vLLM's `KVCacheSpec`: `page_size_bytes`, `page_size_padded`). A block's stride
+and the bytes it spans are two numbers, never one (vLLM PR #50276 fixed a zeroer that conflated them).
 
 Terms, all in bytes:
 - token_bytes: content one token (one stored entry) takes in one layer.

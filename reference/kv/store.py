@@ -1,6 +1,6 @@
 """KV store: write N new tokens' K/V (or MLA latents) into their cache slots, in place.
 
-Slots follow vLLM's `slot_mapping` (note §1.1; `reshape_and_cache_flash`, `concat_and_cache_mla`): token i
+Slots follow vLLM's `slot_mapping` (`reshape_and_cache_flash`, `concat_and_cache_mla`): token i
 goes to slot s = slot_mapping[i] of the layer's cache, i.e. block s // block_size, position s % block_size
 in that block; a negative slot (vLLM's PAD_SLOT_ID = -1, padding of a CUDA-graph batch) is skipped. Valid
 slots must be distinct and below num_blocks * block_size (checked here; the kernel does not read slot values
@@ -39,10 +39,6 @@ from reference.quant.fp8 import quantize_fp8
 
 COPY_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 FP8_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
-
-def _dtype_name(t: object) -> str:
-    return str(t.dtype) if isinstance(t, torch.Tensor) else type(t).__name__
 
 
 def _check_tensor(name: str, t: object) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """KV block zeroing: the segment table a zeroer walks, built from the allocated caches, and the pure-torch
-reference that clears the bytes it names. Facts: ../shared/notes/kv-cache-and-mamba.md §2.3-2.4 (vLLM
-`KVBlockZeroer`, PR #35219 "zero freed blocks", PR #50276 "block stride and page span are two numbers").
+reference that clears the bytes it names (vLLM's `KVBlockZeroer`, added by PR #35219; PR #50276 made its block
+stride and the bytes it clears two numbers).
 
 Why: in a hybrid pool a block that held fp32 Mamba state can be handed to an attention layer of a smaller
 dtype, whose kernels read whole pages (past the written tokens): leftover bit patterns read as NaN/Inf.

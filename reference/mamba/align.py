@@ -1,8 +1,7 @@
 """Where Mamba (recurrent) states are saved and restored when prefix caching or CPU offload is on: the align
 size, the cache modes, the block-aligned split of a prefill chunk, the hybrid block size, and the boundary rule
-of an offload hit. Facts: ../shared/notes/kv-cache-and-mamba.md §1.3 (vLLM `_align_hybrid_block_size`), §3.2
-(`mamba_cache_mode`), §3.3 (`Scheduler._mamba_block_aligned_split`), §3.5 (`resolve_mamba_align_size`, the
-CPU-offload boundary bug of PR #44599 and its fix).
+of an offload hit, after vLLM's `Platform._align_hybrid_block_size`, `mamba_cache_mode`,
+`Scheduler._mamba_block_aligned_split` and `resolve_mamba_align_size`.
 
 A recurrent layer has one state per request, not one per token: a prefix can only be reused where a state was
 saved, and a saved state is "the state after exactly `position` tokens". States are saved at block boundaries
@@ -19,9 +18,9 @@ from collections.abc import Iterable, Sequence
 from reference.kv.hybrid import MambaSpec, unify_attention_mamba
 from reference.kv.spec import CacheSpec, check_count
 
-# vLLM's `mamba_cache_mode` values (note §3.2): "none" = prefix caching off (one running state per request),
-# "align" = the state at the end of each scheduler step that lands on a block boundary, "all" = the state at
-# every block boundary (deprecated and removed in 0.33.0; PR #51100 still tests it).
+# vLLM's `mamba_cache_mode` values: "none" = prefix caching off (one running state per request), "align" = the
+# state at the end of each scheduler step that lands on a block boundary, "all" = the state at every block
+# boundary (deprecated by vLLM PR #55041).
 CACHE_MODES = ("none", "align", "all")
 # Planted bugs of the boundary rule, for the offload suite's negative control only.
 FAULTS = ("none", "hit_includes_last_token")
@@ -45,7 +44,7 @@ class CacheGroup:
 
 def resolve_mamba_align_size(groups: Iterable[CacheGroup]) -> int | None:
     """Tokens between two restorable Mamba states: tokens_per_block * blocks_per_chunk of every Mamba group in
-    "align" or "all" mode (vLLM after PR #51100; before it, "align" only). Those groups must agree (ValueError
+    "align" or "all" mode (vLLM since PR #51100; before it, "align" only). Those groups must agree (ValueError
     otherwise); None when there is no such group (attention only, or Mamba with caching off)."""
     sizes = set()
     for i, group in enumerate(groups):
@@ -71,11 +70,11 @@ def max_restorable_tokens(num_tokens: int, align: int, fault: str = "none") -> i
     a boundary (num_tokens = k * align), round_down(num_tokens, align) = num_tokens would restore a state that
     already contains the last token, and recomputing that token then applies the recurrence to it twice
     (state = f(f(state_{n-1}, x_{n-1}), x_{n-1}); the conv window shifts by a duplicate): silently different
-    output (vLLM PR #44599, fixed by PR #51100, issue #51094). Attention does not have this bug (recomputing a
-    token overwrites its KV with the same values), which is why capping the hit at num_tokens - 1 in *tokens*
-    looked sufficient. Capping first and rounding down afterwards keeps the hit on a saved boundary:
-    num_tokens = 32, align 16: cap 31 -> hit 16, recompute tokens 16..31; num_tokens = 33: cap 32 -> hit 32,
-    recompute token 32.
+    output (vLLM fixed it for "align" mode in PR #44599 and for "all" mode in PR #51100, issue #51094).
+    Attention does not have this bug (recomputing a token overwrites its KV with the same values), which is why
+    capping the hit at num_tokens - 1 in *tokens* looked sufficient. Capping first and rounding down afterwards
+    keeps the hit on a saved boundary: num_tokens = 32, align 16: cap 31 -> hit 16, recompute tokens 16..31;
+    num_tokens = 33: cap 32 -> hit 32, recompute token 32.
 
     `fault="hit_includes_last_token"` plants the bug (round_down(num_tokens, align)): negative controls only.
     """
@@ -172,7 +171,7 @@ def prefill_chunks(
 def hybrid_block_size(
     attention: CacheSpec, mamba: MambaSpec, *, kernel_block_alignment: int, checkpoint_alignment: int = 1
 ) -> tuple[int, int]:
-    """(attention block size, padded Mamba page bytes) of a hybrid model (vLLM 0.33.0 `_align_hybrid_block_size`,
+    """(attention block size, padded Mamba page bytes) of a hybrid model (vLLM `_align_hybrid_block_size`,
     align mode): align = lcm(kernel block alignment, prefill checkpoint alignment), then
     block = align * cdiv(mamba page, align * attention bytes per token), never below the spec's own block size,
     and the Mamba page is padded to the attention page (reference.kv.hybrid.unify_attention_mamba). In the

@@ -1,7 +1,7 @@
 """Mamba causal depthwise conv1d (prefill) and its one-token decode update with a rolling conv state.
 
 Follows the `causal_conv1d_fn` / `causal_conv1d_update` contract of Dao-AILab/causal-conv1d as vLLM uses it for
-Mamba2 (note §3.1: conv state layout "SD" = [state_len, dim], dim contiguous, state_len = width - 1), token-major:
+Mamba2 (conv state layout "SD" = [state_len, dim], dim contiguous, state_len = width - 1), token-major:
 - `causal_conv1d(x [B, L, dim], weight [dim, width], bias [dim] | None, initial_state [B, width-1, dim] | None,
   activation None | "silu") -> (out [B, L, dim] in x's dtype, final_state [B, width-1, dim])`:
       xpad = cat(initial_state (zeros if None), x) along L

@@ -1,5 +1,5 @@
 """Per-request state slots of the Mamba decode ops: request i reads and writes slot state_indices[i] of the
-state tensor (vLLM's `state_indices_tensor` / `cache_indices`, note §3.4); an entry equal to `pad_slot_id`
+state tensor (vLLM's `state_indices_tensor` / `cache_indices`); an entry equal to `pad_slot_id`
 (vLLM's PAD_SLOT_ID = -1, a CUDA-graph padding row, or the null block mapped to -1) is skipped: its slot is
 neither read nor written and its output row is 0. Other entries must be in [0, num_slots) and distinct (two
 requests updating one slot would race in a kernel; which update lands is unspecified), checked here on the

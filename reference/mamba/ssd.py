@@ -1,6 +1,6 @@
 """Mamba2 SSD (state-space duality): the chunked scan in segment-sum form, and the plain per-token recurrence
-it must equal. Facts: ../shared/notes/kv-cache-and-mamba.md §3.6 (state-spaces/mamba `ssd_minimal_discrete`,
-`ssd_chunk_scan_combined_ref`, `selective_state_update_ref`); written here from the formulas, not copied.
+it must equal, written from the formulas of state-spaces/mamba's `ssd_minimal_discrete` and
+`ssd_chunk_scan_combined_ref` (not copied).
 
 Shapes: x [b, l, h, p], dt [b, l, h], A [h], B and C [b, l, g, n] with h a multiple of g (head i reads group
 i // (h // g), as `repeat(B, "b l g n -> b l (g r) n")` does), D [h], z [b, l, h, p], dt_bias [h],
@@ -20,8 +20,8 @@ tokens, which neither decay nor feed the state, so the final state is unchanged)
 cumsum (the stable form: no difference of two large cumsums, so exp never sees cancellation error).
 
 Precision: everything is computed in fp32, or in fp64 when any float input is fp64 (the suite's exactness
-tier); y is returned in x's dtype, the final state in the compute dtype (fp32 states, as vLLM keeps the SSM
-state with `mamba_ssm_cache_dtype = float32`). Edge cases: no special handling; NaN/Inf propagate through the
+tier); y is returned in x's dtype, the final state in the compute dtype (fp32 states, vLLM's
+`mamba_ssm_cache_dtype="float32"`). Edge cases: no special handling; NaN/Inf propagate through the
 arithmetic (an Inf decay times a zero state gives NaN, as the recurrence does). A must be <= 0 for a stable
 scan but is not checked (models store A = -exp(A_log)).
 """

@@ -1,7 +1,7 @@
 """Mamba2 selective state update: one decode token per request advances its SSM state in place.
 
-Follows mamba_ssm's `selective_state_update_ref` (state-spaces/mamba @ e9594ce1, note §3.6) with Mamba2's
-per-head parameters, the shapes vLLM's Mamba2 decode uses (note §3.1):
+Follows mamba_ssm's `selective_state_update_ref` (state-spaces/mamba @ e9594ce1) with Mamba2's per-head
+parameters, the shapes vLLM's Mamba2 decode uses:
 - state [num_slots, nheads, head_dim, dstate], float32 or bfloat16, updated IN PLACE at the requests' slots
   (reference.mamba.slots: state_indices, pad_slot_id; pad rows skip the state and give out = 0).
 - x [B, nheads, head_dim]; dt [B, nheads] (one dt per head); A [nheads]; B, C [B, ngroups, dstate], group g

@@ -4,16 +4,16 @@
 A group is the whole tensor ("tensor"), one row ("token") or `group_size` consecutive elements of a row
 ("group", 128 for DeepSeek-V3-style 1x128 activation groups). For each group, in fp32:
 
-    amax  = max(max |x|, eps)                      eps = 1e-10 (vLLM); NaN propagates
+    amax  = max(max |x|, eps)                      eps = 1e-10 (vLLM's default); NaN propagates
     scale = amax / fp8_max                         IEEE division, round to nearest even
     scale = 2**ceil(log2 scale)   if ue8m0         exact: the next power of two at or above scale
     r     = 1 / scale                              IEEE division, once per group
     q     = fp8(clamp(x * r, -fp8_max, fp8_max))   one rounding in the multiply, one in the cast (RNE)
 
 `static_scale` (per tensor only) replaces the computed scale. Two choices are pinned where implementations
-drift: elements are multiplied by the group's rounded reciprocal (DeepGEMM's `x * (1 / sf)`, and what fast
-CUDA kernels do) rather than divided by the scale (vLLM's native reference): the two differ only where
-x * r and x / scale round differently, never for a power-of-two (UE8M0) scale, whose reciprocal is exact.
+drift: elements are multiplied by the group's rounded reciprocal (DeepGEMM's `per_token_cast_to_fp8`:
+`x * (1.0 / sf)`) rather than divided by the scale (vLLM's `QuantFP8` native group path): the two differ only
+where x * r and x / scale round differently, never for a power-of-two (UE8M0) scale, whose reciprocal is exact.
 The UE8M0 rounding is exact (not log2f/exp2f, whose ulp errors can cross a binade).
 
 Formats (`fmt`): "e4m3fn" (torch.float8_e4m3fn, clamp at +-448) and "e4m3fnuz" (torch.float8_e4m3fnuz,

@@ -5,21 +5,21 @@ power of two is 2**emax_elem and whose largest value is elem_max (E2M1: emax_ele
 
 | mode    | e                                             | source / users                                       |
 |---------|-----------------------------------------------|------------------------------------------------------|
-| "floor" | floor(log2 amax) - emax_elem                  | OCP MX v1.0 section 6.3; torchao default; may clip   |
-| "rceil" | ceil(log2(amax / elem_max))                   | cuBLAS/cuDNN, triton_kernels default, DeepGEMM       |
-| "even"  | floor(log2(round1(amax))) - emax_elem         | AMD Quark, vLLM reference_mxfp4, FBGEMM MX4          |
-| "ceil"  | ceil(log2 amax) - emax_elem                   | torchao only                                         |
+| "floor" | floor(log2 amax) - emax_elem                  | OCP MX v1.0 section 6.3; torchao's default; may clip |
+| "rceil" | ceil(log2(amax / elem_max))                   | cuBLAS, triton_kernels' default, DeepGEMM (UE8M0)    |
+| "even"  | floor(log2(round1(amax))) - emax_elem         | vLLM's test reference_mxfp4.py, torchao EVEN         |
+| "ceil"  | ceil(log2 amax) - emax_elem                   | torchao CEIL                                         |
 
 round1 rounds amax's significand to one fractional bit, half up (1.75 -> 2): the "add 1<<21, mask the
 exponent" bit trick. With amax = m * 2**k (1 <= m < 2) the modes bump the exponent over "floor" when m > 1.5
 (rceil), m >= 1.75 (even), m > 1 (ceil).
 
 Policy (documented, shared by every MX quantizer here):
-- e is clamped to [-127, 127] (the E8M0 range), as microxcaling and torchao do. Only tiny blocks reach the
-  lower clamp; no finite fp32 amax reaches the upper one.
-- amax == 0 (all-zero block, signed zeros included): e = -127, byte 0x00 (microxcaling's result).
+- e is clamped to [-127, 127], the E8M0 range. Only tiny blocks reach the lower clamp (microxcaling and
+  torchao clamp at -127 too); no finite fp32 amax reaches the upper one.
+- amax == 0 (all-zero block, signed zeros included): e = -127, byte 0x00 (microxcaling and torchao agree).
 - amax NaN or Inf (a NaN or an Inf anywhere in the block): byte 0xFF (NaN); MX has no Inf, so the block
-  is not representable. This is the microxcaling and torchao behaviour.
+  is not representable. microxcaling does the same; torchao gives 0xFF for a NaN amax only.
 
 All arithmetic is on float64, where every fp32/bf16/fp16 amax is a normal number, and amax / elem_max is
 exact enough: amax has at most 24 significant bits, so amax / 6 is never within 2**-53 of a power of two

@@ -1,7 +1,7 @@
 """MXFP4 (OCP Microscaling v1.0): blocks of 32 E2M1 elements sharing one E8M0 power-of-two scale.
 
-Layout (the one every public producer uses): `codes` uint8 [..., K // 2], element 2i in the low nibble;
-`scales` uint8 E8M0 [..., K // block_size].
+Layout (triton_kernels', torchao's and vLLM's): `codes` uint8 [..., K // 2], element 2i in the low nibble;
+`scales` uint8 E8M0 [..., K // 32].
 
 Quantization of one block (values V_i):
 1. The scale byte comes from the block's amax by `scale_mode` (`reference.quant.mx_scale`): "floor" is the
@@ -15,10 +15,8 @@ Edge-case policy:
 - All-zero block: scale byte 0x00 (2**-127); codes keep each zero's sign (-0.0 -> 0x8).
 - Subnormal inputs are values like any other (no flush to zero).
 - Dequantization never produces Inf from a finite code: MX has no infinities, so a product beyond the
-  output dtype's range saturates to +-finfo(dtype).max (as triton_kernels' upcast does). -0 codes give -0.0.
-
-Producers that emit only +0 (AMD Quark checkpoints) differ from this in the sign of zero only:
-`canonicalize_neg_zero` maps 0x8 nibbles to 0x0 before comparing codes.
+  output dtype's range saturates to +-finfo(dtype).max. (triton_kernels' `upcast_from_mxfp` clamps to the same
+  bound in its current versions; its first versions let the product overflow to +-Inf.) -0 codes give -0.0.
 """
 
 from __future__ import annotations
@@ -36,31 +34,22 @@ INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 OUTPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _check_block_size(block_size: int) -> None:
-    if block_size != MX_BLOCK_SIZE:
-        raise ValueError(f"block_size: MXFP4 blocks hold {MX_BLOCK_SIZE} elements, got {block_size}")
-
-
-def check_quantize_args(x: torch.Tensor, block_size: int, scale_mode: str) -> None:
+def check_quantize_args(x: torch.Tensor, scale_mode: str) -> None:
     """Raise TypeError/ValueError naming the bad argument. Shared with the kernel launchers."""
-    _check_block_size(block_size)
-    check_fp4_input(x, block_size, INPUT_DTYPES)
+    check_fp4_input(x, MX_BLOCK_SIZE, INPUT_DTYPES)
     if scale_mode not in SCALE_MODES:
         raise ValueError(f"scale_mode must be one of {SCALE_MODES}, got {scale_mode!r}")
 
 
-def check_dequantize_args(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, block_size: int) -> None:
+def check_dequantize_args(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> None:
     """Raise TypeError/ValueError naming the bad argument. Shared with the kernel launchers."""
-    _check_block_size(block_size)
-    check_packed_fp4(codes, scales, dtype, block_size, OUTPUT_DTYPES, "MXFP4")
+    check_packed_fp4(codes, scales, dtype, MX_BLOCK_SIZE, OUTPUT_DTYPES, "MXFP4")
 
 
-def quantize_mxfp4(
-    x: torch.Tensor, *, block_size: int = MX_BLOCK_SIZE, scale_mode: str = "floor"
-) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_mxfp4(x: torch.Tensor, *, scale_mode: str = "floor") -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize along the last dim. Returns (codes uint8 [..., K//2], scales uint8 [..., K//32])."""
-    check_quantize_args(x, block_size, scale_mode)
-    blocks = x.to(torch.float64).unflatten(-1, (-1, block_size))
+    check_quantize_args(x, scale_mode)
+    blocks = x.to(torch.float64).unflatten(-1, (-1, MX_BLOCK_SIZE))
     scales = mx_block_scales(blocks, scale_mode, emax_elem=E2M1_EMAX, elem_max=E2M1_MAX)
     nan_block = (scales == E8M0_NAN).unsqueeze(-1)
     exponent = (scales.to(torch.int32) - 127).unsqueeze(-1)
@@ -69,25 +58,11 @@ def quantize_mxfp4(
     return pack_nibbles(codes), scales
 
 
-def dequantize_mxfp4(
-    codes: torch.Tensor,
-    scales: torch.Tensor,
-    *,
-    dtype: torch.dtype = torch.bfloat16,
-    block_size: int = MX_BLOCK_SIZE,
-) -> torch.Tensor:
+def dequantize_mxfp4(codes: torch.Tensor, scales: torch.Tensor, *, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """Codes uint8 [..., K//2] and scales uint8 [..., K//32] -> values [..., K] of `dtype`."""
-    check_dequantize_args(codes, scales, dtype, block_size)
-    values = decode_e2m1(unpack_nibbles(codes)).unflatten(-1, (-1, block_size)).to(torch.float64)
+    check_dequantize_args(codes, scales, dtype)
+    values = decode_e2m1(unpack_nibbles(codes)).unflatten(-1, (-1, MX_BLOCK_SIZE)).to(torch.float64)
     product = values * decode_e8m0(scales).to(torch.float64).unsqueeze(-1)
     limit = torch.finfo(dtype).max
     product = torch.where(product.isnan(), product, product.clamp(-limit, limit))
     return product.flatten(-2).to(torch.float32).to(dtype)
-
-
-def canonicalize_neg_zero(codes: torch.Tensor) -> torch.Tensor:
-    """Map -0 nibbles (0x8) to +0 (0x0) in packed codes, for comparing with producers that emit only +0."""
-    low, high = codes & 0xF, codes >> 4
-    low = torch.where(low == 0x8, torch.zeros_like(low), low)
-    high = torch.where(high == 0x8, torch.zeros_like(high), high)
-    return (low | (high << 4)).to(torch.uint8)

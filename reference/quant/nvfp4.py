@@ -17,8 +17,8 @@ Quantization, every step an IEEE fp32 operation rounded to nearest even, in this
 This is the NVIDIA recipe (arXiv:2509.25149 App. B: stored scale e4m3(amax_b/6 * s_enc), elements
 x * s_enc / stored) with its divisions pinned: amax_b/6 * s_enc is computed as amax_b * (s_enc/6), one
 rounding per block instead of two, and each element takes one product with a rounded per-block multiplier
-(vLLM's CUDA kernel does the same with approximate reciprocals, so it is close to, not bit-equal with,
-this). The element rounding sees the fp32 product v_i, not the exact x_i * r: the product of a bf16 and
+(vLLM's `cvt_warp_fp16_to_fp4` takes the same steps with approximate reciprocals, so it is close to, not
+bit-equal with, this). The element rounding sees the fp32 product v_i, not the exact x_i * r: the product of a bf16 and
 a 24-bit multiplier is a full fp32 value, so E2M1 ties and near-ties in the E2M1-subnormal region are
 reachable and need a sticky-correct rounding (`reference.formats.e2m1` rounds the exact value of v_i).
 

@@ -2,16 +2,16 @@
 
 Checkpoints quantize w1 and w3 separately (ModelOpt, compressed-tensors), so each half carries its own
 global scale; fused MoE kernels take one per expert. What to do when they differ is a named policy:
-- "raise": refuse (ValueError naming both scales); older vLLM ModelOpt loaders asserted.
+- "raise": refuse (ValueError naming both scales).
 - "use_w1" (default, the established convention): keep w1's global scale for both halves and warn, as
-  vLLM's compressed-tensors and ModelOpt NVFP4 MoE loaders do today ("w1_weight_global_scale must match
+  vLLM's compressed-tensors and ModelOpt NVFP4 MoE loaders do ("w1_weight_global_scale must match
   w3_weight_global_scale. Accuracy may be affected."). w3's values come out scaled by s_dec1 / s_dec3:
-  vLLM issue #54974 (GLM NVFP4: 69% of pairs mismatched, ratios up to 10x, garbage tokens).
+  vLLM issue #54974 (a GLM-5.3-Flash NVFP4 checkpoint: 69% of gate/up pairs mismatched, ratios up to 10x).
 - "max_requant": keep the larger decode scale s_dec = max(s_dec1, s_dec3) (the larger amax) and re-encode
   the other half's E4M3 block scales onto it: byte' = e4m3_rne_satfinite(fp32(e4m3(byte) * fp32(s_half /
-  s_dec))), factor <= 1; the FP4 codes are untouched (vLLM PRs #55073/#56095; FP8 per-tensor MoE already
-  "uses the max to requantize"). Costs one E4M3 rounding per rescaled block (and blocks whose scale falls
-  below half of 2**-9 become zero); NaN scale bytes stay NaN.
+  s_dec))), factor <= 1; the FP4 codes are untouched (vLLM PRs #55073 and #56095; vLLM's FP8 per-tensor MoE
+  loader already does this: "Use the max to requantize"). Costs one E4M3 rounding per rescaled block (and
+  blocks whose scale falls below half of 2**-9 become zero); NaN scale bytes stay NaN.
 Equal global scales (same decode value, bit for bit) fuse identically under every policy, without a
 warning. Halves are stacked along the rows: w13 = [w1; w3] ([2N, K//2] codes, [2N, K//16] scales), the
 layout of vLLM's w13 weights.

@@ -64,7 +64,7 @@ class EncodeScale:
 
     @classmethod
     def from_amax(cls, amax: torch.Tensor | float) -> EncodeScale:
-        """fp32(2688 / amax), amax clamped to [AMAX_FLOOR, fp32 max] (vLLM's get_nvfp4_global_scale)."""
+        """fp32(2688 / amax), amax clamped to [AMAX_FLOOR, fp32 max]."""
         amax = _clamped_amax(amax)
         return cls(amax.new_tensor(GLOBAL_RANGE) / amax)  # tensor / tensor: `2688 / t` is reciprocal(t) * 2688
 

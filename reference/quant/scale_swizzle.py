@@ -5,13 +5,14 @@ ceil(S/4)*4] and stored as tiles of 128 rows x 4 scale columns, 512 bytes each, 
 (all column tiles of row tile 0 first). Inside a tile, row m and column k sit at
     (m % 32) * 16 + ((m // 32) % 4) * 4 + (k % 4)
 so the four 32-row groups of a tile interleave: one 16-byte line holds 4 columns of rows m, m+32, m+64,
-m+96. The full offset is (vLLM `csrc/quantization/fp4/nvfp4_utils.cuh`, the cuBLASLt/CUTLASS layout):
+m+96. The full offset is (cuBLAS's block-scaling-factor layout; vLLM's `cvt_quant_to_fp4_get_sf_out_offset` in
+csrc/quantization/fp4/nvfp4_utils.cuh):
     ((m // 128) * (Sp // 4) + k // 4) * 512 + (m % 32) * 16 + ((m // 32) % 4) * 4 + (k % 4)
-The swizzled tensor is returned as [Mp, Sp] (its storage in that order), as vLLM and flashinfer return it.
+The swizzled tensor is returned as [Mp, Sp] (its storage in that order).
 
-Padding: rows M..Mp-1 and columns S..Sp-1 hold PAD_BYTE = 0x00 (E4M3 and E8M0 alike read it as the
-smallest scale, E4M3 as zero), as vLLM's kernels zero-fill them; the inverse drops them, so it needs M
-and S. Inputs are 2-D (one matrix; loop over experts for MoE weights) of any 1-byte dtype.
+Padding: rows M..Mp-1 and columns S..Sp-1 hold PAD_BYTE = 0x00 (E4M3 reads it as zero, E8M0 as its
+smallest scale); the inverse drops them, so it needs M and S. Inputs are 2-D (one matrix; loop over experts
+for MoE weights) of any 1-byte dtype.
 """
 
 from __future__ import annotations

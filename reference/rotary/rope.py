@@ -21,8 +21,7 @@ Precision (`apply_rope`, the mirror): x widened to fp32, `out = x * cos + rotate
 products, one rounded sum: no FMA), rounded once to x's dtype (RNE). For fp32 inputs this equals the runner's
 current result bit for bit. For bf16/fp16 it does NOT equal the runner's current eager result: the runner rounds
 cos/sin to the activation dtype and rounds after every op in that dtype; the mirror (like the kernel) keeps fp32
-throughout and rounds once, which is closer to the ideal. `apply_rope_ideal` is the same rotation in fp64
-(from the same fp32 table: the table is an input, its own rounding is not part of the op's error).
+throughout and rounds once, which is closer to the ideal.
 
 Edge-case policy (all follow from the formula in IEEE fp32): NaN in x poisons its own output and its partner's
 (i and i + half); +-Inf gives +-Inf or NaN the same way, and at position 0 (sin = +0 exactly) an Inf's partner
@@ -120,13 +119,3 @@ def apply_rope(
     check_positions_in_range(positions, cos_sin_cache)
     cos, sin = _cos_sin(positions, cos_sin_cache)
     return _rotate(q.float(), cos, sin).to(q.dtype), _rotate(k.float(), cos, sin).to(k.dtype)
-
-
-def apply_rope_ideal(
-    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same rotation in fp64, no rounding (float64 outputs); the table's fp32 cos/sin taken as exact."""
-    check_rope_args(q, k, positions, cos_sin_cache)
-    check_positions_in_range(positions, cos_sin_cache)
-    cos, sin = _cos_sin(positions, cos_sin_cache.double())
-    return _rotate(q.double(), cos, sin), _rotate(k.double(), cos, sin)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from kernels.tolerances import assert_exact, assert_lossy, families
 from reference.gemm import block_fp8 as ref
 from reference.quant import fp8 as quant
+from suites import oracles
 
 kernel = pytest.importorskip("kernels.block_fp8_gemm")
 FAMILY = families.BLOCK_FP8_GEMM
@@ -44,10 +45,10 @@ def make_operands(m: int, n: int, k: int, seed: int, spread: float):
     tile_mag = torch.exp2(k_mag + torch.empty(-(-n // 128), k // 128).uniform_(-1, 1, generator=g))
     w = torch.randn(n, k, generator=g) * tile_mag.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)
     # One power of two for the whole product puts its peak near 2**8: in range for every output dtype.
-    x = x * 2.0 ** (8 - math.ceil(math.log2(float(ref.unquantized_gemm(x, w).abs().max()))))
+    x = x * 2.0 ** (8 - math.ceil(math.log2(float(oracles.unquantized_product(x, w).abs().max()))))
     a, a_scales = quant.quantize_fp8(x, granularity="group", group_size=128)
     b, b_scales = quant.quantize_fp8_blocks(w, block=128)
-    return (a, a_scales, b, b_scales), ref.unquantized_gemm(x, w)
+    return (a, a_scales, b, b_scales), oracles.unquantized_product(x, w)
 
 
 def vllm_style_operands(m: int, n: int, k: int, seed: int):

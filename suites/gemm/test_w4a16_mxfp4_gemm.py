@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from kernels.tolerances import assert_exact, assert_lossy, families
 from reference.gemm import w4a16_mxfp4 as ref
 from reference.quant.mxfp4 import quantize_mxfp4
+from suites import oracles
 from suites.quant.mxfp4_cases import random_blocks
 
 kernel = pytest.importorskip("kernels.w4a16_mxfp4_gemm")
@@ -67,7 +68,7 @@ def test_matches_mirror_and_ideal(p, device):
     # SQNR against the unquantized product measures MXFP4's loss; with blocks spread over 2**+-12 a small
     # output is dominated by a few blocks and that figure is noise, so those draws use the exact product of
     # the dequantized operands as the ideal instead.
-    ideal = ref.w4a16_mxfp4_gemm_ideal(x, codes, scales) if p["spread"] > 4 else ref.unquantized_product(x, w)
+    ideal = ref.w4a16_mxfp4_gemm_ideal(x, codes, scales) if p["spread"] > 4 else oracles.unquantized_product(x, w)
     check(x, codes, scales, device, ideal)
 
 
@@ -188,16 +189,15 @@ def test_split_k_and_ragged_k_tiles(kind, stages, split_k, device):
     m = 1 if kind == "gemv" else 20
     x = random_blocks((m, 224), torch.bfloat16, 6, 3.0)
     config = (kind, 16, 16, 2, split_k, 4, stages)
-    check(
-        x, codes, scales, device, ref.unquantized_product(x, w), gemm=lambda *args: kernel.launch(*args, config=config)
-    )
+    want = oracles.unquantized_product(x, w)
+    check(x, codes, scales, device, want, gemm=lambda *args: kernel.launch(*args, config=config))
 
 
 def test_strided_rows_are_read_in_place(device):
     w, codes, scales = quantized_weights(20, 512, 7, 4.0, 0, "even")
     x = random_blocks((3, 512), torch.bfloat16, 8, 2.0)[:, 128:384]  # K = 256 of a wider activation
     for m in (1, 3):
-        check(x[:m], codes[:, 64:192], scales[:, 4:12], device, ref.unquantized_product(x[:m], w[:, 128:384]))
+        check(x[:m], codes[:, 64:192], scales[:, 4:12], device, oracles.unquantized_product(x[:m], w[:, 128:384]))
 
 
 def test_empty_and_degenerate_shapes(device):
@@ -284,5 +284,5 @@ def test_negative_control(fault, m, device):
     w, codes, scales = quantized_weights(16, 128, 13, 8.0, 0, "floor")
     x = random_blocks((m, 128), torch.bfloat16, 14, 2.0)
     with pytest.raises(AssertionError, match="max_rel"):
-        check(x, codes, scales, device, ref.unquantized_product(x, w), gemm=faulty(fault))
-    check(x, codes, scales, device, ref.unquantized_product(x, w), gemm=faulty("none"))
+        check(x, codes, scales, device, oracles.unquantized_product(x, w), gemm=faulty(fault))
+    check(x, codes, scales, device, oracles.unquantized_product(x, w), gemm=faulty("none"))

@@ -1,5 +1,5 @@
 """Hybrid page unification: attention block sizes grown and pages padded so attention and Mamba pages are
-equal; expected numbers from public vLLM logs and the note (§1.3), state shapes from §3.1."""
+equal; expected numbers from public vLLM logs and PRs."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def qwen35_like(num_v_heads: int) -> tuple[FullAttentionSpec, MambaSpec]:
     ("num_v_heads", "mamba_page", "block", "padding_percent"),
     [
         (32, 2_146_304, 528, "0.76"),  # vllm#37467 log: "block size to 528 tokens", "Padding mamba page size by 0.76%"
-        (48, 3_207_168, 784, "0.13"),  # note §1.3: Qwen3.6-27B -> 784 tokens
+        (48, 3_207_168, 784, "0.13"),  # vllm#50507: Qwen3.6-27B, a 784-token block
     ],
 )
 def test_qwen35_like_unification(num_v_heads, mamba_page, block, padding_percent):

@@ -79,7 +79,7 @@ def test_token_bytes_named_facts():
 
 
 def test_dsv4_packed_geometry_named_numbers():
-    """vLLM's DeepSeek-V4 numbers (note §2.2-2.4): 64 entries a block, 4 layers packed per block row."""
+    """vLLM's DeepSeek-V4 numbers (vllm#50276): 64 entries a block, 4 layers packed per block row."""
     spec = DeepseekV4Spec(block_size=64)
     assert (spec.real_page_bytes, spec.page_bytes) == (37_376, 37_440)
     geometry = spec.geometry(num_blocks=100, num_layers=4, packed=True)

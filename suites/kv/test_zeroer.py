@@ -132,7 +132,7 @@ def test_table_means_what_the_allocation_holds(p):
 
 
 def dsv4_packed(num_blocks: int = 100, device: str = "cpu") -> dict:
-    """vLLM's DeepSeek-V4 numbers (note §2.2-2.4): 64 entries a block, 4 layers packed in each block row."""
+    """vLLM's DeepSeek-V4 numbers (vllm#50276): 64 entries a block, 4 layers packed in each block row."""
     return {
         "dsv4": allocate_kv_cache(DeepseekV4Spec(block_size=64), num_blocks, num_layers=4, packed=True, device=device)
     }

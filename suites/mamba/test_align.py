@@ -1,6 +1,6 @@
 """Alignment math of Mamba state caching (reference.mamba.align): align size, cache modes, block-aligned split,
-the boundary rule, and the hybrid block size with the block sizes real hybrid models end up with (note §1.3:
-Qwen3.5-4B -> 528, Qwen3.6-27B -> 784, Kimi-Linear -> 944)."""
+the boundary rule, and the hybrid block size with the block sizes real hybrid models end up with
+(Qwen3.5-4B -> 528, Qwen3.6-27B -> 784, Kimi-Linear -> 944)."""
 
 from __future__ import annotations
 
@@ -40,13 +40,13 @@ def qwen35_text(num_v_heads: int) -> tuple[FullAttentionSpec, MambaSpec]:
 
 
 def kimi_linear(tp: int) -> tuple[MLASpec, MambaSpec]:
-    """Kimi-Linear-48B-A3B. Config (the public config.json of moonshotai/Kimi-Linear-48B-A3B-Instruct, via a
-    re-quantized copy found by search): linear_attn_config num_heads 32, head_dim 128, short_conv_kernel_size 4;
-    MLA kv_lora_rank 512 + qk_rope_head_dim 64 (576 bf16 values a token). State shapes: vLLM
-    `MambaStateShapeCalculator.kda_state_shape` (mamba_utils.py, found by code search): conv states of q, k and
-    v, each (conv_kernel - 1, num_heads * head_dim / tp), and the recurrent state (num_heads / tp, head_dim,
-    head_dim). Conv bf16, recurrent fp32. The note's 944 matches tp = 2 (tp = 1 gives 1888, tp = 4 gives 480);
-    the note does not name the parallelism, so tp = 2 is inferred from the arithmetic."""
+    """Kimi-Linear-48B-A3B. Config (the public config.json of moonshotai/Kimi-Linear-48B-A3B-Instruct):
+    linear_attn_config num_heads 32, head_dim 128, short_conv_kernel_size 4; MLA kv_lora_rank 512 +
+    qk_rope_head_dim 64 (576 bf16 values a token). State shapes: vLLM
+    `MambaStateShapeCalculator.kda_state_shape` (mamba_utils.py): conv states of q, k and v, each
+    (conv_kernel - 1, num_heads * head_dim / tp), and the recurrent state (num_heads / tp, head_dim, head_dim).
+    Conv bf16, recurrent fp32. The expected 944 is the block size at tp = 2 (tp = 1 gives 1888, tp = 4 gives
+    480)."""
     conv = (3, 32 * 128 // tp)
     return (
         MLASpec(block_size=16),
@@ -118,7 +118,7 @@ def test_resolve_mamba_align_size():
 @pytest.mark.parametrize(
     ("num_tokens", "align", "want"),
     [
-        (32, 16, 16),  # note §3.5 worked example: cap 31 -> 16; restore state@16, recompute 16..31
+        (32, 16, 16),  # max_restorable_tokens' worked example: cap 31 -> 16; restore state@16, recompute 16..31
         (33, 16, 32),  # "block-mid": cap 32 -> 32; restore state@32, recompute token 32
         (31, 16, 16),
         (16, 16, 0),

@@ -1,9 +1,9 @@
 """Mamba state offload and the boundary rule (runner.model.state_offload, reference.mamba.align): the tiny
 hybrid model run cold and through a restore from CPU-offloaded states must give the same greedy tokens AND
 the same logits, bit for bit (fp32 states: a restore is lossless, so any difference is the bug), at prompt
-lengths k*align - 1, k*align, k*align + 1 and a one-token-shifted prompt (vLLM's block-boundary and block-mid
-prompts, note §3.5). Negative control: with the rule off, a prompt of exactly k*align tokens restores a state
-that already contains its last token, which is then applied twice, and the check fails."""
+lengths k*align - 1, k*align, k*align + 1 and a one-token-shifted prompt (the exact-boundary and mid-block
+prompts of vLLM's CPU-offload test). Negative control: with the rule off, a prompt of exactly k*align tokens
+restores a state that already contains its last token, which is then applied twice, and the check fails."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The Mamba decode references against independent formulations: causal_conv1d against torch's depthwise
 conv1d on integer-valued data (exact in any order), the decode update against the prefill conv on one token,
-the selective state update's fp64 ideal against mamba_ssm's einsum formulation (selective_state_update_ref,
-note §3.6) with torch's softplus/silu, and the mirror against the ideal."""
+the selective state update's fp64 ideal against mamba_ssm's einsum formulation (state-spaces/mamba
+`selective_state_update_ref`) with torch's softplus/silu, and the mirror against the ideal."""
 
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ kernel = pytest.importorskip("kernels.mxfp4")
 
 
 def faulty(fault: str):
-    def quantize(x, *, scale_mode="floor", block_size=32):
-        return kernel.launch_quantize(x, block_size, scale_mode, fault=fault)
+    def quantize(x, *, scale_mode="floor"):
+        return kernel.launch_quantize(x, scale_mode, fault=fault)
 
     return quantize
 
