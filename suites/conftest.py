@@ -6,7 +6,7 @@ on the GPU and refuses to start if torch does not see that backend. With TOUCHST
 hardware nox sessions set it), a run in which no test executed on that device fails.
 
 Hypothesis profiles: `dev` (few examples), `ci`, `nightly`; chosen by HYPOTHESIS_PROFILE, else `ci` when
-the CI variable is set, else `dev`.
+the CI variable is set, else `dev`. In a GPU session each xdist worker is given one GPU (suites/gpu_workers.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-from suites import ledger
+from suites import gpu_workers, ledger
 
 DEVICE_CHOICES = ("cpu", "cuda", "rocm", "xpu")
 _PLATFORM = pytest.StashKey()
@@ -45,6 +45,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # First: a worker of a GPU session sees its one GPU before anything initializes the device.
+    if assigned := gpu_workers.assignment(config.getoption("--device"), os.environ):
+        os.environ[assigned[0]] = assigned[1]
     config.addinivalue_line(
         "markers", "interpreter_unsupported(reason): cannot be right under the Triton interpreter; skipped on cpu"
     )
