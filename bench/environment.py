@@ -1,9 +1,9 @@
 """Facts recorded with every row: device, driver, clocks at start, software versions, git state.
 
-Everything here is read-only: clocks and power are queried with nvidia-smi, never set (harness-style §11:
-clocks are recorded, not changed). Hardware detection itself is `kernels.platform`'s job; this module only
-asks it. When the tree is copied without .git (as on the remote GPU machines), set TOUCHSTONE_GIT_SHA and
-TOUCHSTONE_GIT_DIRTY (true/false) to the values of the checkout the copy came from.
+Everything here is read-only: clocks and power are queried with nvidia-smi, never set (clocks are recorded,
+not changed). Hardware detection itself is `kernels.platform`'s job; this module only asks it. When the tree
+is copied without .git (as on the remote GPU machines), set TOUCHSTONE_GIT_SHA and TOUCHSTONE_GIT_DIRTY
+(true/false) to the values of the checkout the copy came from.
 """
 
 from __future__ import annotations

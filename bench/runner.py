@@ -16,7 +16,6 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bench.correctness import is_failure
 from bench.device import out_of_memory_errors, release_memory, synchronize
 from bench.environment import Environment, timestamp
 from bench.formatting import num, times
@@ -204,7 +203,3 @@ def run_op(
         del inputs, baseline
         release_memory(env.torch_device)
     return rows
-
-
-def failures(rows: Sequence[Row]) -> list[Row]:
-    return [row for row in rows if is_failure(row["correctness"])]

@@ -29,10 +29,10 @@ from bench.device import synchronize
 
 QUANTILES = (0.2, 0.5, 0.8)
 # Warm-up and measurement windows (ms). 25/100 are do_bench's own defaults. The largest MXFP4 case (1 GiB
-# in, ~1.3 GiB moved) should take ~0.3 ms at H200 bandwidth (4.8 TB/s datasheet; not yet measured here),
-# and do_bench counts its 256 MB L2 flush (~0.1 ms) inside the window, so 100 ms gives a few hundred
-# samples per case, enough for stable p20/p80. Wall time per measurement is ~warmup + rep + the estimate
-# calls (~0.15 s), so ~30 measurements per MXFP4 sweep cost seconds, not minutes, of a 10-minute slot.
+# in, 1.36 GB moved) takes 0.35 ms on the H200 (reports/cuda-h200/mxfp4_quantize.md) and do_bench counts its
+# 256 MB L2 flush (~0.1 ms) inside the window, so 100 ms gives ~240 samples per case, enough for stable
+# p20/p80. Wall time per measurement is ~warmup + rep + the estimate calls (~0.15 s), so ~30 measurements per
+# MXFP4 sweep cost seconds, not minutes, of a 10-minute slot.
 GPU_WARMUP_MS = 25.0
 GPU_REP_MS = 100.0
 # CPU: the eager MXFP4 reference takes ~0.9 s per call at 8 MiB (measured on the 2-core VM), so the window

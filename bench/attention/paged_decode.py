@@ -1,4 +1,4 @@
-"""Paged decode benchmark: one new token a sequence attends to its whole paged context (issue 4, item 7).
+"""Paged decode benchmark: one new token a sequence attends to its whole paged context.
 
 32 query heads, 8 KV heads, head 128, bf16, block size 16 (bench/attention/paged_decode_inputs.py builds the
 problems: random-permutation block tables, every sequence `context` long). Two ops, one per report x axis:

@@ -3,7 +3,7 @@
     python -m bench.attention.paged_decode_launch_sweep [--quick] [--fp8]
 
 How the `_GPU` table in kernels/paged_decode.py is to be chosen (its comment holds the H200 result). Shapes
-are issue 4's bars, built by bench/attention/paged_decode_inputs.py (32 query heads, 8 KV heads, head 128, bf16,
+are the bars' shapes, built by bench/attention/paged_decode_inputs.py (32 query heads, 8 KV heads, head 128, bf16,
 block size 16, K/V-outermost NHD cache, block tables a random permutation of it): batch 128 x context 4096 and batch
 8 x context 32768 (the split-K case), each at several split counts. Per config: the kernel's median time, the KV
 bytes it must read (K and V of every token) per second, the ratio to the same-run SDPA (`enable_gqa=True`) on the

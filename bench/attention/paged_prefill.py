@@ -1,4 +1,4 @@
-"""Paged prefill benchmark: causal attention of every new token of a batch over its paged cache (issue 4, item 7).
+"""Paged prefill benchmark: causal attention of every new token of a batch over its paged cache.
 
 32 query heads, 8 KV heads, head 128, bf16, block size 16 (bench/attention/paged_decode_inputs.py builds the
 problems: random-permutation block tables, the new tokens' K/V already in the cache, no cached prefix). One op,
@@ -17,9 +17,8 @@ out once (bf16). Roof: the same-run bf16 GEMM. Implementations:
   copy timed). On the CPU SDPA's default backend runs (checks the construction only).
 - sdpa-flash-expanded (ungated peer): the same with K/V repeated to the 32 query heads (untimed) and no
   enable_gqa: GQA handled natively costs flash nothing (H200, 680c937: 254 and 255 TFLOP/s at 8 x 2048). The
-  launch sweep's SDPA (bench/attention/paged_prefill_launch_sweep.py: eager do_bench, a causal_lower_right
-  bias) ran the same problem at 294 TFLOP/s (934 us against 1080 us here) while the Triton kernel measured
-  the same in both (931 / 942 us); the cause is not isolated, so the bar is quoted against both.
+  launch sweep's SDPA (causal_lower_right bias, no graph) ran the same problem at 294 TFLOP/s while the Triton
+  kernel timed the same in both; the bar is quoted against both.
 Correctness: lossy against the mirror, kernels.tolerances row "paged_prefill". Timing: CUDA-graph replays
 (`cuda_graph=True`, as for decode; at these sizes the host costs little either way).
 """

@@ -3,7 +3,7 @@
     python -m bench.attention.paged_prefill_launch_sweep [--quick]
 
 How the `_GPU` table in kernels/paged_prefill.py is to be chosen (its comment holds the H200 result).
-Shapes: issue 4's bar, 8 sequences x 2048 new tokens, causal, no prefix (bar >= 0.9x SDPA flash TFLOP/s), and a
+Shapes: the bar's, 8 sequences x 2048 new tokens, causal, no prefix (bar >= 0.9x SDPA flash TFLOP/s), and a
 chunked-prefill case, 8 x 512 new tokens after 1536 cached; 32 query heads, 8 KV heads, head 128, bf16, block
 size 16, block tables a random permutation of the cache. Per config: the kernel's median time, TFLOP/s of the
 causal work (4 D Hq per visible (query, key) pair), the ratio to the same-run SDPA flash on the same K/V laid

@@ -2,13 +2,13 @@
 
 Two geometries, one op each:
 - `kv_zero_dsv4_packed`: DeepSeek-V4 packed cache (584 B entries, 64 a block, 576-aligned 37,440 B pages),
-  4 layers side by side in each 149,760 B block row; a block clears 4 x 37,376 B (note §2.2-2.4).
+  4 layers side by side in each 149,760 B block row; a block clears 4 x 37,376 B (reference/kv/packed_mla.py).
 - `kv_zero_fa_bf16`: FlashAttention's K/V-outermost bf16 cache, block 16, 8 KV heads x 128, 8 layers; a
   block clears 8 layers x (K 32 KiB + V 32 KiB) in 16 segments.
 Bytes per call: the cleared bytes (stores only). Implementations: the pure-torch reference (one indexed
 write per table row; the baseline every row is checked against), the Triton kernel (one launch), and
-`memset`: `torch.Tensor.zero_` of a contiguous scratch of the same number of bytes (an ungated peer, the
-bar: the issue asks the kernel for >= 0.85x its GB/s on the H200). Each zeroer clears its own copy of the
+`memset`: `torch.Tensor.zero_` of a contiguous scratch of the same number of bytes (an ungated peer; the
+bar: the kernel at >= 0.85x its GB/s on the H200). Each zeroer clears its own copy of the
 canary-filled cache (copied untimed), so every impl's output is compared with the reference's.
 """
 

@@ -1,6 +1,6 @@
 """transformers as the peer engine: continuous batching (`generate_batch`, paged|sdpa) on CUDA, plain
-`generate` on CPU. Facts: serving-runner.md §4 (5.17 names: `ContinuousBatchingConfig.block_size`,
-`paged|sdpa`; without flash-attn, and with no network for the kernels hub, sdpa is the usable choice)."""
+`generate` on CPU. transformers 5.17 names the cache `ContinuousBatchingConfig.block_size` and the attention
+`paged|sdpa`; without flash-attn, and with no network for the kernels hub, sdpa is the usable choice."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Offline throughput workloads: prompts of random token ids, the shape of nano-vllm's bench (serving-runner.md
-§1.6: lengths uniform in [100, 1024], ignore_eos, output tokens / wall time). W1 fixes the output length at 512
+"""Offline throughput workloads: prompts of random token ids, the shape of nano-vllm's bench.py (lengths uniform
+in [100, 1024], ignore_eos, output tokens / wall time). W1 fixes the output length at 512
 (nano-vllm draws it per request) so both engines produce exactly the same number of tokens."""
 
 from __future__ import annotations

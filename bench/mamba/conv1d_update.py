@@ -1,11 +1,11 @@
-"""Causal conv1d update benchmark (Mamba2 decode, issue 5): the conv in front of the selective state update,
+"""Causal conv1d update benchmark (Mamba2 decode): the conv in front of the selective state update,
 one token per request through a rolling [width - 1, dim] state per slot.
 
 Problem: the channels of the state-update bench's layer (bench/mamba/state_update_inputs.py): x, B and C go
 through the conv, dim = 64 heads x 64 + 2 x 8 groups x 128 = 6144; width 4; bf16 x, state, weight and bias;
-SiLU; a permuted slot table. One op, `mamba_conv1d_update`, x = batch 1 .. 512. No bar in the issue: this is
-the op's bench face. Bytes per call (compulsory): the state read and written (2 x 3 rows), x read and out
-written, weight and bias once. Roof: the same-run memcpy. Implementations:
+SiLU; a permuted slot table. One op, `mamba_conv1d_update`, x = batch 1 .. 512. Bytes per call
+(compulsory): the state read and written (2 x 3 rows), x read and out written, weight and bias once. Roof:
+the same-run memcpy. Implementations:
 - reference-mirror: reference.mamba.conv1d.causal_conv1d_update (the baseline; it reads the slot table on the
   host, so it is timed without a CUDA graph);
 - reference-compiled (ungated peer): torch.compile of the same math (gather, fp32 taps, SiLU, scatter) with

@@ -1,4 +1,4 @@
-"""Selective state update benchmark (Mamba2 decode, issue 5): batch 1 .. 512 at 64 heads, head dim 64, d_state
+"""Selective state update benchmark (Mamba2 decode): batch 1 .. 512 at 64 heads, head dim 64, d_state
 128 (bench/mamba/state_update_inputs.py), one op per state dtype:
 - `mamba_state_update_fp32state`, `mamba_state_update_bf16state`: x = batch.
 The bar: batch 256 >= 0.80x memcpy GB/s. Bytes per call (compulsory): the state read and written once (2 MiB

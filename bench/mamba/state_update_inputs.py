@@ -1,4 +1,4 @@
-"""The selective-state-update bench problem (issue 5): Mamba2 decode with 64 heads, head dim 64, d_state 128,
+"""The selective-state-update bench problem: Mamba2 decode with 64 heads, head dim 64, d_state 128,
 8 groups, bf16 activations, fp32 or bf16 state, the full vLLM argument set (D, z gate, dt_bias, softplus),
 one slot per request in a permuted slot table. Shared by the registered bench and the launch sweep."""
 

@@ -3,7 +3,7 @@
     python -m bench.mamba.state_update_launch_sweep [--batch 256] [--quick]
 
 How the `_GPU` table in kernels/mamba_state_update.py is to be chosen (its comment holds the H200 result).
-Problem: issue 5's bar shape (bench/mamba/state_update_inputs.py: 64 heads, head dim 64, d_state 128, 8 groups,
+Problem: the bench's shape (bench/mamba/state_update_inputs.py: 64 heads, head dim 64, d_state 128, 8 groups,
 bf16 x, D, z, dt_bias, softplus, a permuted slot table) at batch 256, fp32 and bf16 state. Per config (BLOCK_D
 head-dim rows per program, warps, stages): the kernel's median time, the compulsory bytes (state read +
 written, small inputs, out) per second, the ratio to a same-run memcpy of the state's bytes (bar >= 0.80x),

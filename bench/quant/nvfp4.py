@@ -6,7 +6,7 @@ takes the global scale as an input). Both bandwidth-bound, measured against the 
 per call: the bf16 tensor (M*K*2) + codes (M*K/2) + scales (M*K/16), read on one side and written on the
 other (the 4-byte global scale is negligible). Implementations as for MXFP4 (bench/quant/mxfp4.py): the
 eager reference (the definition every row is checked against, bit-exact), torch.compile of it (an ungated
-peer), the Triton kernel. Bars from the issue (H200, >= 256 MiB): quantize >= 0.90x memcpy and >= 4x
+peer), the Triton kernel. Bars (H200, >= 256 MiB): quantize >= 0.90x memcpy and >= 4x
 reference-compiled.
 
 Accuracy table `nvfp4_w13_policies`: SQNR (dB, against the fp64 unquantized weights) of a fused gate/up

@@ -5,8 +5,8 @@
 How the constants `_QUANTIZE_GPU` / `_DEQUANTIZE_GPU` / `_MULTIPLIER_TABLE` in kernels/nvfp4.py are to be
 chosen. Each shape is checked bit-exact against the reference on the last 256 rows before it is timed.
 Quantize rows with table=1 time the launcher's 128-entry multiplier table (one small torch division) and
-the kernel together, as one op call pays them; table=0 rows divide per block in the kernel instead. The
-issue's bar for quantize at >= 256 MiB is 0.90x memcpy. GPU only: the interpreter says nothing about
+the kernel together, as one op call pays them; table=0 rows divide per block in the kernel instead. The bar
+for quantize at >= 256 MiB is 0.90x memcpy. GPU only: the interpreter says nothing about
 launch shapes.
 """
 

@@ -1,4 +1,4 @@
-"""RoPE benchmarks (issue 6: the runner's decode step rotates q and k once per layer, 30 layers of SmolLM2-135M):
+"""RoPE benchmarks (the runner's decode step rotates q and k once per layer, 30 layers of SmolLM2-135M):
 tokens 1..4096 (decode batch to prefill) for SmolLM2-135M heads (q 9, kv 3, head_dim 64) and Llama-8B heads
 (q 32, kv 8, head_dim 128), bf16, q and k as views into a fused qkv buffer (the runner's layout).
 

@@ -1,6 +1,6 @@
 """One benchmark point: streamed completions against the server, timed on the client (perf_counter).
 
-Per request, as `vllm bench serve` measures (serving-runner.md §6): TTFT = first token-bearing chunk - send;
+Per request, as `vllm bench serve` measures: TTFT = first token-bearing chunk - send;
 ITL = the gaps between consecutive token-bearing chunks (the server sends one chunk per engine step that gave
 the request tokens, the last one carrying the finish_reason); E2EL = the [DONE] - send; output tokens from the
 final usage chunk (`stream_options.include_usage`); TPOT = (E2EL - TTFT) / (output tokens - 1), only for
