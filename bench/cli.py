@@ -108,7 +108,11 @@ def _compact_table(done: list[Row]) -> str:
                 if pd.isna(row["p50"]):
                     texts.append(row["correctness"].split(":")[0])
                     continue
-                flag = "" if row["correctness"].startswith(("exact", "baseline", "close", "differs")) else f" {row['correctness']}"
+                flag = (
+                    ""
+                    if row["correctness"].startswith(("exact", "baseline", "close", "differs"))
+                    else f" {row['correctness']}"
+                )
                 texts.append(f"{num(row['throughput'])} ({times(row['fraction_of_roof'])}){flag}")
             lines.append(f"  {size(x):>6}  " + " | ".join(texts))
     return "\n".join(lines)
