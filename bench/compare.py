@@ -30,6 +30,12 @@ def parser() -> Parser:
     p.add_argument("b", type=pathlib.Path, help="the report folder to compare with it")
     p.add_argument("--threshold", type=float, default=0.05, help="time change that flags a row (default 0.05)")
     p.add_argument("--fail-on-regression", action="store_true", help="exit 1 on a regression of a gated impl")
+    p.add_argument(
+        "--min-ms",
+        type=float,
+        default=0.0,
+        help="rows whose p50 is below this in both folders are compared but never flagged (host-bound calls)",
+    )
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("reports/compare"), help="output folder")
     return p
 
@@ -63,9 +69,10 @@ def _gated(op: str, impl: str) -> bool:
     return next((i.gated for i in definition.impls if i.name == impl), True)
 
 
-def compare(a: pd.DataFrame, b: pd.DataFrame, threshold: float) -> pd.DataFrame:
+def compare(a: pd.DataFrame, b: pd.DataFrame, threshold: float, min_ms: float = 0.0) -> pd.DataFrame:
     """One row per key present in either folder: both p50s, the speed ratio, the time change, both verdicts,
-    and the flag ('' when nothing moved)."""
+    and the flag ('' when nothing moved). A time change of a row faster than `min_ms` in both folders is not
+    flagged: such calls time the host's dispatch, which moves between runs."""
     keep = [*KEY, "x_name", "x_value", "p50", "correctness", "git_sha"]
     joined = a[keep].merge(b[keep], on=KEY, how="outer", suffixes=("_a", "_b"), indicator=True)
     joined["x_name"] = joined["x_name_a"].fillna(joined["x_name_b"])
@@ -83,12 +90,12 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, threshold: float) -> pd.DataFrame:
         if row["class_a"] != row["class_b"]:
             flags.append(f"correctness {row['class_a']} -> {row['class_b']}")
         change = row["time_change"]
-        if not math.isnan(change) and abs(change) > threshold:
+        if not math.isnan(change) and abs(change) > threshold and max(row["p50_a"], row["p50_b"]) >= min_ms:
             flags.append(f"{'slower' if change > 0 else 'faster'} {abs(change):.0%}")
         return "; ".join(flags)
 
     joined["flag"] = joined.apply(flag, axis=1)
-    slower = joined["time_change"] > threshold
+    slower = (joined["time_change"] > threshold) & (joined[["p50_a", "p50_b"]].max(axis=1) >= min_ms)
     broke = (joined["class_a"] == "right") & (joined["class_b"] == "wrong")
     joined["regression"] = (joined["_merge"] == "both") & (slower | broke)
     columns = [
@@ -110,7 +117,7 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, threshold: float) -> pd.DataFrame:
     return joined[columns].sort_values([*KEY[:2], "x_value"]).reset_index(drop=True)
 
 
-def markdown(table: pd.DataFrame, a: pathlib.Path, b: pathlib.Path, threshold: float) -> str:
+def markdown(table: pd.DataFrame, a: pathlib.Path, b: pathlib.Path, threshold: float, min_ms: float) -> str:
     both = table.dropna(subset=["speed_b_over_a"])
     speeds = both["speed_b_over_a"][both["speed_b_over_a"] > 0]
     geomean = math.exp(speeds.map(math.log).mean()) if not speeds.empty else math.nan
@@ -119,15 +126,19 @@ def markdown(table: pd.DataFrame, a: pathlib.Path, b: pathlib.Path, threshold: f
     parts = [f"# Comparison: {b} vs {a}", ""]
     parts += [
         f"A = `{a}` (git {shas('git_sha_a')}), B = `{b}` (git {shas('git_sha_b')}). Speed = A's p50 / B's p50 "
-        f"(above 1: B is faster). Flagged: time moved by more than {threshold:.0%}, or correctness changed.",
+        f"(above 1: B is faster). Flagged: time moved by more than {threshold:.0%}"
+        + (f" (rows of {min_ms:g} ms or more)" if min_ms else "")
+        + ", or correctness changed.",
         "",
-        f"- {len(both)} rows in both, {int((table['flag'] != '').sum())} flagged, {len(regressions)} regressions "
+        f"- {len(both)} rows in both, {int(((table['flag'] != '') & ~table['flag'].str.startswith('only in')).sum())} "
+        f"flagged, {len(regressions)} regressions "
         f"({int(regressions['gated'].sum())} in gated impls); geomean speed {times(geomean)}",
         f"- only in A: {int((table['flag'] == 'only in A').sum())}, "
         f"only in B: {int((table['flag'] == 'only in B').sum())}",
         "",
     ]
-    shown = table[table["flag"] != ""] if (table["flag"] != "").any() else table.head(0)
+    only = table["flag"].str.startswith("only in")
+    shown = table[(table["flag"] != "") & ~only]
     if not shown.empty:
         view = pd.DataFrame(
             {
@@ -144,6 +155,9 @@ def markdown(table: pd.DataFrame, a: pathlib.Path, b: pathlib.Path, threshold: f
             }
         )
         parts += ["## Flagged rows", "", tables.markdown(view), ""]
+    if only.any():
+        ops = table[only].groupby(["flag", "op"]).size().reset_index(name="rows")
+        parts += ["## Ops measured in one folder only", "", tables.markdown(ops), ""]
     per_op = both.groupby("op")["speed_b_over_a"].apply(
         lambda s: math.exp(s[s > 0].map(math.log).mean()) if (s > 0).any() else math.nan
     )
@@ -155,28 +169,33 @@ def markdown(table: pd.DataFrame, a: pathlib.Path, b: pathlib.Path, threshold: f
 
 
 def plot(table: pd.DataFrame, path: pathlib.Path, threshold: float, title: str) -> None:
+    """Speed B/A of every row present in both folders, grouped by op (one colour each), sorted within the op;
+    flagged rows ringed orange, regressions red and named."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    both = table.dropna(subset=["speed_b_over_a"]).sort_values("speed_b_over_a").reset_index(drop=True)
+    both = table.dropna(subset=["speed_b_over_a"]).sort_values(["op", "speed_b_over_a"]).reset_index(drop=True)
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    colors = [
-        "tab:red" if r else "tab:orange" if f else "tab:gray"
-        for r, f in zip(both["regression"], both["flag"] != "", strict=True)
-    ]
-    ax.scatter(range(len(both)), both["speed_b_over_a"], c=colors, s=14)
+    for op, group in both.groupby("op", sort=False):
+        ax.scatter(group.index, group["speed_b_over_a"], s=16, label=op)
+    flagged = both[(both["flag"] != "") & ~both["regression"]]
+    ax.scatter(flagged.index, flagged["speed_b_over_a"], s=70, facecolors="none", edgecolors="tab:orange")
+    regressions = both[both["regression"]]
+    ax.scatter(regressions.index, regressions["speed_b_over_a"], s=90, facecolors="none", edgecolors="tab:red")
+    for i, row in regressions.head(10).iterrows():
+        ax.annotate(f" {row['impl']} {size(row['x_value'])}", (i, row["speed_b_over_a"]), fontsize=7, color="tab:red")
     ax.axhline(1.0, color="black", linewidth=0.8)
     for bound in (1 / (1 + threshold), 1 / (1 - threshold)):
         ax.axhline(bound, color="gray", linestyle="--", linewidth=0.8)
-    for i, row in both[both["flag"] != ""].iterrows():
-        ax.annotate(f"{row['op']} {row['impl']} {size(row['x_value'])}", (i, row["speed_b_over_a"]), fontsize=6)
     ax.set_yscale("log")
-    ax.set_xlabel("rows present in both folders, sorted by speed (red: regression, orange: flagged)")
+    ax.set_xticks([])
+    ax.set_xlabel("rows present in both folders, by op (ringed: orange flagged, red regression)")
     ax.set_ylabel("speed B / A (A's p50 / B's p50)")
     ax.set_title(title, fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
+    ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -192,21 +211,23 @@ def main(argv: Sequence[str]) -> int:
         a, b = load(args.a), load(args.b)
     except (FileNotFoundError, ValueError) as err:
         fail("touchstone compare", str(err))
-    table = compare(a, b, args.threshold)
+    table = compare(a, b, args.threshold, args.min_ms)
     args.out.mkdir(parents=True, exist_ok=True)
     tables.write(args.out / "compare.csv", table)
-    (args.out / "compare.md").write_text(markdown(table, args.a, args.b, args.threshold))
+    (args.out / "compare.md").write_text(markdown(table, args.a, args.b, args.threshold, args.min_ms))
     plot(table, args.out / "compare.png", args.threshold, f"{args.b} vs {args.a}")
-    flagged = table[table["flag"].str.len() > 0]
+    flagged = table[(table["flag"].str.len() > 0) & ~table["flag"].str.startswith("only in")]
     for row in flagged.itertuples():
         speed = times(row.speed_b_over_a) if not math.isnan(row.speed_b_over_a) else "—"
         mark = " REGRESSION" if row.regression else ""
         print(f"{row.op} {row.impl} {size(row.x_value)}: {speed} ({row.flag}){mark}")
     gated = table[table["regression"] & table["gated"]]
     both = table["speed_b_over_a"].notna().sum()
+    only = table["flag"].str.startswith("only in")
     print(
         f"compared {both} rows: {len(flagged)} flagged, {int(table['regression'].sum())} regressions "
-        f"({len(gated)} in gated impls); wrote {args.out}/compare.csv, .md, .png",
+        f"({len(gated)} in gated impls); {int(only.sum())} rows in one folder only; "
+        f"wrote {args.out}/compare.csv, .md, .png",
         file=sys.stdout,
     )
     return 1 if args.fail_on_regression and len(gated) else 0

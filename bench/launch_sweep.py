@@ -39,8 +39,11 @@ class Recorder:
         fields = self.env.row_fields() | {"timestamp": timestamp(), "command": self.command}
         self.rows.append({"sweep": self.sweep, "config": config.strip(), **values, **fields})
         frame = pd.DataFrame(self.rows)
-        front = ["sweep", "config", *[c for c in frame.columns if c not in fields and c not in ("sweep", "config")]]
-        tables.write(self.path, frame[front + [c for c in frame.columns if c not in front]])
+        first = [c for c in ("sweep", "config", "time_us", *UNITS, "bytes") if c in frame.columns]
+        ratios = [c for c in frame.columns if c.startswith("x_")]
+        verdict = [c for c in ("verdict",) if c in frame.columns]
+        middle = [c for c in frame.columns if c not in (*first, *ratios, *verdict, *fields)]
+        tables.write(self.path, frame[[*first, *ratios, *middle, *verdict, *fields]])
 
 
 _recorder: Recorder | None = None

@@ -22,6 +22,7 @@ from bench.plots import plot_op
 from bench.registry import discover
 
 ROOFS_CSV = "roofs.csv"
+LAUNCH_SWEEPS = "launch_sweeps"  # the launch sweeps' rows (bench/launch_sweep.py), linked from index.md
 ENV_COLUMNS = (
     "device",
     "backend",
@@ -231,6 +232,9 @@ def index_markdown(folder: pathlib.Path) -> str:
     if others := _other_tables(folder):
         parts += ["## Runner and serving reports", ""]
         parts += [f"- [{path.stem}]({path.stem}.md)" for path in others] + [""]
+    if sweeps := sorted((folder / LAUNCH_SWEEPS).glob("*.csv")):
+        parts += ["## Launch sweeps (the measurements behind the kernels' launch tables)", ""]
+        parts += [f"- [{path.stem}]({LAUNCH_SWEEPS}/{path.name})" for path in sweeps] + [""]
     if names := accuracy.names_in(folder):
         parts += ["## Accuracy tables", ""]
         parts += [f"- [{name}]({name}{accuracy.SUFFIX}.md)" for name in names] + [""]
@@ -259,13 +263,14 @@ def render_index(folder: pathlib.Path) -> None:
 def rebuild(path: pathlib.Path) -> list[pathlib.Path]:
     """Re-render every report folder under `path` (or `path` itself) from its CSVs, and rewrite their PyTorch
     OSS benchmark records. Returns the folders."""
-    folders = sorted({csv.parent for csv in path.rglob("*.csv")})
+    folders = sorted({csv.parent for csv in path.rglob("*.csv") if csv.parent.name != LAUNCH_SWEEPS})
     for folder in folders:
         for csv in sorted(folder.glob("*.csv")):
             if accuracy.is_accuracy_csv(csv):
                 accuracy.render(folder, csv.name.removesuffix(f"{accuracy.SUFFIX}.csv"))
         for csv in op_csvs(folder):
             render_op(folder, csv.stem)
+        for csv in [*op_csvs(folder), *([folder / ROOFS_CSV] if (folder / ROOFS_CSV).exists() else [])]:
             oss_records.write(csv.with_suffix(oss_records.SUFFIX), oss_records.op_records(rows.read(csv)))
         for csv in _other_tables(folder):
             records = oss_records.table_records(csv.stem, tables.read(csv), {})

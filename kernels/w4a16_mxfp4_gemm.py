@@ -64,7 +64,8 @@ FAULTS = {
 #   graph the M = 1 call takes 52.5 us: host dispatch dominates, which is why bench/gemm/w4a16_mxfp4.py times
 #   graph replays.
 # - M = 4 and 16: dot (64, 16, 4, split 4) 46.3 us at M = 4 (GEMV 54-56 us); the bench runs this row at 0.96x
-#   and 0.95x bf16 matmul (reports/cuda-h200/w4a16_mxfp4_gemm.md).
+#   and 0.95x bf16 matmul (reports/cuda-h200/w4a16_mxfp4_gemm.md). Re-swept at M = 16 (4516f71, 12 dot
+#   candidates, reports/cuda-h200/launch_sweeps/w4a16_mxfp4_launch_sweep.csv): still the best, 46.4 us.
 # - M > 16 was not swept: the dot kernel with BLOCK_N 64 and split-K 2 up to M = 64 (about one program per SM,
 #   two K halves; not measured); above, compute bound, 128 x 64 (M <= 256) and 128 x 128 tiles, K tile 128
 #   (GROUPS = 4), which the bench runs at 0.37x (M = 128) and 0.31x (M = 1024) bf16 matmul.

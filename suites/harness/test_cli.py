@@ -23,7 +23,10 @@ def test_help_lists_every_command(capsys):
 @pytest.mark.parametrize("command", list(cli.COMMANDS))
 def test_every_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as exit_:
-        cli.main([*command.split(), "--help"])
+        if cli.main([*command.split(), "--help"]) == 2:  # its extra is missing here (the GPU image has no serve)
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and "pip install 'touchstone[" in err, err
+            pytest.skip(f"touchstone {command}: {err.strip()}")
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith(f"usage: touchstone {command}") and "Traceback" not in out
@@ -64,6 +67,8 @@ def test_a_missing_extra_is_named_in_one_line(monkeypatch, capsys):
 
 def test_extras_are_read_from_the_package_metadata():
     """The nox sessions install the package: its metadata names each extra's distributions."""
+    if extras.requirements("bench") is None:
+        pytest.skip("touchstone is not installed here (a source-tree run): there is no metadata to read")
     assert "uvicorn" in (extras.requirements("serve") or [])
     assert "pandas" in (extras.requirements("bench") or [])
     assert extras.missing(("bench", "serve")) == {}
