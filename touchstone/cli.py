@@ -30,13 +30,13 @@ class Command:
 
 
 COMMANDS = {
-    "bench": Command("bench.cli:bench_main", ("bench",), "measure registered ops and write reports"),
-    "report": Command("bench.cli:report_main", ("bench",), "rebuild Markdown, PNG and index.md from the CSVs"),
+    "bench": Command("bench.cli:bench_main", (), "measure registered ops and write reports"),
+    "report": Command("bench.cli:report_main", (), "rebuild Markdown, PNG and index.md from the CSVs"),
     "list": Command("bench.cli:list_main", (), "list the registered ops, their impls and sweeps"),
-    "compare": Command("bench.compare:main", ("bench",), "compare two report folders row by row; flag regressions"),
+    "compare": Command("bench.compare:main", (), "compare two report folders row by row; flag regressions"),
     "generate": Command("runner.cli:main", ("runner",), "print a completion of a prompt (default model)"),
     "serve": Command("runner.server.cli:main", ("runner", "serve"), "OpenAI-compatible HTTP server"),
-    "bench serve": Command("bench.serve.cli:main", ("bench", "serve"), "benchmark a server: TTFT, TPOT, ITL, tok/s"),
+    "bench serve": Command("bench.serve.cli:main", ("serve",), "benchmark a server: TTFT, TPOT, ITL, tok/s"),
 }
 
 
