@@ -88,7 +88,10 @@ class GGUFCheckpoint:
         self.path = Path(path)
         if not self.path.is_file():
             raise ValueError(f"model: GGUF file {self.path} does not exist")
-        self._reader = gguf.GGUFReader(str(self.path))
+        try:
+            self._reader = gguf.GGUFReader(str(self.path))
+        except Exception as err:  # gguf-py's own checks (magic, version) and numpy's on a truncated file
+            raise ValueError(f"model: {self.path} is not a readable GGUF file ({err})") from err
         self.metadata = {
             key: _value(field)
             for key, field in self._reader.fields.items()
