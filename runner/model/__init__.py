@@ -33,7 +33,7 @@ def load_model(
     model's shape. device None: CUDA when present, else the CPU; dtype None: bf16 on CUDA, fp32 on the CPU.
     The tokenizer comes from the GGUF file (or the HF directory's tokenizer files); a dummy registered shape
     gets its family's tokenizer when that file is installed, else None. tokenizer=False: never load one
-    (None; saves the seconds transformers takes to build it from a GGUF).
+    (None).
     """
     import torch
 
@@ -51,17 +51,19 @@ def load_model(
         config = registered(model).config
         source = registered(model).tokenizer_from or (model if registered(model).gguf else None)
         if want_tokenizer and source is not None and importlib.util.find_spec(registered(source).gguf[0]):
+            from runner.model.gguf_file import GGUFCheckpoint
+
             progress.stage("tokenizer")
-            tokenizer = _gguf_tokenizer(gguf_path(source), registered(source).config)
+            tokenizer = _gguf_tokenizer(GGUFCheckpoint(gguf_path(source)))
     elif path.is_file():
         from runner.model.gguf_file import GGUFCheckpoint
 
         progress.stage("reading GGUF")
-        checkpoint = GGUFCheckpoint(path)
+        checkpoint = GGUFCheckpoint(path)  # the one read of the file: config, tokenizer and weights
         config = checkpoint.config
         if want_tokenizer:
             progress.stage("tokenizer")
-            tokenizer = _gguf_tokenizer(path, config, checkpoint.metadata.get("tokenizer.ggml.padding_token_id"))
+            tokenizer = _gguf_tokenizer(checkpoint)
         weights = checkpoint.weights() if fmt == "gguf" else None
         progress.total(len(checkpoint.tensor_names))
     else:
@@ -102,10 +104,14 @@ class _Progress:
         self._bar.close()
 
 
-def _gguf_tokenizer(path: Path, config: LlamaConfig, pad: int | None = None):
-    from runner.model.tokenizer import load_gguf_tokenizer
+def _gguf_tokenizer(checkpoint):
+    from runner.model.tokenizer import gguf_tokenizer
 
-    return load_gguf_tokenizer(path, config.bos_token_id, config.eos_token_id, pad)
+    config = checkpoint.config
+    pad = checkpoint.metadata.get("tokenizer.ggml.padding_token_id")
+    return gguf_tokenizer(
+        checkpoint.tokenizer_metadata(), checkpoint.path.name, config.bos_token_id, config.eos_token_id, pad
+    )
 
 
 def _hf_dir_tokenizer(path: Path):
