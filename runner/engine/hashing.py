@@ -1,4 +1,4 @@
-"""Chained block hashes for prefix caching (serving-runner.md §2.1, vLLM `hash_block_tokens`; §1.4 nano-vllm).
+"""Chained block hashes for prefix caching (as vLLM's `hash_block_tokens` and nano-vllm's block hashes).
 
 hash(block j) = sha256(parent || tokens of block j), parent = hash(block j - 1), and for block 0 the fixed
 `NONE_HASH`. So a block's hash fingerprints the whole prefix up to and including it: two requests share a

@@ -9,7 +9,7 @@
   loaded and one warm-up step of the largest batch has run: what other processes and the CUDA context hold
   (total - free - torch's reserved) plus torch's PEAK allocated bytes (the weights still allocated + the
   warm-up's activation peak on top of them). Memory torch reserved but no longer uses is not counted: the
-  KV allocation reuses it. nano-vllm's `total * util - used - peak + current` (serving-runner.md §1.5)
+  KV allocation reuses it. nano-vllm's `total * util - used - peak + current` (its model runner's KV sizing)
   counts that reserve as used as well (its `used` = total - free), so it is the more conservative of the
   two by at most the allocator's cache. `measured_usage` computes the figure from torch's counters.
 - graph_reserve: with decode CUDA graphs, their memory pool, allocated AFTER the KV cache (a graph bakes in

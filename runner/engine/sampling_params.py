@@ -1,6 +1,6 @@
 """Per-request sampling parameters, validated at construction (ValueError/TypeError naming the field).
 
-Defaults follow vLLM's `SamplingParams` (serving-runner.md §7.3): temperature 1, top_p 1, top_k off,
+Defaults follow vLLM's `SamplingParams`: temperature 1, top_p 1, top_k off,
 max_tokens 16. `temperature == 0` means greedy (argmax, ties to the lowest token id); top_k 0 or -1 and
 top_p 1 mean "off". `stop` strings need detokenized text, so the scheduler only asks a hook the API layer
 fills (see runner.engine.scheduler); `stop_token_ids` apply even with `ignore_eos` (which ignores only the

@@ -1,6 +1,6 @@
 """The scheduler: which requests run this step, with how many new tokens each, and where their K/V goes.
 
-Unified steps (vLLM v1, serving-runner.md §2.2): a request has num_tokens and num_computed_tokens, and a
+Unified steps (as vLLM v1): a request has num_tokens and num_computed_tokens, and a
 step gives it up to the difference. A new prompt, a prompt chunk and a decode token are the same thing.
 
 Policy of one `schedule()` (token budget B = max_num_batched_tokens, at most max_num_seqs running):
@@ -10,7 +10,7 @@ Policy of one `schedule()` (token budget B = max_num_batched_tokens, at most max
    each looked up in the prefix cache, then given min(uncomputed, budget left) tokens; without chunked
    prefill a prompt that does not fit the budget left waits (and stops admission: strict FCFS).
 Decodes first because each is one token and latency-bound: a long prompt never delays a running request's
-next token (nano-vllm's prefill-first steps stall every decode while any prompt waits, §1.3), and since
+next token (nano-vllm's prefill-first steps stall every decode while any prompt waits), and since
 max_num_seqs <= B (checked) every running decode always fits. Prefill chunks still share the step with the
 decodes (one mixed batch, as vLLM), so the GPU gets the budget's worth of tokens.
 

@@ -3,7 +3,7 @@
 A sequence is its token ids (prompt then generated), `num_computed_tokens` (how many of them have K/V in
 the cache) and its block table. There is no separate prefill/decode phase: each step the scheduler gives a
 sequence up to `num_tokens - num_computed_tokens` new tokens (a whole prompt, a prompt chunk, or the one
-token sampled last step), as in vLLM v1 (serving-runner.md §2.2).
+token sampled last step), as in vLLM v1.
 
 Preemption by recompute (`reset_for_recompute`) frees the blocks and sets num_computed_tokens to 0 but keeps
 every generated token: the whole token list is the "prompt" of the recompute, and its full blocks may hit

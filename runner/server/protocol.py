@@ -7,8 +7,10 @@ or past what the KV cache can hold -> 400. Sampling fields are then checked agai
 runner.engine.sampling_params.SamplingParams, whose TypeError/ValueError ("field: why") become 400s too.
 
 Ranges: temperature in [0, 2] (OpenAI's range; 0 = greedy), top_p in (0, 1], top_k >= 1 or -1/0 (off),
-max_tokens >= 1. Defaults: max_tokens 16 for completions (OpenAI's), the rest of the context for chat
-(clamped to what the KV cache holds). Extensions, as in vLLM: top_k and ignore_eos. Fields that would change
+max_tokens >= 1. Defaults: max_tokens 16 for completions (OpenAI's), the rest of the context for chat, both
+clamped to what the context and the KV cache hold. A length error names the field at fault: the prompt (or
+messages) when it alone leaves no room, else the output length as the client sent it (chat: max_completion_tokens,
+or the older max_tokens). Extensions, as in vLLM: top_k and ignore_eos. Fields that would change
 the output and are not implemented (n > 1, logprobs, echo, best_of, suffix, penalties, logit_bias) are
 rejected rather than ignored; unknown fields are ignored (as vLLM does).
 """
@@ -169,36 +171,50 @@ def _token_ids(value: list, limits: Limits, param: str) -> list[int]:
     return list(value)
 
 
+def _max_tokens_field(body: dict, chat: bool) -> str:
+    """The field that carries the output length, as the client sent it: chat takes max_completion_tokens (OpenAI's
+    name) or the older max_tokens, so an error names the one the client wrote."""
+    if chat and (body.get("max_completion_tokens") is not None or body.get("max_tokens") is None):
+        return "max_completion_tokens"
+    return "max_tokens"
+
+
 def _sampling(
-    body: dict, prompt_len: int, limits: Limits, default_max_tokens: int | None, max_tokens_field: str = "max_tokens"
+    body: dict, prompt_len: int, limits: Limits, default_max_tokens: int | None, chat: bool
 ) -> SamplingParams:
     _check_unsupported(body)
+    prompt_field = "messages" if chat else "prompt"
     room = limits.max_model_len - prompt_len
     if room < 1:
         raise _bad(
-            f"prompt: {prompt_len} tokens leave no room in the model's context of {limits.max_model_len} tokens",
-            "prompt" if max_tokens_field == "max_tokens" else "messages",
+            f"{prompt_field}: {prompt_len} tokens leave no room in the model's context of {limits.max_model_len} "
+            f"tokens",
+            prompt_field,
         )
-    # A request holds at most prompt + max_tokens - 1 tokens of K/V (the last sampled token is never run).
+    # A request holds at most prompt + max_tokens - 1 tokens of K/V (the last sampled token is never run), so a
+    # prompt of more tokens than the cache holds cannot run whatever max_tokens is: the prompt is at fault.
     cache_room = limits.kv_tokens - prompt_len + 1
-    max_tokens = _typed(body, max_tokens_field, int, "an int >= 1")
-    if max_tokens is None and max_tokens_field != "max_tokens":
-        max_tokens = _typed(body, "max_tokens", int, "an int >= 1")
-    if max_tokens is None:
-        max_tokens = min(room, cache_room) if default_max_tokens is None else min(default_max_tokens, room)
+    if cache_room < 1:
+        raise _bad(
+            f"{prompt_field}: {prompt_len} tokens do not fit the KV cache ({limits.kv_tokens} tokens)", prompt_field
+        )
+    field = _max_tokens_field(body, chat)
+    max_tokens = _typed(body, field, int, "an int >= 1")
+    if max_tokens is None:  # the default never exceeds the room, so it is never an error
+        max_tokens = min(room, cache_room, default_max_tokens or room)
     if max_tokens < 1:
-        raise _bad(f"{max_tokens_field}: must be >= 1, got {max_tokens}", max_tokens_field)
+        raise _bad(f"{field}: must be >= 1, got {max_tokens}", field)
     if max_tokens > room:
         raise _bad(
-            f"{max_tokens_field}: {max_tokens} + the prompt's {prompt_len} tokens pass the model's "
+            f"{field}: {max_tokens} + the prompt's {prompt_len} tokens pass the model's "
             f"context of {limits.max_model_len} tokens",
-            max_tokens_field,
+            field,
         )
     if max_tokens > cache_room:
         raise _bad(
-            f"{max_tokens_field}: {max_tokens} + the prompt's {prompt_len} tokens do not fit the KV cache "
+            f"{field}: {max_tokens} + the prompt's {prompt_len} tokens do not fit the KV cache "
             f"({limits.kv_tokens} tokens)",
-            max_tokens_field,
+            field,
         )
     temperature = _typed(body, "temperature", (int, float), "a number in [0, 2]", 1.0)
     if not 0 <= temperature <= 2:
@@ -250,7 +266,7 @@ def completion_input(body: dict, limits: Limits, tokenizer) -> GenerateInput:
     else:
         raise _bad("prompt: required, a string or a list of token ids", "prompt")
     stream, include_usage = _stream_flags(body)
-    return GenerateInput(model, ids, _sampling(body, len(ids), limits, 16), stream, include_usage)
+    return GenerateInput(model, ids, _sampling(body, len(ids), limits, 16, chat=False), stream, include_usage)
 
 
 def _content(message: dict, index: int) -> str:
@@ -278,7 +294,7 @@ def chat_input(body: dict, limits: Limits, tokenizer) -> GenerateInput:
         # The request's own fields are checked first (as for a model with a template, with a 1-token prompt):
         # a malformed field is named whatever the model, then the model's missing template is.
         _stream_flags(body)
-        _sampling(body, 1, limits, None, "max_completion_tokens")
+        _sampling(body, 1, limits, None, chat=True)
         raise _bad("messages: this model has no tokenizer and no chat template", "messages")
     try:  # the template writes the special tokens itself
         text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
@@ -286,5 +302,5 @@ def chat_input(body: dict, limits: Limits, tokenizer) -> GenerateInput:
         raise _bad(f"messages: the chat template rejected them: {err}", "messages") from None
     ids = tokenizer.encode(text, add_special_tokens=False)
     stream, include_usage = _stream_flags(body)
-    params = _sampling(body, len(ids), limits, None, "max_completion_tokens")
+    params = _sampling(body, len(ids), limits, None, chat=True)
     return GenerateInput(model, ids, params, stream, include_usage)

@@ -25,7 +25,7 @@ def on(monkeypatch):
 def test_hopper_caps_at_512_with_vllm_h200_count(on):
     on(H200)
     sizes = capture_sizes(max_num_seqs=1024, max_num_batched_tokens=16384)
-    # vLLM on an H200 with the LLM defaults captures 51 graphs (serving-runner.md §2.3)
+    # vLLM on an H200 with the LLM defaults captures 51 graphs
     assert len(sizes) == 51 and sizes[:5] == [1, 2, 4, 8, 16] and sizes[-3:] == [480, 496, 512]
     assert sizes == sorted(set(sizes)) and 248 in sizes and 252 not in sizes and 256 in sizes
 

@@ -1,12 +1,10 @@
-"""`touchstone generate` in a subprocess (the `touchstone` entry point is bench.cli:main): prints the greedy
-completion of the default model on the CPU, the same text the LLM API gives in-process. Also the
-incremental detokenizer against the real tokenizer (multi-byte characters split across tokens, stop strings
-straddling tokens)."""
+"""`touchstone generate` in a subprocess (`python -m runner.cli`): on the default (instruct) model a plain question
+goes through the chat template and prints the answer, the same text LLM.chat gives in-process; --no-chat
+prints the greedy completion of the raw text, the same as LLM.generate. Also the incremental detokenizer
+against the real tokenizer (multi-byte characters split across tokens, stop strings straddling tokens)."""
 
 from __future__ import annotations
 
-import os
-import pathlib
 import subprocess
 import sys
 
@@ -14,25 +12,40 @@ import pytest
 
 from runner import LLM, SamplingParams
 from runner.engine.detokenizer import Detokenizer
+from runner.server.process import ROOT, server_env
 from suites.runner.conftest import require_model_packages
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+QUESTION = "What is the capital of France?"
 PROMPT = "The capital of France is"
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-def test_touchstone_generate_prints_the_greedy_completion(smollm2):
+def generate(*args: str) -> subprocess.CompletedProcess:
     require_model_packages()
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.cli", "generate", PROMPT, "--max-tokens", "8", "--device", "cpu"],
+    return subprocess.run(
+        [sys.executable, "-m", "runner.cli", *args, "--device", "cpu"],
         cwd=ROOT,
-        env=env,
+        env=server_env(OMP_NUM_THREADS="1"),
         capture_output=True,
         text=True,
         timeout=600,
     )
+
+
+def test_a_question_is_answered_through_the_chat_template_by_default(smollm2):
+    """Fed raw, this question's first greedy token is the end of turn: the command printed an empty line."""
+    done = generate(QUESTION, "--max-tokens", "16")
+    assert done.returncode == 0, done.stderr[-2000:]
+    params = SamplingParams(temperature=0, max_tokens=16)
+    llm = LLM(device="cpu", loaded=smollm2)
+    want = llm.chat([{"role": "user", "content": QUESTION}], params, use_tqdm=False)[0].text
+    assert want.strip() and done.stdout == want + "\n"
+    assert "Paris" in done.stdout
+
+
+def test_no_chat_prints_the_greedy_completion_of_the_raw_text(smollm2):
+    done = generate(PROMPT, "--max-tokens", "8", "--no-chat")
     assert done.returncode == 0, done.stderr[-2000:]
     want = (
         LLM(device="cpu", loaded=smollm2)
@@ -40,12 +53,6 @@ def test_touchstone_generate_prints_the_greedy_completion(smollm2):
         .text
     )
     assert want.strip() and done.stdout == want + "\n"
-
-
-def test_generate_subcommand_is_listed_in_touchstone_help():
-    from bench.cli import parser
-
-    assert "generate" in parser().format_help()
 
 
 def test_incremental_text_equals_the_whole_decode(smollm2):

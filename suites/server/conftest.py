@@ -140,9 +140,10 @@ def need_tokenizer(server: Server) -> None:
         )
 
 
-def wait_idle(server: Server, timeout: float = 15.0) -> dict[str, float]:
-    """Poll /metrics until no request is held and every KV block is back in the free queue (or timeout);
-    returns the last metrics."""
+def wait_idle(server: Server, timeout: float = 300.0) -> dict[str, float]:
+    """Poll /metrics until no request is held and every KV block is back in the free queue, or `timeout`
+    seconds pass (a bound against hanging: it returns as soon as the server is idle); returns the last
+    metrics, which the caller checks."""
     deadline = time.monotonic() + timeout
     while True:
         m = server.metrics()

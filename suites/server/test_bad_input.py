@@ -50,6 +50,14 @@ CASES = [
     ("max_tokens zero", CMPL, body(max_tokens=0), 400, "max_tokens"),
     ("max_tokens oversized", CMPL, body(max_tokens=10**9), 400, "max_tokens"),
     ("max_tokens past context", CMPL, body(prompt=[7] * 500, max_tokens=100), 400, "max_tokens"),
+    (
+        "max_tokens past context by one",
+        CMPL,
+        body(prompt=[7] * 500, max_tokens=MAX_MODEL_LEN - 500 + 1),
+        400,
+        "max_tokens",
+    ),
+    ("max_tokens past context, one-token prompt", CMPL, body(prompt=[7], max_tokens=MAX_MODEL_LEN), 400, "max_tokens"),
     ("max_tokens string", CMPL, body(max_tokens="16"), 400, "max_tokens"),
     ("max_tokens float", CMPL, body(max_tokens=1.5), 400, "max_tokens"),
     ("max_tokens bool", CMPL, body(max_tokens=True), 400, "max_tokens"),
@@ -78,6 +86,25 @@ CASES = [
     ("chat unknown role", CHAT, chat(messages=[{"role": "wizard", "content": "x"}]), 400, "messages"),
     ("chat content number", CHAT, chat(messages=[{"role": "user", "content": 5}]), 400, "messages"),
     ("chat max_completion_tokens zero", CHAT, chat(max_completion_tokens=0), 400, "max_completion_tokens"),
+    ("chat max_completion_tokens past context", CHAT, chat(max_completion_tokens=10**6), 400, "max_completion_tokens"),
+    # chat's older name for the same field: the error names what the client sent
+    ("chat max_tokens zero", CHAT, chat(max_tokens=0), 400, "max_tokens"),
+    ("chat max_tokens past context", CHAT, chat(max_tokens=10**6), 400, "max_tokens"),
+    ("chat max_tokens string", CHAT, chat(max_tokens="16"), 400, "max_tokens"),
+    (
+        "chat both, max_completion_tokens wins",
+        CHAT,
+        chat(max_tokens=2, max_completion_tokens=0),
+        400,
+        "max_completion_tokens",
+    ),
+    (
+        "chat messages longer than context",
+        CHAT,
+        chat(messages=[{"role": "user", "content": "hi " * 2000}]),
+        400,
+        "messages",
+    ),
     ("chat temperature above 2", CHAT, chat(temperature=3), 400, "temperature"),
     ("chat unknown model", CHAT, {**chat(), "model": "nope"}, 404, "model"),
     ("wrong method", CMPL, None, 405, None),
@@ -98,7 +125,7 @@ def test_bad_input_is_4xx_and_the_server_survives(server, path, payload, status,
     error = response.json()["error"]
     assert isinstance(error["message"], str) and error["message"] and isinstance(error["type"], str)
     if param is not None:
-        assert error["param"] == param, error
+        assert error["param"] == param and error["message"].startswith(param), error
     # The next valid request is served.
     ok = httpx.post(server.base_url + CMPL, json={"model": server.model, **OK}, timeout=120)
     assert ok.status_code == 200, ok.text

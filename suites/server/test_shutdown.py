@@ -1,7 +1,10 @@
-"""SIGTERM during streaming, on real servers: in-flight streams finish within --shutdown-timeout and the server
-exits 0; when the timeout elapses first, the stream ends with a clean error event (the openai client raises
-APIError "...shutting down...") and the server still exits 0. After the signal the listening socket is
-closed: new connections are refused. Two servers (each exits), started together so their loads overlap."""
+"""SIGTERM during streaming, on real servers: in-flight streams finish (the patient server's --shutdown-timeout
+is far longer than its stream) and the server exits 0; when the timeout elapses first, the stream ends with a
+clean error event (the openai client raises APIError "...shutting down...") and the server still exits 0. After
+the signal the listening socket is closed: new connections are refused. Two servers (each exits), started
+together so their loads overlap. The waits below are bounds against hanging, not speeds; the one duration the
+tests rely on is the hasty server's 1 s timeout against a stream of thousands of tokens, which a busier machine
+only makes longer."""
 
 from __future__ import annotations
 
@@ -68,7 +71,8 @@ def _refused(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) != 0
 
 
-def _wait_refused(port: int, timeout: float = 10) -> bool:
+def _wait_refused(port: int, timeout: float = 120) -> bool:
+    """Whether connections to `port` are refused before `timeout` s (a bound against hanging, not a speed)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if _refused(port):

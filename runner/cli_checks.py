@@ -1,0 +1,95 @@
+"""The checks `touchstone generate` and `touchstone serve` run on their arguments: argparse types for numbers
+(a bad one is argparse's one-line error), and, right after parsing, the model source and the device, so that a
+mistake is reported in a second instead of after a model load of many seconds. Each check raises ValueError
+worded "--flag: why", which the command prints as its one-line error (runner.cli_parser.fail)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+
+def as_flag(message: str) -> str:
+    """A field's error as the library words it ("top_p: must be in (0, 1]") -> the option's ("--top-p: ...")."""
+    field, sep, rest = message.partition(": ")
+    if sep and field.isidentifier():
+        return f"--{field.replace('_', '-')}: {rest}"
+    return message
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
+
+
+def port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a port number in [0, 65535], got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number in [0, 65535], got {value}")
+    return value
+
+
+def fraction(text: str) -> float:
+    """A number in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {value:g}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {value:g}")
+    return value
+
+
+def check_model(model: str, load_format: str) -> None:
+    """--model names a registered model whose package is installed, a .gguf file or an HF directory, and
+    --load-format fits it (no torch imported)."""
+    from runner.model.source import resolve
+
+    try:
+        resolve(model, load_format)
+    except ValueError as err:
+        raise ValueError(as_flag(str(err))) from None
+
+
+def check_device(device: str | None) -> str:
+    """The device to run on: `device` if this machine has it, else ValueError; None: CUDA when present, else
+    the CPU. Imports torch (about a second), so it runs after the checks that need nothing."""
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        parsed = torch.device(device)
+    except RuntimeError:
+        parsed = None
+    if parsed is None or parsed.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device: must be cpu, cuda or cuda:N, got {device!r}")
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            build = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "built without CUDA"
+            raise ValueError(
+                f"--device {device}: no CUDA GPU is available on this machine (torch {torch.__version__}, {build})"
+            )
+        count = torch.cuda.device_count()
+        if parsed.index is not None and parsed.index >= count:
+            raise ValueError(f"--device {device}: this machine has {count} CUDA device(s)")
+    return device
