@@ -15,8 +15,8 @@ Architecture (pre-norm residual blocks, no MLP):
 States (`HybridStates`): the token count, then per layer either the attention KV ([B, T, heads, head_dim]
 each) or the Mamba conv state [B, conv_kernel - 1, conv_dim] and SSM state [B, heads, head_dim, state_size].
 `prefill` and `decode` never mutate the states they are given (decode copies the Mamba states before the
-in-place decode references), so saved states stay valid. Everything is fp32; the runner issue will later
-replace the KV list with a paged cache.
+in-place decode references), so saved states stay valid. Everything is fp32, and the attention KV is a plain
+list, not the engine's paged cache.
 """
 
 from __future__ import annotations
