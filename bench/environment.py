@@ -51,9 +51,14 @@ class Environment:
     slug: str
 
     def row_fields(self) -> dict[str, str]:
-        fields = dataclasses.asdict(self)
-        del fields["torch_device"], fields["slug"]
-        return fields
+        """The fields every report row carries (ROW_FIELDS)."""
+        return {name: getattr(self, name) for name in ROW_FIELDS}
+
+
+# The environment's columns in every report row: all but the torch device string and the folder slug.
+ROW_FIELDS = tuple(
+    field.name for field in dataclasses.fields(Environment) if field.name not in ("torch_device", "slug")
+)
 
 
 def _run(args: list[str], timeout: float = 15.0) -> str | None:

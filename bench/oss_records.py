@@ -17,23 +17,12 @@ from collections.abc import Mapping
 
 import pandas as pd
 
+from bench.environment import ROW_FIELDS
+
 SUFFIX = ".pytorch.json"
 BENCHMARK = "touchstone"
 # Columns that describe the machine and software rather than the measurement.
-ENVIRONMENT = (
-    "device",
-    "backend",
-    "arch",
-    "driver",
-    "clocks_at_start",
-    "torch",
-    "triton",
-    "transformers",
-    "python",
-    "git_sha",
-    "dirty",
-    "timestamp",
-)
+ENVIRONMENT = (*ROW_FIELDS, "transformers", "timestamp")
 
 
 def _number(value: object) -> float | None:

@@ -17,24 +17,13 @@ import pandas as pd
 
 from bench import accuracy, oss_records, rows, tables
 from bench.correctness import is_checked
+from bench.environment import ROW_FIELDS
 from bench.formatting import num, size, times
 from bench.plots import plot_op
 from bench.registry import discover
 
 ROOFS_CSV = "roofs.csv"
 LAUNCH_SWEEPS = "launch_sweeps"  # the launch sweeps' rows (bench/launch_sweep.py), linked from index.md
-ENV_COLUMNS = (
-    "device",
-    "backend",
-    "arch",
-    "driver",
-    "clocks_at_start",
-    "torch",
-    "triton",
-    "python",
-    "git_sha",
-    "dirty",
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,8 +146,8 @@ def op_markdown(frame: pd.DataFrame, view: View) -> str:
     ]
     parts += [table(lambda row: row["correctness"]), ""]
     stamps = sorted(frame["timestamp"])
-    env = pd.DataFrame({"field": [*ENV_COLUMNS, "measured"]})
-    env["value"] = [_unique(frame, column) for column in ENV_COLUMNS] + [f"{stamps[0]} .. {stamps[-1]}"]
+    env = pd.DataFrame({"field": [*ROW_FIELDS, "measured"]})
+    env["value"] = [_unique(frame, column) for column in ROW_FIELDS] + [f"{stamps[0]} .. {stamps[-1]}"]
     parts += ["## Environment", "", tables.markdown(env), ""]
     parts += ["## Reproduce", "", "```"]
     parts += [f"git checkout {sha}" for sha in frame["git_sha"].unique()]

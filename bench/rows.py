@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from bench import oss_records, tables
+from bench.environment import ROW_FIELDS
 
 COLUMNS = (
     "op",
@@ -42,16 +43,7 @@ COLUMNS = (
     "roof_value",
     "fraction_of_roof",
     "correctness",
-    "device",
-    "backend",
-    "arch",
-    "driver",
-    "clocks_at_start",
-    "torch",
-    "triton",
-    "python",
-    "git_sha",
-    "dirty",
+    *ROW_FIELDS,
     "timestamp",
     "repro_cmd",
 )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 
 
 def as_flag(message: str) -> str:
@@ -17,46 +18,41 @@ def as_flag(message: str) -> str:
     return message
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
-    return value
+def bounded(kind: type, ok: Callable[[float], bool], wanted: str) -> Callable[[str], float]:
+    """An argparse type: a `kind` (int or float) for which `ok` holds, else "must be <wanted>, got <text>"."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {value if kind is int else f'{value:g}'}")
+        return value
+
+    return parse
 
 
-def port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a port number in [0, 65535], got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port number in [0, 65535], got {value}")
-    return value
+positive_int = bounded(int, lambda v: v >= 1, "an integer >= 1")
+port = bounded(int, lambda v: 0 <= v <= 65535, "a port number in [0, 65535]")
+fraction = bounded(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
+seconds = bounded(float, lambda v: math.isfinite(v) and v >= 0, "a number of seconds >= 0")
 
 
-def fraction(text: str) -> float:
-    """A number in (0, 1]."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text!r}") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {value:g}")
-    return value
+def positive_list(kind: type) -> Callable[[str], list]:
+    """An argparse type: a comma-separated list of `kind` values > 0 ("1,4,16")."""
+    wanted = f"a comma-separated list of {kind.__name__}s > 0"
 
+    def parse(text: str) -> list:
+        try:
+            values = [kind(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            values = []
+        if not values or any(not v > 0 for v in values):
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
+        return values
 
-def seconds(text: str) -> float:
-    """A finite number >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text!r}") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {value:g}")
-    return value
+    return parse
 
 
 def check_model(model: str, load_format: str) -> None:

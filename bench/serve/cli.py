@@ -23,23 +23,8 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
+from runner.cli_checks import positive_list
 from runner.cli_parser import Parser
-
-
-def positive_list(kind):
-    """An argparse type: a comma-separated list of positive `kind` values ("1,4,16")."""
-
-    def parse(text: str) -> list:
-        try:
-            values = [kind(v) for v in text.split(",") if v.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {kind.__name__}s") from None
-        if not values or any(v <= 0 for v in values):
-            raise argparse.ArgumentTypeError(f"{text!r}: give one or more values > 0")
-        return values
-
-    parse.__name__ = f"list of {kind.__name__}s"
-    return parse
 
 
 def parser() -> Parser:

@@ -42,7 +42,10 @@ def test_unknown_command_is_one_line_with_a_hint(capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["bench", "serve", "--concurrency", "x"], "argument --concurrency: 'x' is not a comma-separated list of ints"),
+        (
+            ["bench", "serve", "--concurrency", "x"],
+            "argument --concurrency: must be a comma-separated list of ints > 0, got 'x'",
+        ),
         (["bench", "--sizes", "huge"], "argument --sizes: invalid choice: 'huge'"),
         (["compare", "only-one"], "the following arguments are required: b"),
     ],
