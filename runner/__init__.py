@@ -21,7 +21,7 @@ def __getattr__(name: str):
 
         return SamplingParams
     if name == "RequestOutput":
-        from runner.engine.engine import RequestOutput
+        from runner.engine.output_processor import RequestOutput
 
         return RequestOutput
     raise AttributeError(f"module 'runner' has no attribute {name!r}")

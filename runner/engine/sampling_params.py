@@ -4,13 +4,16 @@ Defaults follow vLLM's `SamplingParams`: temperature 1, top_p 1, top_k off,
 max_tokens 16. `temperature == 0` means greedy (argmax, ties to the lowest token id); top_k 0 or -1 and
 top_p 1 mean "off". `stop` strings need detokenized text, so the scheduler only asks a hook the API layer
 fills (see runner.engine.scheduler); `stop_token_ids` apply even with `ignore_eos` (which ignores only the
-model's EOS ids), as in vLLM.
+model's EOS ids), as in vLLM. `logprobs` / `prompt_logprobs`: how many top alternatives to return with the
+logprob of each generated / prompt token (None: no logprobs).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+
+MAX_LOGPROBS = 20  # top alternatives a position may ask for (OpenAI's top_logprobs limit, vLLM's default)
 
 
 def _check_int(name: str, value: object) -> int:
@@ -37,6 +40,8 @@ class SamplingParams:
     stop: list[str] = dataclasses.field(default_factory=list)
     stop_token_ids: list[int] = dataclasses.field(default_factory=list)
     ignore_eos: bool = False
+    logprobs: int | None = None  # logprobs of each generated token and its top-k alternatives (0: the token's)
+    prompt_logprobs: int | None = None  # the same for every prompt token after the first
 
     def __post_init__(self) -> None:
         self.temperature = _check_number("temperature", self.temperature)
@@ -64,6 +69,10 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids)
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"ignore_eos: must be a bool, got {self.ignore_eos!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= _check_int(name, value) <= MAX_LOGPROBS:
+                raise ValueError(f"{name}: must be in [0, {MAX_LOGPROBS}], got {value}")
 
     @property
     def greedy(self) -> bool:

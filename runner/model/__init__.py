@@ -78,6 +78,28 @@ def load_model(
     return net.eval(), tokenizer, config
 
 
+def load_frontend(model: str = DEFAULT_MODEL, load_format: str = "auto"):
+    """(tokenizer or None, model config) without the weights: what a frontend needs to encode prompts and
+    decode outputs while an engine-core process holds the model (one read of the GGUF metadata)."""
+    _, path = resolve(model, load_format)
+    if path is None:
+        entry = registered(model)
+        source = entry.tokenizer_from or (model if entry.gguf else None)
+        if source is None or importlib.util.find_spec(registered(source).gguf[0]) is None:
+            return None, entry.config
+        from runner.model.gguf_file import GGUFCheckpoint
+
+        return _gguf_tokenizer(GGUFCheckpoint(gguf_path(source))), entry.config
+    if path.is_file():
+        from runner.model.gguf_file import GGUFCheckpoint
+
+        checkpoint = GGUFCheckpoint(path)
+        return _gguf_tokenizer(checkpoint), checkpoint.config
+    from runner.model.weights import read_hf_config
+
+    return _hf_dir_tokenizer(path), read_hf_config(path)
+
+
 class _Progress:
     """A load's progress on stderr: the stage, then a tensor count. tqdm's disable=None shows it only on a
     terminal, so tests, CI logs and piped output stay clean."""
@@ -122,4 +144,13 @@ def _hf_dir_tokenizer(path: Path):
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
 
 
-__all__ = ["DEFAULT_MODEL", "LOAD_FORMATS", "MODELS", "LlamaConfig", "gguf_path", "load_model", "resolve"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "LOAD_FORMATS",
+    "MODELS",
+    "LlamaConfig",
+    "gguf_path",
+    "load_frontend",
+    "load_model",
+    "resolve",
+]

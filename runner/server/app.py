@@ -39,6 +39,7 @@ class ServerState:
     tokenizer: object | None = None
     limits: Limits | None = None
     metrics: Metrics | None = None
+    model_names: tuple[str, ...] = ()
     draining: bool = False
     load_error: BaseException | None = None  # why the model failed to load (the server then exits)
     # set when /health has answered "loading" once (the planted fault load_after_health waits for it)
@@ -46,13 +47,13 @@ class ServerState:
 
     @property
     def loading(self) -> bool:
-        return self.bridge is None
+        return self.bridge is None or self.limits is None
 
     def attach(self, loaded: ServerState) -> None:
-        """Take the loaded model's bridge, tokenizer, limits and metrics (on the event loop's thread, in one go:
+        """Take the loaded state's bridge, tokenizer, limits and metrics (on the event loop's thread, in one go:
         no handler sees half of them)."""
-        self.tokenizer, self.limits, self.metrics = loaded.tokenizer, loaded.limits, loaded.metrics
-        self.bridge = loaded.bridge
+        self.tokenizer, self.metrics, self.model_names = loaded.tokenizer, loaded.metrics, loaded.model_names
+        self.bridge, self.limits = loaded.bridge, loaded.limits
 
 
 LOADING = APIError(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -65,22 +66,21 @@ def parser() -> Parser:
     return p
 
 
-def build_state(args: argparse.Namespace, faults: frozenset[str], health_polled, started: float):
-    """Load the model and build engine, bridge, metrics: the loaded app state (run on the loading thread)."""
-    import torch
-
-    from runner import LLM
+def build_state(args: argparse.Namespace, faults: frozenset[str], health_polled):
+    """The frontend of the loaded app state (run on the loading thread): the tokenizer, the output processor's
+    bridge and the metrics. The launcher then starts its engine-core process, which loads the model."""
+    from runner.engine.core_build import EngineConfig
+    from runner.engine.core_client import AsyncProcessClient
+    from runner.model import load_frontend
     from runner.server.app import ServerState
     from runner.server.bridge import AsyncEngine
     from runner.server.metrics import Metrics
-    from runner.server.protocol import Limits
 
     if "load_after_health" in faults:
         health_polled.wait()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    llm = LLM(
-        args.model,
+    tokenizer, _ = load_frontend(args.model, args.load_format)
+    config = EngineConfig(
+        model=args.model,
         load_format=args.load_format,
         dtype=args.dtype,
         device=args.device,
@@ -93,34 +93,21 @@ def build_state(args: argparse.Namespace, faults: frozenset[str], health_polled,
         enforce_eager=args.enforce_eager,
         seed=args.seed,
     )
-    engine, cfg = llm.engine, llm.engine.scheduler.config
-    limits = Limits(
-        (args.served_model_name or args.model,),
-        cfg.max_model_len,
-        engine.scheduler.kv.num_usable_blocks * cfg.block_size,
-        cfg.block_size,
-        llm.config.vocab_size,
-    )
+    env = dict(os.environ, **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}))
     holder: dict = {}
     metrics = Metrics(lambda: holder["bridge"].snapshot, lambda: len(holder["bridge"].active))
-    bridge = holder["bridge"] = AsyncEngine(engine, llm.tokenizer, metrics, faults)
-    logging.getLogger("touchstone.server").info(
-        "model loaded in %.1f s: %s on %s, %d KV blocks of %d tokens, max_model_len %d; serving %s",
-        time.monotonic() - started,
-        args.model,
-        llm.device,
-        limits.kv_tokens // limits.block_size,
-        limits.block_size,
-        limits.max_model_len,
-        limits.model_names[0],
-    )
-    return ServerState(bridge, llm.tokenizer, limits, metrics)
+    bridge = holder["bridge"] = AsyncEngine(AsyncProcessClient(config, env), tokenizer, metrics, faults)
+    return ServerState(bridge, tokenizer, None, metrics, model_names=(args.served_model_name or args.model,))
 
 
 def load_failure(err: BaseException) -> str:
     """Why the model failed to load, on one line: the loaders' ValueErrors read "field: why" (a user's file or
     name: the option is named); anything else keeps its type (the traceback is logged at debug level)."""
+    from runner.engine.core_client import EngineCoreError
+
     text = " ".join(str(err).split())
+    if isinstance(err, EngineCoreError):
+        return f"the engine core failed to start: {text}"
     return as_flag(text) if isinstance(err, ValueError) else f"the model failed to load: {type(err).__name__}: {text}"
 
 
@@ -162,6 +149,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
 
     def ready() -> None:
+        limits, core = state.limits, state.bridge.ready
+        log.info(
+            "model loaded in %.1f s: %s on %s, %d KV blocks of %d tokens, max_model_len %d; serving %s",
+            time.monotonic() - started,
+            args.model,
+            core.device,
+            core.num_kv_blocks,
+            limits.block_size,
+            limits.max_model_len,
+            limits.model_names[0],
+        )
         log.info("ready: http://%s:%d/v1", args.host, args.port)
 
     status = asyncio.run(
@@ -172,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.shutdown_timeout,
             args.log_level,
             on_started=serving,
-            load=lambda: build_state(args, faults, state.health_polled, started),
+            load=lambda: build_state(args, faults, state.health_polled),
             on_ready=ready,
         )
     )

@@ -8,15 +8,16 @@
   SIGINT/SIGTERM handlers with signal.signal for the duration of `serve`, replacing ours (the race vLLM fixed
   twice), and re-raises the captured signal after exiting. `signal_capture_disabled` records that the override
   ran: if an upgrade renames the hook, it stays False (suites/server/test_launcher.py checks it).
-- `serve`: uvicorn starts accepting first; given a `load`, the model loads on a thread of its own meanwhile
-  (the app answers 503 "loading" until then) and the loop attaches it and starts the engine thread once it is
-  done. Our handlers (loop.add_signal_handler) start the shutdown: stop accepting (close the listening
-  servers; /health and new requests on open connections answer 503), wait for in-flight requests up to
-  `shutdown_timeout` seconds, abort the rest with a clean error (503 shutting_down), then stop uvicorn and the
-  engine thread. A signal while the model loads stops at once (the loading thread is a daemon: it ends with
-  the process). A second signal skips the wait. A watchdog stops the server if the engine thread died.
-  Exit status: 0 after a signal, 1 if the engine died, 3 (uvicorn's STARTUP_FAILURE) if uvicorn failed to
-  start, 4 if the model failed to load (the state's `load_error` holds why).
+- `serve`: uvicorn starts accepting first; given a `load`, the frontend's part (tokenizer, output processor)
+  loads on a thread of its own meanwhile, then the engine-core process starts and loads the model (the app
+  answers 503 "loading" until it is Ready) and the loop attaches the loaded state. Our handlers
+  (loop.add_signal_handler) start the shutdown: stop accepting (close the listening servers; /health and new
+  requests on open connections answer 503), wait for in-flight requests up to `shutdown_timeout` seconds,
+  abort the rest with a clean error (503 shutting_down), then stop uvicorn and the engine-core process. A
+  signal while the model loads stops at once (the core is stopped with it). A second signal skips the wait. A
+  watchdog stops the server if the engine core died. Exit status: 0 after a signal, 1 if the engine died, 3
+  (uvicorn's STARTUP_FAILURE) if uvicorn failed to start, 4 if the model failed to load (the state's
+  `load_error` holds why).
 """
 
 from __future__ import annotations
@@ -120,11 +121,12 @@ async def serve(
     load: Callable[[], object] | None = None,
     on_ready=None,
 ) -> int:
-    """Run `app` on `sock` until a signal or the engine's death; `state` is the app's ServerState. A loading
-    state gets its model from `load()`, run on a thread of its own once uvicorn accepts: it returns a loaded
-    ServerState, which is attached (or raises: `state.load_error`, exit status 4). The bridge is started here;
-    `on_ready()` is called once it is. Returns the exit status."""
-    from runner.server.protocol import APIError
+    """Run `app` on `sock` until a signal or the engine's death; `state` is the app's ServerState. Without a
+    bridge it gets one from `load()`, run on a thread of its own once uvicorn accepts: it returns a ServerState
+    whose bridge is then started (the engine-core process, up to Ready) and attached (a failure of either:
+    `state.load_error`, exit status 4). `on_ready()` is called once the state is attached. Returns the exit
+    status."""
+    from runner.server.protocol import APIError, Limits
 
     loop = asyncio.get_running_loop()
     shutdown = Shutdown()
@@ -132,8 +134,6 @@ async def serve(
         loop.add_signal_handler(sig, shutdown, sig)
     config = uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=5, timeout_keep_alive=5)
     server = NoSignalServer(config)
-    if not state.loading:
-        state.bridge.start()
     serving = asyncio.ensure_future(server.serve(sockets=[sock]))
 
     async def engine_died() -> None:
@@ -146,18 +146,28 @@ async def serve(
         on_started(server)
     requested = asyncio.ensure_future(shutdown.requested.wait())
     if state.loading and not serving.done():
-        loader = Loader(load)
-        await asyncio.wait([serving, requested, loader.done], return_when=asyncio.FIRST_COMPLETED)
-        if loader.done.done() and loader.error is None:
-            state.attach(loader.done.result())
-            state.bridge.start()
-        elif not serving.done():  # a signal, or the load failed: stop without a drain (nothing ran)
+        error, loaded = None, state
+        if state.bridge is None:
+            loader = Loader(load)
+            await asyncio.wait([serving, requested, loader.done], return_when=asyncio.FIRST_COMPLETED)
+            error, loaded = loader.error, loader.done.result() if loader.done.done() else None
+        if loaded is not None and error is None and not serving.done() and not requested.done():
+            starting = asyncio.ensure_future(loaded.bridge.start())
+            await asyncio.wait([serving, requested, starting], return_when=asyncio.FIRST_COMPLETED)
+            if starting.done() and starting.exception() is None:
+                loaded.limits = Limits.of(loaded.model_names, starting.result())
+                state.attach(loaded)
+            else:
+                error = starting.exception() if starting.done() else None
+                starting.cancel()
+                await loaded.bridge.stop(timeout=5.0)
+        if state.loading and not serving.done():  # a signal, or the load failed: stop without a drain
             state.draining = True
             server.should_exit = True
             await serving
             requested.cancel()
-            state.load_error = loader.error
-            return 0 if loader.error is None else LOAD_FAILED
+            state.load_error = error
+            return 0 if error is None else LOAD_FAILED
     if not state.loading and not serving.done() and on_ready is not None:
         on_ready()
     watchers = [requested] + ([asyncio.ensure_future(engine_died())] if not state.loading else [])
@@ -166,8 +176,8 @@ async def serve(
         w.cancel()
     status = 0
     if serving.done():  # uvicorn exited by itself
-        if not state.loading:
-            state.bridge.stop()
+        if state.bridge is not None:
+            await state.bridge.stop()
         return _exit_status(serving)
     state.draining = True
     for listener in server.servers:  # stop accepting; open connections keep their requests
@@ -203,7 +213,7 @@ async def serve(
         drain.cancel()
     server.should_exit = True
     await serving
-    state.bridge.stop()
+    await state.bridge.stop()
     if state.bridge.error is not None:  # it died during the drain: the exit still says so
         status = ENGINE_DIED
     return status

@@ -1,7 +1,7 @@
 """/metrics: a Prometheus registry of the server's own (not the process-global default one, so two servers in
 one process never clash).
 
-Gauges read at scrape time from the engine thread's last snapshot (runner.engine.engine.EngineLoad):
+Gauges read at scrape time from the engine thread's last snapshot (runner.engine.messages.CoreLoad):
 requests running / waiting, KV blocks usable / free / in use, the prefix cache's hit rate over prompt tokens
 (and its two counters), and the requests the server holds (live: submitted, not yet released by their
 handler). Histograms: time to first token (from the request's arrival at the handler to the engine step that
@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 if TYPE_CHECKING:
-    from runner.engine.engine import EngineLoad
+    from runner.engine.messages import CoreLoad
 
 PREFIX = "touchstone"
 TTFT_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 60, 120)
@@ -27,7 +27,7 @@ ITL_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10
 
 
 class _EngineCollector:
-    def __init__(self, load: Callable[[], EngineLoad], live: Callable[[], int]) -> None:
+    def __init__(self, load: Callable[[], CoreLoad], live: Callable[[], int]) -> None:
         self.load, self.live = load, live
 
     def collect(self):
@@ -57,7 +57,7 @@ class _EngineCollector:
 
 
 class Metrics:
-    def __init__(self, load: Callable[[], EngineLoad], live: Callable[[], int]) -> None:
+    def __init__(self, load: Callable[[], CoreLoad], live: Callable[[], int]) -> None:
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
         self.ttft = Histogram(

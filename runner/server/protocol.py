@@ -74,6 +74,13 @@ class Limits:
     block_size: int
     vocab_size: int
 
+    @classmethod
+    def of(cls, model_names: tuple[str, ...], ready) -> Limits:
+        """The limits of a ready engine core (runner.engine.messages.Ready)."""
+        return cls(
+            model_names, ready.max_model_len, ready.num_kv_blocks * ready.block_size, ready.block_size, ready.vocab_size
+        )
+
 
 @dataclasses.dataclass(frozen=True)
 class GenerateInput:

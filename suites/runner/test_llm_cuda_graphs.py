@@ -78,7 +78,7 @@ def test_cpu_never_captures_and_runs_eager():
 
 
 def test_kv_sizing_warm_up_batch_is_a_valid_prefill():
-    from runner.llm import warmup_batch
+    from runner.engine.core_build import warmup_batch
     from runner.model.attention import make_batch
 
     ids, positions, batch, num_blocks = warmup_batch(block_size=16, max_tokens=70, max_model_len=24, device="cpu")

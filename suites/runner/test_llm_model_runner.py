@@ -134,9 +134,11 @@ def test_kv_sizing_warm_up_samples_max_seqs_rows_without_drawing_from_the_rng(ti
     monkeypatch.setattr(
         sampler, "sample", lambda logits, batch: seen.append((logits.shape, batch)) or real(logits, batch)
     )
+    from runner.engine.core_build import warm_up
+
     llm = _llm(tiny)
     state = torch.get_rng_state()
-    llm._warm_up("cpu", BLOCK, max_tokens=24, max_seqs=6, max_model_len=MAX_MODEL_LEN)
+    warm_up(llm.model, llm.config, llm.dtype, "cpu", BLOCK, max_tokens=24, max_seqs=6, max_model_len=MAX_MODEL_LEN)
     assert torch.equal(torch.get_rng_state(), state)
     [(shape, batch)] = seen
     assert shape == (6, TINY.vocab_size) and batch.any_top_k and batch.any_top_p and not batch.all_greedy

@@ -1,8 +1,9 @@
-"""Run the real launcher (runner.server.launcher.serve) over the real app and bridge, with a stand-in engine
-(no model), in a process of its own; print what was observed as one JSON line. Used by test_launcher.py.
+"""Run the real launcher (runner.server.launcher.serve) over the real app and bridge, with a stand-in
+engine-core client (no model, no process), in a process of its own; print what was observed as one JSON line.
+Used by test_launcher.py.
 
     python -m suites.server.launcher_probe signals        # after startup: who owns SIGTERM; then SIGTERM ourselves
-    python -m suites.server.launcher_probe engine-death   # a request makes the engine's step raise
+    python -m suites.server.launcher_probe engine-death   # a request kills the (stand-in) engine core
 
 A separate process because a broken signal override would let uvicorn re-raise SIGTERM at exit (it restores
 the old handler and raises the captured signal): that must kill the probe, not pytest.
@@ -16,44 +17,37 @@ import os
 import signal
 import sys
 import threading
-import types
 
+from runner.engine.core_client import EngineCoreError
+from runner.engine.messages import AddRequest, CoreLoad, Ready
 from runner.server.app import ServerState, build_app
 from runner.server.bridge import AsyncEngine
 from runner.server.launcher import bind, serve
 from runner.server.metrics import Metrics
-from runner.server.protocol import Limits
 
 
-class FakeEngine:
-    """The engine surface the bridge uses; its step raises (the engine-death path)."""
+class FakeClient:
+    """The engine-core client surface the bridge uses, without a process: ready at once; the first request
+    it is sent kills it (the engine-death path)."""
 
     def __init__(self) -> None:
-        self.requests: list = []
+        self.got_request = asyncio.Event()
 
-    @property
-    def has_unfinished(self) -> bool:
-        return bool(self.requests)
+    async def start(self):
+        load = CoreLoad(0, 0, 8, 8, 0, 0)
+        return Ready(64, 8, 16, 100, "cpu", [], load)
 
-    def add_request(self, ids, params, request_id=None):
-        self.requests.append(request_id)
-        return types.SimpleNamespace(num_output_tokens=0, output_token_ids=[], is_finished=False, finish_reason=None)
+    async def outputs(self):
+        await self.got_request.wait()
+        raise EngineCoreError("the engine core exited with status 17")
+        yield  # an async generator
 
-    def step(self):
-        raise RuntimeError("stand-in engine: step failed")
+    def send(self, message) -> None:
+        if isinstance(message, AddRequest):
+            self.got_request.set()
 
-    def abort(self, request_id) -> bool:
-        return False
-
-    def load(self):
-        return types.SimpleNamespace(
-            running=len(self.requests),
-            waiting=0,
-            blocks_usable=8,
-            blocks_free=8,
-            prefix_queried_tokens=0,
-            prefix_hit_tokens=0,
-        )
+    async def close(self, drain_s: float = 0.0, timeout: float = 30.0):
+        return 0
 
 
 def main(mode: str) -> int:
@@ -61,8 +55,8 @@ def main(mode: str) -> int:
     port = sock.getsockname()[1]
     holder: dict = {}
     metrics = Metrics(lambda: holder["bridge"].snapshot, lambda: len(holder["bridge"].active))
-    bridge = holder["bridge"] = AsyncEngine(FakeEngine(), None, metrics)
-    state = ServerState(bridge, None, Limits(("fake",), 64, 128, 16, 100), metrics)
+    bridge = holder["bridge"] = AsyncEngine(FakeClient(), None, metrics)
+    state = ServerState(bridge, None, None, metrics, model_names=("fake",))
     seen: dict = {}
 
     def on_started(server) -> None:

@@ -52,7 +52,7 @@ def test_engine_death_fails_the_request_and_exits_nonzero():
     done, seen = _probe("engine-death")
     assert done.returncode == 1 and seen["status"] == 1, (done.stdout, done.stderr[-3000:])
     status, body = seen["response"]
-    assert status == 500 and body["error"]["code"] == "engine_dead" and "step failed" in body["error"]["message"]
+    assert status == 500 and body["error"]["code"] == "engine_dead" and "status 17" in body["error"]["message"]
 
 
 def test_port_in_use_exits_before_anything_heavy_is_imported():
