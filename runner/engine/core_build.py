@@ -74,18 +74,18 @@ def build_core(config: EngineConfig, loaded: tuple | None = None, tokenizer: boo
     if num_blocks is None:
         num_blocks = size_kv(model, model_config, config, dtype, max_tokens, max_model_len, bool(sizes))
     eos = tok.eos_token_id if tok is not None else model_config.eos_token_id
-    scheduler = Scheduler(
-        SchedulerConfig(
-            num_blocks=num_blocks,
-            block_size=config.block_size,
-            max_num_batched_tokens=max_tokens,
-            max_num_seqs=config.max_num_seqs,
-            max_model_len=max_model_len,
-            enable_chunked_prefill=config.enable_chunked_prefill,
-            enable_prefix_caching=config.enable_prefix_caching,
-            eos_token_ids=() if eos is None else (eos,),
-        )
+    scheduler_config = SchedulerConfig(  # validated before anything is allocated
+        num_blocks=num_blocks,
+        block_size=config.block_size,
+        max_num_batched_tokens=max_tokens,
+        max_num_seqs=config.max_num_seqs,
+        max_model_len=max_model_len,
+        enable_chunked_prefill=config.enable_chunked_prefill,
+        enable_prefix_caching=config.enable_prefix_caching,
+        eos_token_ids=() if eos is None else (eos,),
     )
+    # The model runner before the scheduler: it allocates the KV cache, so a cache that does not fit fails
+    # before the scheduler builds a block pool of that size.
     runner = ModelRunner(
         model,
         model_config,
@@ -97,6 +97,7 @@ def build_core(config: EngineConfig, loaded: tuple | None = None, tokenizer: boo
         capture_sizes=sizes,
         enforce_eager=config.enforce_eager,
     )
+    scheduler = Scheduler(scheduler_config)
     core = EngineCore(scheduler, runner, model_config.vocab_size, time_phases=config.time_phases)
     return core, loaded
 

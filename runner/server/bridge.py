@@ -161,7 +161,9 @@ class AsyncEngine:
         """Stop the engine-core process (its requests were drained or aborted); returns its exit status."""
         if self._reader is not None:
             self._reader.cancel()
-        return await self.client.close(0.0, timeout)
+        status = await self.client.close(0.0, timeout)
+        log.info("the engine core exited with status %s", status)
+        return status
 
     # --- the core's outputs ---------------------------------------------------------------------------------
     async def _read(self) -> None:

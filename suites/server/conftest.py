@@ -100,8 +100,9 @@ def server_args(backend: str) -> tuple[list[str], str, bool]:
     return ["--device", "cpu", "--threads", "1", "--kv-cache-bytes", str(KV_CACHE_BYTES)], "smollm2-135m-instruct", True
 
 
-def start_server(backend: str, log_dir: pathlib.Path, *extra: str, faults: str = "") -> Server:
-    """Start `touchstone serve` (not yet ready: call wait_ready)."""
+def start_server(backend: str, log_dir: pathlib.Path, *extra: str, faults: str = "", core_faults: str = "") -> Server:
+    """Start `touchstone serve` (not yet ready: call wait_ready). `faults` / `core_faults`: planted faults of the
+    frontend (runner.server.bridge) and of the engine-core process (runner.engine.core_process)."""
     require_serve_packages()
     args, model, has_tokenizer = server_args(backend)
     port = serve_process.free_port()
@@ -112,6 +113,7 @@ def start_server(backend: str, log_dir: pathlib.Path, *extra: str, faults: str =
         log_path,
         OMP_NUM_THREADS="1",
         TOUCHSTONE_SERVER_FAULTS=faults,
+        TOUCHSTONE_CORE_FAULTS=core_faults,
     )
     return Server(proc, port, model, has_tokenizer, log_path)
 
