@@ -40,19 +40,22 @@ class LLM:
         *,
         engine_process: bool = False,
         loaded: tuple | None = None,
+        config: EngineConfig | None = None,
         **engine: object,
     ):
         """`engine`: the other fields of runner.engine.core_build.EngineConfig (max_num_seqs, max_model_len,
-        enable_prefix_caching, num_kv_blocks, enforce_eager, time_phases, seed, ...)."""
+        enable_prefix_caching, num_kv_blocks, enforce_eager, time_phases, seed, ...); or a whole `config`."""
         if isinstance(dtype, torch.dtype):
             dtype = str(dtype).removeprefix("torch.")
-        config = EngineConfig(
-            **({"model": model} if model is not None else {}),
-            load_format=load_format,
-            dtype=dtype,
-            device=device,
-            **engine,
-        ).resolved()
+        if config is None:
+            config = EngineConfig(
+                **({"model": model} if model is not None else {}),
+                load_format=load_format,
+                dtype=dtype,
+                device=device,
+                **engine,
+            )
+        config = config.resolved()
         self.device, self.dtype = torch.device(config.device), getattr(torch, config.dtype)
         if engine_process:
             from runner.engine.core_client import ProcessClient

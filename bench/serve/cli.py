@@ -43,6 +43,11 @@ def parser() -> Parser:
     p.add_argument("--load-format", default="auto", help="for the launched server: auto | gguf | dummy")
     p.add_argument("--device", help="for the launched server: cpu | cuda")
     p.add_argument("--server-args", default="", help="more options for the launched server (one string)")
+    p.add_argument(
+        "--no-offline",
+        action="store_true",
+        help="skip the offline peer (the same engine offline, on the largest point's prompts, after the server)",
+    )
     p.add_argument("--name", help="report name (default serve_concurrency / serve_rate)")
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("reports"))
     return p
@@ -60,6 +65,37 @@ def _server_args(args: argparse.Namespace) -> list[str]:
     if args.device:
         out += ["--device", args.device]
     return out + args.server_args.split()
+
+
+def offline_tok_per_s(server_args: list[str], prompts: list[list[int]], output_len: int) -> float:
+    """Output tok/s of the server's engine run offline (runner.LLM, in this process, the server stopped) on
+    `prompts`: greedy, ignore_eos, `output_len` tokens each, after one warm-up request."""
+    import gc
+    import time
+
+    import torch
+
+    from runner import LLM, SamplingParams
+    from runner.server.cli import engine_config
+    from runner.server.cli import parser as serve_parser
+
+    options = serve_parser().parse_args(server_args)
+    if options.threads:  # the server's core runs torch on that many threads; so does its offline twin
+        torch.set_num_threads(options.threads)
+    llm = LLM(config=engine_config(options))
+    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+    llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    if llm.device.type == "cuda":
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    if llm.device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    tokens = sum(len(out.token_ids) for out in outs)
+    del llm, outs
+    gc.collect()
+    return tokens / seconds
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -106,6 +142,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 + (f"; first error: {row['first_error']}" if row["failed"] else ""),
                 flush=True,
             )
+    offline = None
+    if not args.base_url and not args.no_offline:
+        count = args.num_prompts or (32 if rate_mode else max(8, 4 * points[-1]))
+        offline = offline_tok_per_s(
+            server_args, random_prompts(count, args.input_len, args.seed + len(points) - 1), args.output_len
+        )
+        print(f"  offline engine, the same {count} prompts: {offline:.1f} out tok/s", flush=True)
+        for row in rows:
+            row["offline_output_tok_per_s"] = offline
+            row["served_over_offline"] = row["output_tok_per_s"] / offline
     env = collect()
     name = args.name or f"serve_{'rate' if rate_mode else 'concurrency'}"
     best = max(rows, key=lambda r: r["output_tok_per_s"])
@@ -114,6 +160,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"Peak {best['output_tok_per_s']:,.1f} output tok/s at {best['mode']} {best['value']}; "
         f"{failed} failed requests over the sweep; input {args.input_len} / output {args.output_len} tokens."
     )
+    if offline is not None:
+        last = rows[-1]
+        headline += (
+            f" The same engine offline on {last['mode']} {last['value']}'s prompts, same run: {offline:,.1f} "
+            f"output tok/s; served / offline = {last['served_over_offline']:.2f}x."
+        )
     command = "touchstone bench serve " + " ".join(sys.argv[1:] if argv is None else argv)
     folder = report.write(args.out, env, name, rows, headline, {"server": server, "command": command})
     print(headline)

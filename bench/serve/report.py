@@ -25,6 +25,8 @@ SHOWN = (
     "itl_p50_ms",
     "itl_p99_ms",
     "e2el_p50_ms",
+    "offline_output_tok_per_s",
+    "served_over_offline",
 )
 COLUMNS = (
     *SHOWN,

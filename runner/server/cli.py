@@ -66,20 +66,11 @@ def parser() -> Parser:
     return p
 
 
-def build_state(args: argparse.Namespace, faults: frozenset[str], health_polled):
-    """The frontend of the loaded app state (run on the loading thread): the tokenizer, the output processor's
-    bridge and the metrics. The launcher then starts its engine-core process, which loads the model."""
+def engine_config(args: argparse.Namespace):
+    """The EngineConfig of these options (the serving benchmark builds its offline peer from the same)."""
     from runner.engine.core_build import EngineConfig
-    from runner.engine.core_client import AsyncProcessClient
-    from runner.model import load_frontend
-    from runner.server.app import ServerState
-    from runner.server.bridge import AsyncEngine
-    from runner.server.metrics import Metrics
 
-    if "load_after_health" in faults:
-        health_polled.wait()
-    tokenizer, _ = load_frontend(args.model, args.load_format)
-    config = EngineConfig(
+    return EngineConfig(
         model=args.model,
         load_format=args.load_format,
         dtype=args.dtype,
@@ -93,6 +84,21 @@ def build_state(args: argparse.Namespace, faults: frozenset[str], health_polled)
         enforce_eager=args.enforce_eager,
         seed=args.seed,
     )
+
+
+def build_state(args: argparse.Namespace, faults: frozenset[str], health_polled):
+    """The frontend of the loaded app state (run on the loading thread): the tokenizer, the output processor's
+    bridge and the metrics. The launcher then starts its engine-core process, which loads the model."""
+    from runner.engine.core_client import AsyncProcessClient
+    from runner.model import load_frontend
+    from runner.server.app import ServerState
+    from runner.server.bridge import AsyncEngine
+    from runner.server.metrics import Metrics
+
+    if "load_after_health" in faults:
+        health_polled.wait()
+    tokenizer, _ = load_frontend(args.model, args.load_format)
+    config = engine_config(args)
     env = dict(os.environ, **({"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}))
     holder: dict = {}
     metrics = Metrics(lambda: holder["bridge"].snapshot, lambda: len(holder["bridge"].active))

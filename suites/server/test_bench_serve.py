@@ -30,3 +30,23 @@ def test_point_measures_every_request(server, mode):
 def test_random_prompts_are_reproducible_and_distinct():
     a, b = random_prompts(4, 8, seed=3), random_prompts(4, 8, seed=3)
     assert a == b and len({tuple(p[:1]) for p in a}) == 4 and all(len(p) == 8 for p in a)
+
+
+def test_the_report_carries_the_offline_engine_beside_the_served_one(tmp_path, device):
+    """The whole command on the CPU: it launches its own server, then runs the same engine offline on the
+    largest point's prompts, and the report has both figures and their ratio."""
+    from bench import tables
+    from bench.serve.cli import main
+
+    if device != "cpu":
+        pytest.skip("the CPU tier runs the whole command (the GPU serving report is made by hand on the H200)")
+    server_args = "--threads 1 --kv-cache-bytes 33554432"
+    argv = ["--concurrency", "1,2", "--num-prompts", "3", "--input-len", "8", "--output-len", "4"]
+    argv += ["--device", "cpu", "--server-args", server_args, "--out", str(tmp_path)]
+    assert main(argv) == 0
+    (csv,) = tmp_path.glob("*/serve_concurrency.csv")
+    frame = tables.read(csv, ["output_tok_per_s", "offline_output_tok_per_s", "served_over_offline"])
+    assert list(frame["value"]) == ["1", "2"] and (frame["offline_output_tok_per_s"] > 0).all()
+    ratio = frame["output_tok_per_s"] / frame["offline_output_tok_per_s"]
+    assert frame["served_over_offline"].tolist() == pytest.approx(ratio.tolist())
+    assert "served / offline" in csv.with_suffix(".md").read_text()
