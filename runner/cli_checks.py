@@ -39,20 +39,23 @@ fraction = bounded(float, lambda v: 0 < v <= 1, "a number in (0, 1]")
 seconds = bounded(float, lambda v: math.isfinite(v) and v >= 0, "a number of seconds >= 0")
 
 
-def positive_list(kind: type) -> Callable[[str], list]:
-    """An argparse type: a comma-separated list of `kind` values > 0 ("1,4,16")."""
-    wanted = f"a comma-separated list of {kind.__name__}s > 0"
+def number_list(kind: type, ok: Callable[[float], bool], wanted: str) -> Callable[[str], list]:
+    """An argparse type: a comma-separated list of `kind` values for which `ok` holds ("1,4,16")."""
 
     def parse(text: str) -> list:
         try:
             values = [kind(v) for v in text.split(",") if v.strip()]
         except ValueError:
             values = []
-        if not values or any(not v > 0 for v in values):
+        if not values or not all(ok(v) for v in values):
             raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
         return values
 
     return parse
+
+
+def positive_list(kind: type) -> Callable[[str], list]:
+    return number_list(kind, lambda v: v > 0, f"a comma-separated list of {kind.__name__}s > 0")
 
 
 def check_model(model: str, load_format: str) -> None:
