@@ -17,6 +17,7 @@ pool's null block: never handed out, it is what padded block-table entries point
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import time
 
@@ -26,11 +27,12 @@ from reference.kv.allocate import KVCache, allocate_kv_cache
 from reference.kv.attention import FullAttentionSpec
 from runner.engine import prompt_logprobs
 from runner.engine.cuda_graphs import DecodeGraphs, DecodeInputs
+from runner.engine.host_copy import to_device
 from runner.engine.logprobs import LogprobTensors, token_logprobs
 from runner.engine.messages import TokenLogprobs
 from runner.engine.sampler import SamplingBatch, is_greedy, sample
 from runner.engine.scheduler import SchedulerOutput, StepInputs
-from runner.engine.step_tensors import StepPacker, to_device
+from runner.engine.step_tensors import StepPacker
 from runner.model.attention import AttentionBatch
 
 
@@ -128,6 +130,7 @@ class ModelRunner:
             self.device,
         )
         self.graphs.capture()
+        self._last: LaunchedStep | None = None  # the step launched last (its sampled tokens feed the next)
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         return self.model(input_ids, positions, batch, self.kv_caches)
@@ -144,6 +147,7 @@ class ModelRunner:
         # Always max_blocks wide, not the step's widest table: the attention kernels then see one table stride
         # for the whole run (a new stride could recompile them, ~1 s, inside a timed run).
         inputs = self.packer.pack(output, self.max_blocks)
+        self._take_pending_tokens(output, inputs.input_ids)
         sampling = [i for i, entry in enumerate(rows) if entry.samples]
         some = None if len(sampling) == len(rows) else to_device(sampling, torch.int64, device)
         # Built before the model runs (an all-greedy batch needs none of it): its host-to-device copies are
@@ -194,9 +198,32 @@ class ModelRunner:
         if copy:
             done = torch.cuda.Event()
             done.record(torch.cuda.current_stream(device))
-        return LaunchedStep(
+        self._last = LaunchedStep(
             output, sampling, sampled, host_tokens, [sampling[j] for j in logprob_rows], logprobs, spans, prompt, done
         )
+        return self._last
+
+    def _take_pending_tokens(self, output: SchedulerOutput, input_ids: torch.Tensor) -> None:
+        """Asynchronous scheduling: rows whose token the previous step (still running) samples carry a
+        placeholder; write that step's sampled tokens into them, on the device (queued after the previous
+        step's sampling, before this step's forward or graph replay reads the ids: no host round trip)."""
+        dst, src, offset = [], [], 0
+        prev = self._last
+        for entry in output.scheduled:
+            if entry.prev_row >= 0:
+                if prev is None or prev.output.step_id != output.step_id - 1 or prev.sampled is None:
+                    raise RuntimeError(f"launch: step {output.step_id} needs the tokens of the step launched before")
+                # rows that sample are prev.sampling, ascending (every row, in a pure decode step)
+                every = len(prev.sampling) == len(prev.output.scheduled)
+                at = entry.prev_row if every else bisect.bisect_left(prev.sampling, entry.prev_row)
+                if at >= len(prev.sampling) or prev.sampling[at] != entry.prev_row:
+                    raise RuntimeError(f"launch: row {entry.prev_row} of step {prev.output.step_id} sampled nothing")
+                dst.append(offset)
+                src.append(at)
+            offset += entry.num_new_tokens
+        if dst:
+            index = to_device(dst + src, torch.int64, self.device)
+            input_ids[index[: len(dst)]] = prev.sampled[index[len(dst) :]]
 
     def collect(self, step: LaunchedStep) -> StepResult:
         """Wait for the step's copies and read them."""

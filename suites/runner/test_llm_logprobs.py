@@ -111,9 +111,10 @@ PARAMS = [
 ]
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("budget", [64, 5], ids=["whole-prompts", "chunked"])
-def test_logprobs_match_a_one_shot_forward(tiny, budget):
-    llm = _tiny_llm(tiny, max_num_batched_tokens=budget, max_num_seqs=4)
+def test_logprobs_match_a_one_shot_forward(tiny, budget, overlap):
+    llm = _tiny_llm(tiny, max_num_batched_tokens=budget, max_num_seqs=4, async_scheduling=overlap)
     outs = llm.generate(PROMPTS, PARAMS, use_tqdm=False)
     if budget == 5:
         assert llm.engine.stats.prompt_chunks >= 5  # the long prompts were scored chunk by chunk
