@@ -3,22 +3,39 @@ same object serves in-process (`LLM`) and inside an engine-core process (runner.
 
 One step = schedule -> run the model -> update (the scheduler appends each sampled token and decides EOS, stop
 token ids, max_tokens and max_model_len; finished requests free their blocks and full blocks enter the prefix
-cache). The step's `StepOutputs` carry every request's new tokens. Text is not the core's business: stop
+cache). The step's `StepOutputs` carry every request's new tokens, with their logprobs where asked for, and
+a request's prompt logprobs once, with its first token. Text is not the core's business: stop
 strings are matched by the frontend on the text it detokenizes (runner.engine.output_processor), which then
 aborts the request here.
 
+Asynchronous scheduling (the scheduler config's `async_scheduling`, on by default in EngineConfig; vLLM's
+async scheduling, SGLang's overlap scheduler): `step()` keeps its contract, one StepOutputs per call, but
+runs a pipeline one step deep. It schedules step N+1 and launches it on the device (rows whose step-N token
+is not known yet take it from step N's sampled tokens on the device, runner.engine.model_runner), THEN
+waits for step N's tokens (copied to pinned host memory behind an event), lets the scheduler resolve them
+(append, EOS / stop token ids / max_tokens / max_model_len) and returns step N's outputs: the host's
+scheduling and input preparation of N+1, and the caller's output processing of N (detokenizing, stop
+strings, streaming), run while the device computes N+1. The first call launches two steps; a call that
+finds nothing to schedule only resolves; once no request is left unfinished, the step still in flight
+(its rows all belong to finished requests) is resolved too, so `has_unfinished` false means nothing is in
+flight. An abort between steps may hit a request whose next step is in flight: the scheduler discards that
+step's token for it (and holds its blocks until the step resolved), and no delta names a request that is no
+longer live.
+
 Per-step phase times (schedule, prepare, model, sample, postprocess) are summed in `stats` when `time_phases`
-is on; on CUDA that synchronizes the device between phases (see model_runner._Clock).
+is on; on CUDA that synchronizes the device between phases (see model_runner._Clock), and so defeats the
+overlap it measures around.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections import deque
 
 from runner.engine.messages import AddRequest, CoreLoad, Ready, RequestDelta, StepOutputs
-from runner.engine.model_runner import ModelRunner, StepTimes
-from runner.engine.scheduler import Scheduler
+from runner.engine.model_runner import LaunchedStep, ModelRunner, StepResult, StepTimes
+from runner.engine.scheduler import Scheduler, SchedulerOutput
 from runner.engine.sequence import Sequence
 
 
@@ -38,6 +55,8 @@ class EngineCore:
         self.time_phases = time_phases
         self.stats = EngineStats()
         self._live: dict[str, Sequence] = {}
+        self.async_scheduling = scheduler.config.async_scheduling
+        self._inflight: deque[LaunchedStep] = deque()  # launched, not resolved, oldest first
 
     # --- requests ------------------------------------------------------------------------------------------
     def add_request(self, request: AddRequest) -> None:
@@ -62,10 +81,11 @@ class EngineCore:
         for request_id in request_ids:
             if self._live.pop(request_id, None) is not None:
                 self.scheduler.abort(request_id)
+        self._drain_if_idle()
 
     @property
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished
+        return self.scheduler.has_unfinished or bool(self._inflight)
 
     @property
     def live_request_ids(self) -> list[str]:
@@ -98,33 +118,78 @@ class EngineCore:
     # --- one step -------------------------------------------------------------------------------------------
     def step(self) -> StepOutputs:
         """Run one step; returns the new tokens of every request that got some, and the finished ones."""
-        stats, now = self.stats, time.perf_counter
-        started = now()
-        output = self.scheduler.schedule()
-        if output.is_empty:
-            if self.scheduler.has_unfinished:  # cannot happen for requests `add` accepted; never spin
+        if not self.async_scheduling:
+            if self._launch() is None:
+                if self.scheduler.has_unfinished:  # cannot happen for requests `add` accepted; never spin
+                    raise RuntimeError("step: requests are waiting but none could be scheduled")
+                return StepOutputs([], self.load())
+            return StepOutputs(self._resolve(), self.load())
+        if not self._inflight and self._launch() is None:
+            if self.scheduler.has_unfinished:  # nothing in flight holds blocks: as in the synchronous case
                 raise RuntimeError("step: requests are waiting but none could be scheduled")
             return StepOutputs([], self.load())
-        scheduled = now()
-        tokens = self.runner.execute(output, stats if self.time_phases else None)
-        ran = now()
-        finished = self.scheduler.update(output, tokens)
+        self._launch()  # step N+1, while step N runs (nothing, when all that is left is in flight)
+        deltas = self._resolve()
+        deltas += self._drain_if_idle()
+        return StepOutputs(deltas, self.load())
+
+    def _launch(self) -> LaunchedStep | None:
+        """Schedule a step and queue it on the device; None when nothing could be scheduled."""
+        started = time.perf_counter()
+        output = self.scheduler.schedule()
+        self.stats.schedule_s += time.perf_counter() - started
+        if output.is_empty:
+            return None
+        launched = self.runner.launch(output, self.stats if self.time_phases else None)
+        self._inflight.append(launched)
+        return launched
+
+    def _resolve(self) -> list[RequestDelta]:
+        """Wait for the oldest launched step and apply it: the scheduler's update, then the deltas."""
+        launched = self._inflight.popleft()
+        output, stats = launched.output, self.stats
+        result = self.runner.collect(launched)
+        started = time.perf_counter()
+        finished = self.scheduler.update(output, result.tokens)
+        deltas = self._deltas(output, result)
+        for seq in finished:
+            if self._live.get(seq.request_id) is seq:
+                del self._live[seq.request_id]
+        stats.steps += 1
+        stats.decode_steps += output.is_decode
+        stats.postprocess_s += time.perf_counter() - started
+        stats.prompt_chunks += sum(not entry.samples for entry in output.scheduled)
+        stats.output_tokens += len(deltas)
+        return deltas
+
+    def _drain_if_idle(self) -> list[RequestDelta]:
+        """No request left: resolve what is still in flight (rows of finished or aborted requests only, which
+        give no deltas), so their held blocks return and nothing is in flight while the core waits."""
         deltas = []
-        for entry, token in zip(output.scheduled, tokens, strict=True):
+        while self._inflight and not self.scheduler.has_unfinished:
+            deltas += self._resolve()
+        return deltas
+
+    def _deltas(self, output: SchedulerOutput, result: StepResult) -> list[RequestDelta]:
+        """The step's new token per live request that sampled one, with its logprobs when asked for, and the
+        request's prompt logprobs with its first token (gathered here, chunk by chunk, until then)."""
+        rows = output.scheduled
+        for row, first, entries in result.prompt_logprobs:
+            buffer = rows[row].seq.prompt_logprobs
+            if buffer is not None:
+                buffer[first : first + len(entries)] = entries
+        deltas = []
+        for row, (entry, token) in enumerate(zip(rows, result.tokens, strict=True)):
             seq = entry.seq
-            if token < 0 or seq.request_id not in self._live:
+            # not live: aborted, or finished by a token of an earlier step (the row was in flight meanwhile)
+            if token < 0 or self._live.get(seq.request_id) is not seq:
                 continue
             delta = RequestDelta(seq.request_id, [token])
+            if (logprobs := result.logprobs.get(row)) is not None:
+                delta.new_logprobs = [logprobs]
+            if seq.prompt_logprobs is not None:  # its first token: the prompt is scored to the end
+                delta.prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, None
             if seq.is_finished:
                 delta.finish_reason, delta.stop_reason = seq.finish_reason.value, seq.stop_reason
             deltas.append(delta)
-        for seq in finished:
-            self._live.pop(seq.request_id, None)
-        done = now()
-        stats.steps += 1
-        stats.decode_steps += output.is_decode
-        stats.schedule_s += scheduled - started
-        stats.postprocess_s += done - ran
-        stats.prompt_chunks += sum(not entry.samples for entry in output.scheduled)
-        stats.output_tokens += len(deltas)
-        return StepOutputs(deltas, self.load())
+        return deltas

@@ -42,6 +42,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     kv_cache_bytes: int | None = None
     num_kv_blocks: int | None = None
     enforce_eager: bool = False
+    # Schedule and prepare step N+1 while the device runs step N (runner.engine.core); False: one step at a time.
+    async_scheduling: bool = True
     time_phases: bool = False
     seed: int = 0
 
@@ -83,6 +85,7 @@ def build_core(config: EngineConfig, loaded: tuple | None = None, tokenizer: boo
         enable_chunked_prefill=config.enable_chunked_prefill,
         enable_prefix_caching=config.enable_prefix_caching,
         eos_token_ids=() if eos is None else (eos,),
+        async_scheduling=config.async_scheduling,
     )
     # The model runner before the scheduler: it allocates the KV cache, so a cache that does not fit fails
     # before the scheduler builds a block pool of that size.
@@ -96,6 +99,7 @@ def build_core(config: EngineConfig, loaded: tuple | None = None, tokenizer: boo
         max_model_len=max_model_len,
         capture_sizes=sizes,
         enforce_eager=config.enforce_eager,
+        max_logits_rows=config.max_num_seqs,
     )
     scheduler = Scheduler(scheduler_config)
     core = EngineCore(scheduler, runner, model_config.vocab_size, time_phases=config.time_phases)

@@ -5,12 +5,17 @@
   through the model to give the logits of the next one (vLLM `max_cache_hit_length = num_tokens - 1`;
   the zero-length-query bug of nano-vllm #144). Hits are whole blocks, so the cap is rounded DOWN to a
   block boundary: (num_tokens - 1) // block_size blocks. A prompt of exactly k blocks thus reuses k - 1 and
-  recomputes its whole last block (as vLLM PR #11186 does), never a block-internal tail.
+  recomputes its whole last block (as vLLM PR #11186 does), never a block-internal tail. A request that
+  still needs prompt logprobs takes no hits (`skips_cache`): a cached position is never run, so it has no
+  logits to score the next prompt token with (vLLM's KVCacheManager.get_computed_blocks skips the cache for
+  such requests too).
 - `allocate_slots(seq, num_new_tokens, computed_blocks)`: take the hit blocks (touch) and enough new blocks
-  that seq.num_computed_tokens + hits + num_new_tokens tokens have slots; all or nothing: returns False and
-  changes nothing if the free queue is too short (counting the hit blocks a touch would take out of it).
+  that seq.num_scheduled_tokens (computed + in flight) + hits + num_new_tokens tokens have slots; all or
+  nothing: returns False and changes nothing if the free queue is too short (counting the hit blocks a touch
+  would take out of it).
 - `cache_blocks(seq)`: after a step wrote their K/V, register the request's newly full blocks.
-- `free(seq)`: drop the request's blocks, tail first (see block_pool).
+- `free(seq)`: drop the request's blocks, tail first (see block_pool); `detach(seq)` takes them from the
+  request without dropping them (the scheduler holds blocks that a launched step still writes).
 """
 
 from __future__ import annotations
@@ -21,6 +26,11 @@ from runner.engine.sequence import Sequence
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def skips_cache(seq: Sequence) -> bool:
+    """The request must compute every prompt position itself (its prompt logprobs are not delivered yet)."""
+    return seq.prompt_logprobs is not None
 
 
 class KVCacheManager:
@@ -37,7 +47,7 @@ class KVCacheManager:
 
     def get_computed_blocks(self, seq: Sequence) -> tuple[list[KVCacheBlock], int]:
         """(cached blocks of the longest hit prefix, tokens they cover); nothing when caching is off."""
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or skips_cache(seq):
             return [], 0
         max_blocks = (seq.num_tokens - 1) // self.block_size
         hits: list[KVCacheBlock] = []
@@ -53,11 +63,14 @@ class KVCacheManager:
     ) -> bool:
         if num_new_tokens < 1:
             raise ValueError(f"num_new_tokens: must be >= 1, got {num_new_tokens}")
-        if computed_blocks and (seq.block_table or seq.num_computed_tokens):
+        if computed_blocks and (seq.block_table or seq.num_scheduled_tokens):
             raise ValueError("computed_blocks: cache hits only apply to a request that holds no blocks")
-        total = seq.num_computed_tokens + len(computed_blocks) * self.block_size + num_new_tokens
-        if total > seq.num_tokens:
-            raise ValueError(f"num_new_tokens: {num_new_tokens} would pass the request's {seq.num_tokens} tokens")
+        total = seq.num_scheduled_tokens + len(computed_blocks) * self.block_size + num_new_tokens
+        if total > seq.num_tokens + seq.num_pending_samples:
+            raise ValueError(
+                f"num_new_tokens: {num_new_tokens} would pass the request's "
+                f"{seq.num_tokens + seq.num_pending_samples} tokens"
+            )
         num_new_blocks = cdiv(total, self.block_size) - len(seq.block_table) - len(computed_blocks)
         num_touched_free = sum(1 for b in computed_blocks if b.ref_cnt == 0)
         if num_new_blocks + num_touched_free > self.pool.num_free_blocks:
@@ -82,10 +95,16 @@ class KVCacheManager:
             seq.num_cached_blocks = end
 
     def free(self, seq: Sequence) -> None:
-        self.pool.free_blocks(reversed(seq.block_table))
+        self.pool.free_blocks(self.detach(seq))
+
+    def detach(self, seq: Sequence) -> list[KVCacheBlock]:
+        """Take the request's blocks from it, tail first, still referenced: `pool.free_blocks` them (at once,
+        or once no launched step writes them any more)."""
+        blocks = seq.block_table[::-1]
         seq.block_table = []
         seq.block_ids = []
         seq.num_cached_blocks = 0
+        return blocks
 
     def slot(self, seq: Sequence, position: int) -> int:
         """Cache slot of the token at `position`: block id * block_size + offset in the block."""

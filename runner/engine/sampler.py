@@ -26,6 +26,7 @@ from collections.abc import Sequence as Seq
 
 import torch
 
+from runner.engine.host_copy import to_device
 from runner.engine.sampling_params import SamplingParams
 from runner.engine.sequence import Sequence
 
@@ -59,9 +60,9 @@ class SamplingBatch:
             raise ValueError(f"generators: {len(generators)} for {len(params)} rows")
         top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
         return cls(
-            temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
-            top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
-            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+            temperature=to_device([p.temperature for p in params], torch.float32, device),
+            top_k=to_device(top_k, torch.int64, device),
+            top_p=to_device([p.top_p for p in params], torch.float32, device),
             generators=generators,
             all_greedy=all(map(is_greedy, params)),
             any_top_k=any(k < vocab_size for k in top_k),

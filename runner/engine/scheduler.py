@@ -20,9 +20,32 @@ refunded, though FCFS admission makes every planned request older than the one a
 loses its blocks and goes back to the FRONT of the waiting queue with all its tokens (prompt + generated)
 as the prompt to recompute. After a preemption no waiting request is admitted in the same step.
 
-Steps strictly alternate: `schedule()` -> model runs `output` -> `update(output, sampled)`. Computed-token
-counts advance and full blocks enter the prefix cache in `update`, i.e. only after their K/V was written;
-requests that share a prompt in the same step therefore compute it separately (see block_pool).
+Synchronous scheduling: steps strictly alternate, `schedule()` -> model runs `output` -> `update(output,
+sampled)`. Computed-token counts advance and full blocks enter the prefix cache in `update`, i.e. only after
+their K/V was written; requests that share a prompt in the same step therefore compute it separately (see
+block_pool).
+
+Asynchronous scheduling (`async_scheduling`; vLLM's async scheduling, SGLang's overlap scheduler): step N+1
+is scheduled while step N runs, i.e. `schedule()` may be called once more before the oldest step's
+`update`; updates come in step order. A request whose step-N token is not known yet (its sample is
+"pending") gets a 1-token row whose input is a PLACEHOLDER and whose `prev_row` names its row in step N: the
+model runner takes the token from step N's sampled tokens on the device. Tokens in launched steps are
+"in flight" (Sequence.num_inflight_tokens; num_scheduled_tokens = computed + in flight is where the next
+step starts), so nothing is hashed or registered in the prefix cache before it is known and computed: block
+hashes cover the known token ids only, and `update` registers blocks from num_computed_tokens. Consequences,
+each exact:
+- a request whose pending token will finish it by length (max_tokens, max_model_len) is not scheduled again
+  (its next position could lie past the K/V `add` sized it for);
+- a request finished (EOS, stop token) by step N's token may already be in step N+1: that row's token is
+  discarded at N+1's update;
+- blocks a launched step still writes are never freed under it: a finished or aborted request's blocks are
+  held until the last step that scheduled it resolved; a preemption victim gives its other blocks at once
+  (the request that needs them runs in a later step on the same stream, after step N read them) and the
+  ones step N writes once step N resolved;
+- a request preempted while its token is in flight keeps that token: `update` appends it (and may finish
+  the request) although the request waits for its recompute, which therefore is only admitted once its
+  token is known (admission never happens in the step of a preemption, and the next schedule follows N's
+  update).
 
 Finishing (in `update`, after appending the sampled token): EOS (`eos_token_ids`, unless ignore_eos), a
 stop token id, a stop string (`stop_checker(seq)` returns the matched string: the API layer, which holds
@@ -34,15 +57,22 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
 import torch
 
+from runner.engine.block_pool import KVCacheBlock
 from runner.engine.block_table import BlockTableRows
 from runner.engine.kv_cache_manager import KVCacheManager, cdiv
 from runner.engine.sequence import FinishReason, Sequence, SequenceStatus
+
+PLACEHOLDER = -1  # input id of a row whose token the step in flight samples (the model runner fills it in)
+# Planted bugs for negative controls (never in production): "stale_placeholder" feeds a pending row the
+# request's last KNOWN token (step N-1's) instead of step N's; "early_free" frees a leaving request's blocks
+# although a launched step still writes them.
+FAULTS = ("stale_placeholder", "early_free")
 
 
 def _positive(name: str, value: object) -> None:
@@ -60,6 +90,7 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     eos_token_ids: tuple[int, ...] = ()
+    async_scheduling: bool = False  # schedule step N+1 before step N's update (the engine core's default)
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len"):
@@ -88,6 +119,7 @@ class ScheduledSequence:
     token_ids: list[int]
     slot_mapping: list[int]  # cache slot of each new token: block_id * block_size + offset
     samples: bool  # the last new token is the request's last token: its logits give the next token
+    prev_row: int = -1  # >= 0: token_ids is [PLACEHOLDER], the token row prev_row of the step before samples
 
     @property
     def positions(self) -> range:
@@ -121,6 +153,7 @@ class SchedulerOutput:
     preempted: list[Sequence]
     num_batched_tokens: int
     block_table: torch.Tensor  # int32 [B, widest table of the step], rows in `scheduled` order, 0-padded
+    step_id: int = 0  # steps are numbered in scheduling order; prev_row refers to step_id - 1
 
     @property
     def is_empty(self) -> bool:
@@ -170,14 +203,19 @@ StopChecker = Callable[[Sequence], str | None]
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, stop_checker: StopChecker | None = None) -> None:
+    def __init__(self, config: SchedulerConfig, stop_checker: StopChecker | None = None, fault: str | None = None):
+        if fault is not None and fault not in FAULTS:
+            raise ValueError(f"fault: unknown {fault!r}; known {FAULTS}")
         self.config = config
         self.kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.stop_checker = stop_checker
+        self.fault = fault
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # kept sorted by arrival: running[-1] is the preemption victim
         self.tables = BlockTableRows(config.max_num_seqs, cdiv(config.max_model_len, config.block_size))
-        self._pending: SchedulerOutput | None = None
+        self.unresolved: deque[SchedulerOutput] = deque()  # scheduled steps not updated yet, oldest first
+        self._held: defaultdict[int, list[list[KVCacheBlock]]] = defaultdict(list)  # step id -> blocks it writes
+        self._next_step = 0
         self.num_preemptions = 0
         self.num_prompt_tokens_queried = 0  # prefix-cache hit rate = hit / queried
         self.num_prompt_tokens_hit = 0
@@ -207,8 +245,7 @@ class Scheduler:
             if seq.request_id == request_id:
                 if seq.status is SequenceStatus.RUNNING:
                     self.running.remove(seq)
-                    self.kv.free(seq)
-                    self.tables.release(seq)
+                    self._leave(seq)
                 else:
                     self.waiting.remove(seq)
                 seq.finish(FinishReason.ABORT)
@@ -219,11 +256,56 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    # --- blocks a launched step writes ------------------------------------------------------------------------
+    def _in_flight(self, seq: Sequence) -> bool:
+        """A launched step that has not been updated scheduled the request."""
+        return bool(self.unresolved) and seq.last_step >= self.unresolved[0].step_id
+
+    def _leave(self, seq: Sequence) -> None:
+        """A running request finished or was aborted: its blocks go back, held until the last step that
+        scheduled it resolved when that step is still in flight; its table row goes now (steps copied it)."""
+        if self._in_flight(seq) and self.fault != "early_free":
+            self._held[seq.last_step].append(self.kv.detach(seq))
+        else:
+            self.kv.free(seq)
+        self.tables.release(seq)
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Free the victim's blocks except those the step in flight writes (held until it resolved). Only
+        those: holding all of them would free nothing for the request that asked (a preemption is for now)."""
+        if self._in_flight(seq) and self.fault != "early_free":
+            step = self.unresolved[-1]  # at schedule time the only step in flight, and the victim's last
+            entry = step.scheduled[seq.last_row]
+            bs = self.config.block_size
+            first, last = entry.start // bs, (entry.start + entry.num_new_tokens - 1) // bs
+            written = seq.block_table[first : last + 1]
+            kept = {id(b) for b in written}
+            self.kv.pool.free_blocks([b for b in self.kv.detach(seq) if id(b) not in kept])
+            self._held[step.step_id].append(written[::-1])
+        else:
+            self.kv.free(seq)
+        self.tables.release(seq)
+        seq.reset_for_recompute()
+
+    def check_inflight_writes(self) -> None:
+        """Raise AssertionError if a slot some launched step writes lies in a block that neither the step's
+        request nor a hold for that step keeps (it could be handed to another request). Tests call it."""
+        bs = self.config.block_size
+        for step in self.unresolved:
+            held = {id(b) for blocks in self._held.get(step.step_id, ()) for b in blocks}
+            for entry in step.scheduled:
+                owned = held | {id(b) for b in entry.seq.block_table}
+                for slot in entry.slot_mapping:
+                    block = self.kv.pool.blocks[slot // bs]
+                    assert id(block) in owned and block.ref_cnt > 0, (
+                        f"step {step.step_id} writes {block} for {entry.seq}, which no longer holds it"
+                    )
+
     # --- one step ------------------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        if self._pending is not None:
-            raise RuntimeError("schedule: the previous step's update() has not run")
         cfg = self.config
+        if len(self.unresolved) >= (2 if cfg.async_scheduling else 1):
+            raise RuntimeError("schedule: the previous step's update() has not run")
         plan: dict[Sequence, int] = {}  # request -> new tokens, in row order
         preempted: list[Sequence] = []
         budget = cfg.max_num_batched_tokens
@@ -233,9 +315,7 @@ class Scheduler:
             while not self.kv.allocate_slots(seq, n):
                 victim = self.running.pop()
                 budget += plan.pop(victim, 0)
-                self.kv.free(victim)
-                self.tables.release(victim)
-                victim.reset_for_recompute()
+                self._preempt(victim)
                 self.waiting.appendleft(victim)
                 preempted.append(victim)
                 self.num_preemptions += 1
@@ -245,18 +325,21 @@ class Scheduler:
 
         decodes, prefills = [], []
         for seq in self.running:
-            (decodes if len(seq.token_ids) - seq.num_computed_tokens == 1 else prefills).append(seq)
+            ahead = seq.num_unscheduled_tokens
+            if ahead == 0 or (seq.num_pending_samples and self._finishes_by_length(seq)):
+                continue  # its token in flight ends it: nothing to run
+            (decodes if ahead == 1 else prefills).append(seq)
         bs = cfg.block_size
         for seq in decodes:  # max_num_seqs <= budget: every decode fits
             # Fast path (most decode steps of a request): its last block still has a free slot, so there is
             # nothing to allocate and nothing to preempt. A preempted request is no longer RUNNING.
             if seq.status is SequenceStatus.RUNNING and (
-                seq.num_computed_tokens < len(seq.block_ids) * bs or allocate(seq, 1)
+                seq.num_scheduled_tokens < len(seq.block_ids) * bs or allocate(seq, 1)
             ):
                 plan[seq] = 1
                 budget -= 1
         for seq in prefills:
-            n = min(seq.num_uncomputed_tokens, budget)
+            n = min(seq.num_unscheduled_tokens, budget)
             if n == 0:
                 break
             if seq.status is SequenceStatus.RUNNING and allocate(seq, n):
@@ -265,6 +348,8 @@ class Scheduler:
 
         while self.waiting and not preempted and budget > 0 and len(self.running) < cfg.max_num_seqs:
             seq = self.waiting[0]
+            if seq.num_pending_samples:  # its token is in flight (cannot happen: see the module docstring)
+                break
             hits, num_hit = self.kv.get_computed_blocks(seq)
             n = seq.num_tokens - num_hit
             if n > budget and not cfg.enable_chunked_prefill:
@@ -282,63 +367,101 @@ class Scheduler:
             plan[seq] = n
             budget -= n
 
-        scheduled = [self._entry(seq, n) for seq, n in plan.items()]
+        step_id = self._next_step
+        scheduled = []
+        for row, (seq, n) in enumerate(plan.items()):
+            entry = self._entry(seq, n)
+            scheduled.append(entry)
+            seq.num_inflight_tokens += n
+            seq.num_pending_samples += entry.samples
+            seq.last_step, seq.last_row = step_id, row
         tables, width = self.tables, 0
         for seq in plan:
             if seq.table_synced != len(seq.block_ids):
                 tables.sync(seq)
             width = max(width, seq.table_synced)
         table = self.tables.gather(list(plan), width)
-        self._pending = SchedulerOutput(scheduled, preempted, cfg.max_num_batched_tokens - budget, table)
-        return self._pending
+        output = SchedulerOutput(scheduled, preempted, cfg.max_num_batched_tokens - budget, table, step_id)
+        if scheduled:  # an empty step (everything left is in flight) runs nothing and needs no update
+            self._next_step += 1
+            self.unresolved.append(output)
+        return output
+
+    def _finishes_by_length(self, seq: Sequence) -> bool:
+        """Its pending token will finish it by max_tokens or max_model_len."""
+        pending = seq.num_pending_samples
+        return (
+            seq.num_output_tokens + pending >= seq.params.max_tokens
+            or seq.num_tokens + pending >= self.config.max_model_len
+        )
 
     def _entry(self, seq: Sequence, n: int) -> ScheduledSequence:
-        start, bs, ids = seq.num_computed_tokens, self.config.block_size, seq.block_ids
+        start, bs, ids = seq.num_scheduled_tokens, self.config.block_size, seq.block_ids
+        known = seq.num_tokens
         if n == 1:  # a decode token: no slices or comprehensions (256 rows a step)
+            prev_row = -1
+            if start < known:
+                token = seq.token_ids[start]
+            elif self.fault == "stale_placeholder":
+                token = seq.token_ids[-1]
+            else:  # the token the step in flight samples for it
+                token, prev_row = PLACEHOLDER, seq.last_row
             return ScheduledSequence(
                 seq,
                 start,
                 1,
-                [seq.token_ids[start]],
+                [token],
                 [ids[start // bs] * bs + start % bs],
-                start + 1 == len(seq.token_ids),
+                start + 1 == known + seq.num_pending_samples,
+                prev_row,
             )
+        if start + n > known:  # a pending token is always alone in its row (all known tokens were scheduled)
+            raise RuntimeError(f"schedule: {seq} would compute a pending token inside a {n}-token row")
         return ScheduledSequence(
             seq=seq,
             start=start,
             num_new_tokens=n,
             token_ids=seq.token_ids[start : start + n],
             slot_mapping=[ids[p // bs] * bs + p % bs for p in range(start, start + n)],
-            samples=start + n == seq.num_tokens,
+            samples=start + n == known + seq.num_pending_samples,
         )
 
     def update(self, output: SchedulerOutput, sampled_token_ids: Seq[int] | torch.Tensor) -> list[Sequence]:
         """Advance the step's requests; `sampled_token_ids[i]` is row i's token (ignored where the row does
-        not sample). Returns the requests that finished."""
-        if output is not self._pending:
-            raise RuntimeError("update: output is not the step last returned by schedule()")
-        self._pending = None
+        not sample). Steps are updated in the order they were scheduled. Returns the requests that finished."""
+        if not self.unresolved or output is not self.unresolved[0]:
+            raise RuntimeError("update: output is not the oldest step schedule() returned and update() has not seen")
         if isinstance(sampled_token_ids, torch.Tensor):
             sampled_token_ids = sampled_token_ids.tolist()
         if len(sampled_token_ids) != len(output.scheduled):
             raise ValueError(
                 f"sampled_token_ids: {len(sampled_token_ids)} tokens for {len(output.scheduled)} scheduled requests"
             )
+        self.unresolved.popleft()
         finished = []
         for entry, token in zip(output.scheduled, sampled_token_ids, strict=True):
             seq = entry.seq
-            if seq.status is not SequenceStatus.RUNNING:  # aborted between schedule and update
+            if seq.status is SequenceStatus.RUNNING:
+                seq.num_inflight_tokens -= entry.num_new_tokens
+                seq.num_computed_tokens += entry.num_new_tokens
+                self.kv.cache_blocks(seq)
+            elif seq.status is SequenceStatus.FINISHED:  # aborted, or finished by an earlier step's token
                 continue
-            seq.num_computed_tokens += entry.num_new_tokens
-            self.kv.cache_blocks(seq)
+            # else WAITING: preempted while this step ran; its K/V is dropped, the token it sampled is kept
             if not entry.samples:
                 continue
+            seq.num_pending_samples -= 1
             seq.append_token(token)
+            running = seq.status is SequenceStatus.RUNNING
             if self._check_finished(seq):
-                self.running.remove(seq)
-                self.kv.free(seq)
-                self.tables.release(seq)
+                if running:
+                    self.running.remove(seq)
+                    self._leave(seq)
+                else:
+                    self.waiting.remove(seq)
                 finished.append(seq)
+        for blocks in self._held.pop(output.step_id, ()):
+            self.kv.pool.free_blocks(blocks)
         return finished
 
     def _check_finished(self, seq: Sequence) -> bool:

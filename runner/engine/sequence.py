@@ -5,6 +5,11 @@ the cache) and its block table. There is no separate prefill/decode phase: each 
 sequence up to `num_tokens - num_computed_tokens` new tokens (a whole prompt, a prompt chunk, or the one
 token sampled last step), as in vLLM v1.
 
+Under asynchronous scheduling a sequence may also have tokens in flight: scheduled in launched steps whose
+outputs are not known yet (`num_inflight_tokens`; `num_scheduled_tokens` = computed + in flight is where its
+next step starts) and samples of such steps (`num_pending_samples`: tokens not in token_ids yet, so never
+hashed). See runner.engine.scheduler.
+
 Preemption by recompute (`reset_for_recompute`) frees the blocks and sets num_computed_tokens to 0 but keeps
 every generated token: the whole token list is the "prompt" of the recompute, and its full blocks may hit
 the prefix cache again. A seeded request owns a `torch.Generator`, created on the sampler's device on first
@@ -25,6 +30,7 @@ from runner.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from runner.engine.block_pool import KVCacheBlock
+    from runner.engine.messages import TokenLogprobs
 
 
 class SequenceStatus(enum.Enum):
@@ -65,6 +71,12 @@ class Sequence:
         self.token_ids: list[int] = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_computed_tokens = 0
+        # Asynchronous scheduling (runner.engine.scheduler): tokens scheduled in launched steps whose outputs
+        # are not known yet (their K/V is being written), and their samples (tokens not in token_ids yet).
+        self.num_inflight_tokens = 0
+        self.num_pending_samples = 0
+        self.last_step = -1  # the latest step that scheduled it, and its row there
+        self.last_row = -1
         self.block_table: list[KVCacheBlock] = []
         self.block_ids: list[int] = []  # block_table's ids, kept alongside it (the step inputs read these)
         self.num_cached_blocks = 0  # leading blocks of block_table registered in the prefix cache
@@ -75,6 +87,11 @@ class Sequence:
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | str | None = None  # the stop token id or stop string that finished it
         self.num_preemptions = 0
+        # Prompt logprobs gathered chunk by chunk (entry p scores prompt token p; entry 0 stays None), until
+        # they are delivered with the first sampled token; None when not asked for or once delivered.
+        self.prompt_logprobs: list[TokenLogprobs | None] | None = (
+            [None] * self.num_prompt_tokens if params.prompt_logprobs is not None else None
+        )
         self._generator: torch.Generator | None = None
 
     # --- sizes --------------------------------------------------------------------------------------------
@@ -99,6 +116,16 @@ class Sequence:
         return self.num_tokens - self.num_computed_tokens
 
     @property
+    def num_scheduled_tokens(self) -> int:
+        """Tokens whose K/V is in the cache or being written by a launched step: where the next step starts."""
+        return self.num_computed_tokens + self.num_inflight_tokens
+
+    @property
+    def num_unscheduled_tokens(self) -> int:
+        """Tokens no step has taken yet, counting the ones launched steps are sampling."""
+        return self.num_tokens + self.num_pending_samples - self.num_scheduled_tokens
+
+    @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
@@ -110,6 +137,7 @@ class Sequence:
     def reset_for_recompute(self) -> None:
         """After its blocks were freed: everything (generated tokens included) must be computed again."""
         self.num_computed_tokens = 0
+        self.num_inflight_tokens = 0  # K/V a launched step still writes is dropped; a token it samples is kept
         self.block_table = []
         self.block_ids = []
         self.num_cached_blocks = 0

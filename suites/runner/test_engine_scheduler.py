@@ -9,79 +9,142 @@ forced preemption must all give the same tokens (greedy and seeded sampling alik
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+from collections import deque
 
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+import runner.engine.sequence as sequence_mod
 from runner.engine.sampler import SamplingBatch, sample
 from runner.engine.sampling_params import SamplingParams
-from runner.engine.scheduler import Scheduler, SchedulerConfig
+from runner.engine.scheduler import PLACEHOLDER, Scheduler, SchedulerConfig
 from runner.engine.sequence import FinishReason, Sequence, SequenceStatus
 
 VOCAB = 32
 
 
 class FakeModel:
+    """Runs a step at once (the "device"): rows with a placeholder take the token the previous step sampled
+    for them (prev_row), as the model runner does on the GPU. Each row's context is read back through the
+    block table and kept: it is checked against the request's tokens once the step is resolved (under
+    asynchronous scheduling the placeholder's token is only known to the scheduler then)."""
+
     def __init__(self, config: SchedulerConfig):
         self.bs = config.block_size
         self.cache = torch.full((config.num_blocks * config.block_size,), -1, dtype=torch.int64)
         self.cache_pos = self.cache.clone()  # the position each slot was written for (real K/V carry RoPE)
 
-    def __call__(self, out) -> torch.Tensor:
+    def __call__(self, out, prev_tokens=None, strict: bool = True) -> tuple[torch.Tensor, list[list[int]]]:
         inp = out.step_inputs()
-        assert inp.input_ids.tolist() == [
-            t for s in out.scheduled for t in s.seq.token_ids[s.positions.start : s.positions.stop]
-        ]
+        ids, at = inp.input_ids.clone(), 0
+        for s in out.scheduled:
+            if s.prev_row >= 0:
+                assert s.token_ids == [PLACEHOLDER] and prev_tokens is not None
+                ids[at] = prev_tokens[s.prev_row]
+            elif strict:  # the known tokens, as the scheduler knows them
+                assert s.token_ids == s.seq.token_ids[s.positions.start : s.positions.stop], f"{s.seq}: wrong ids"
+            at += s.num_new_tokens
         assert not bool((inp.block_table[:, :1] == 0).any()), "a scheduled row has no block"
-        self.cache[inp.slot_mapping] = inp.input_ids
+        self.cache[inp.slot_mapping] = ids
         self.cache_pos[inp.slot_mapping] = inp.positions
         logits = torch.empty(len(out.scheduled), VOCAB)
+        contexts = []
         for b, s in enumerate(out.scheduled):
             pos = torch.arange(int(inp.seq_lens[b]))
             slots = inp.block_table[b, pos // self.bs].long() * self.bs + pos % self.bs
             ctx = self.cache[slots]
-            assert ctx.tolist() == s.seq.token_ids[: s.seq_len], f"{s.seq} reads a wrong context"
             assert torch.equal(self.cache_pos[slots], pos), f"{s.seq} reads K/V of other positions"
+            contexts.append(ctx.tolist())
             seed = int.from_bytes(hashlib.sha256(str(ctx.tolist()).encode()).digest()[:6], "little")
             logits[b] = torch.randn(VOCAB, generator=torch.Generator().manual_seed(seed)) * 3
-        return logits
+        return logits, contexts
 
 
-def run(config, prompts, params, stop_checker=None):
-    """Serve `prompts` to the end; checks per-step limits and pool invariants. Returns (outputs, scheduler,
-    steps)."""
-    sched = Scheduler(config, stop_checker)
+def _sample(out, logits) -> list[int]:
+    # Only rows whose last token is the request's last sample: a prompt chunk must not advance a seed.
+    rows = [i for i, s in enumerate(out.scheduled) if s.samples]
+    tokens = [0] * len(out.scheduled)
+    if rows:
+        batch = SamplingBatch.from_sequences([out.scheduled[i].seq for i in rows], VOCAB, "cpu")
+        for i, t in zip(rows, sample(logits[rows], batch).tolist(), strict=True):
+            tokens[i] = t
+    return tokens
+
+
+def run(config, prompts, params, stop_checker=None, *, fault=None, strict=True, aborts=None, late=None, order=None):
+    """Serve `prompts` to the end as the engine core does (one step at a time, or under asynchronous scheduling
+        step N+1 scheduled and run before step N's update); checks per-step limits, pool invariants and that no
+        block a launched step writes was freed. `aborts` {request index: n}: abort it (as a frontend's stop string
+        would) once it has n output tokens; `late` {request index: k}: add it after k resolved steps; `order`
+        collects ("schedule" | "update", step id). Returns ((output tokens, finish reason, stop reason) per request,
+    scheduler, steps)."""
+    sched = Scheduler(config, stop_checker, fault)
     seqs = [Sequence(p, q, block_size=config.block_size) for p, q in zip(prompts, params, strict=True)]
-    for s in seqs:
-        sched.add(s)
-    model, steps = FakeModel(config), []
-    while sched.has_unfinished:
+    late = dict(late or {})
+    for i, s in enumerate(seqs):
+        if i not in late:
+            sched.add(s)
+    model, steps, inflight = FakeModel(config), [], deque()
+
+    def launch() -> bool:
         out = sched.schedule()
-        assert out.scheduled, "a step with requests left scheduled nothing"
+        if not out.scheduled:
+            assert inflight, "a step with requests left scheduled nothing"
+            return False
+        if order is not None:
+            order.append(("schedule", out.step_id))
         assert out.num_batched_tokens == sum(s.num_new_tokens for s in out.scheduled)
         assert out.num_batched_tokens <= config.max_num_batched_tokens
         assert len(sched.running) <= config.max_num_seqs
         assert not {id(s) for s in out.preempted} & {id(s.seq) for s in out.scheduled}
         assert all(s.status is SequenceStatus.WAITING and s.block_table == [] for s in out.preempted)
-        logits = model(out)
-        # Only rows whose last token is the request's last sample: a prompt chunk must not advance a seed.
-        rows = [i for i, s in enumerate(out.scheduled) if s.samples]
-        tokens = [0] * len(out.scheduled)
-        if rows:
-            batch = SamplingBatch.from_sequences([out.scheduled[i].seq for i in rows], VOCAB, "cpu")
-            for i, t in zip(rows, sample(logits[rows], batch).tolist(), strict=True):
-                tokens[i] = t
+        for s in out.scheduled:  # hashes cover known tokens only (the sequence's own hash function)
+            assert s.seq.block_hashes == sequence_mod.extend_block_hashes([], s.seq.token_ids, config.block_size)
+        sched.check_inflight_writes()
+        logits, contexts = model(out, inflight[-1][1] if inflight else None, strict)
+        inflight.append((out, _sample(out, logits), contexts))
+        return True
+
+    def resolve() -> None:
+        out, tokens, contexts = inflight.popleft()
+        if order is not None:
+            order.append(("update", out.step_id))
         sched.update(out, tokens)
+        if strict:
+            for s, ctx in zip(out.scheduled, contexts, strict=True):
+                assert ctx == s.seq.token_ids[: s.seq_len], f"{s.seq} read a wrong context"
         sched.kv.pool.check_invariants()
+        sched.check_inflight_writes()
         steps.append(out)
+        for i, n in (aborts or {}).items():
+            if seqs[i].num_output_tokens >= n and not seqs[i].is_finished:
+                sched.abort(seqs[i].request_id)
+
+    while True:
+        idle = not sched.has_unfinished and not inflight
+        for i, k in list(late.items()):  # arrivals between steps (all of them, rather than idle)
+            if len(steps) >= k or idle:
+                sched.add(seqs[i])
+                del late[i]
+        if not sched.has_unfinished and not inflight:
+            break
+        if not config.async_scheduling:
+            assert launch()
+        elif not inflight:
+            assert launch()
+            launch()
+        else:
+            launch()
+        resolve()
         assert len(steps) < 2000
     pool = sched.kv.pool
     assert all(b.ref_cnt == 0 for b in pool.blocks) and pool.num_free_blocks == pool.num_blocks - 1
     assert not sched.tables.table.any()  # every block-table row was released and zeroed
-    return [s.output_token_ids for s in seqs], sched, steps
+    return [(s.output_token_ids, s.finish_reason, s.stop_reason) for s in seqs], sched, steps
 
 
 def workload(num, shared, seed):
@@ -115,34 +178,42 @@ def cfg(**kw):
 
 @given(num=st.integers(2, 6), shared=st.integers(0, 13), seed=st.integers(0, 2**16))
 def test_same_tokens_with_caching_chunking_and_preemption(num, shared, seed):
+    """Every configuration, with synchronous and asynchronous scheduling, gives the tokens of the plain
+    synchronous run."""
     prompts, params = workload(num, shared, seed)
     want, _, _ = run(cfg(), prompts, params)
     # A prompt of <= 24 tokens + <= 10 generated needs <= 9 blocks: 10 (9 usable) is the tightest cache.
     for config in (
+        cfg(),
         cfg(enable_prefix_caching=True),
         cfg(enable_chunked_prefill=True, max_num_batched_tokens=8),
         cfg(enable_chunked_prefill=True, enable_prefix_caching=True, max_num_batched_tokens=8, max_num_seqs=3),
         cfg(num_blocks=10, enable_prefix_caching=True),  # 9 usable blocks: preemption is forced
         cfg(num_blocks=10, enable_chunked_prefill=True, max_num_batched_tokens=8),
     ):
-        got, _, _ = run(config, prompts, params)
-        assert got == want, config
+        for overlap in (False, True):
+            got, _, _ = run(dataclasses.replace(config, async_scheduling=overlap), prompts, params)
+            assert got == want, (config, overlap)
 
 
-def test_the_equivalence_runs_really_hit_chunk_and_preempt():
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "async"])
+def test_the_equivalence_runs_really_hit_chunk_and_preempt(overlap):
     prompts, params = workload(6, 9, 7)
-    _, cached, _ = run(cfg(enable_prefix_caching=True, max_num_seqs=2), prompts, params)
+    _, cached, _ = run(cfg(enable_prefix_caching=True, max_num_seqs=2, async_scheduling=overlap), prompts, params)
     assert cached.num_prompt_tokens_hit >= 8 * 4  # later prompts reuse the 2 full shared blocks
-    _, _, steps = run(cfg(enable_chunked_prefill=True, max_num_batched_tokens=8), prompts, params)
+    _, _, steps = run(
+        cfg(enable_chunked_prefill=True, max_num_batched_tokens=8, async_scheduling=overlap), prompts, params
+    )
     assert any(not s.samples for out in steps for s in out.scheduled)  # some prompt was split
-    _, tight, steps = run(cfg(num_blocks=10), prompts, params)
+    _, tight, steps = run(cfg(num_blocks=10, async_scheduling=overlap), prompts, params)
     assert tight.num_preemptions > 0 and any(out.preempted for out in steps)
+    if overlap:  # some decode row really ran on a token its scheduler did not know yet
+        assert any(s.prev_row >= 0 for out in steps for s in out.scheduled)
 
 
 def test_negative_control_unchained_hashes_serve_a_wrong_prefix(monkeypatch):
     """A planted bug the suite must catch: block hashes without the parent link let a block of equal tokens
     at another position (after another prefix) hit."""
-    import runner.engine.sequence as sequence_mod
     from runner.engine.hashing import hash_block_tokens
 
     def unchained(hashes, token_ids, block_size):

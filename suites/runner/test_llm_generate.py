@@ -1,11 +1,13 @@
 """End-to-end generation with the real SmolLM2-135M-Instruct on CPU (fp32): engine configurations that must
 not change a greedy token (prefix caching on/off, chunked prefill with a tiny token budget, preemption
-forced by a tiny KV cache), seeded sampling, stop strings and ignore_eos.
+forced by a tiny KV cache), seeded sampling, stop strings and ignore_eos, each with asynchronous scheduling
+on and off.
 
-Each configuration's tokens are compared with a baseline engine with prefix caching off and a budget that
-takes every prompt whole (one prefill step, then decodes: no reuse, no chunking, no preemption); that
-baseline agrees with a request run alone. HF parity of the model itself is runner-model's suite
-(test_model_*). The CPU costs about a model's fp32 weights (0.5 GB) read per step, so tests count steps."""
+Each configuration's tokens are compared with a baseline engine with prefix caching off, synchronous
+scheduling and a budget that takes every prompt whole (one prefill step, then decodes: no reuse, no
+chunking, no preemption); that baseline agrees with a request run alone. HF parity of the model itself is
+runner-model's suite (test_model_*). The CPU costs about a model's fp32 weights (0.5 GB) read per step, so
+tests count steps."""
 
 from __future__ import annotations
 
@@ -42,7 +44,10 @@ def _llm(smollm2, **kwargs) -> LLM:
 
 @pytest.fixture(scope="module")
 def baseline_outputs(smollm2):
-    return _llm(smollm2, enable_prefix_caching=False).generate(PROMPTS, GREEDY, use_tqdm=False)
+    return _llm(smollm2, enable_prefix_caching=False, async_scheduling=False).generate(PROMPTS, GREEDY, use_tqdm=False)
+
+
+OVERLAP = pytest.mark.parametrize("overlap", [False, True], ids=["sync", "async"])
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +55,9 @@ def baseline(baseline_outputs) -> list[list[int]]:
     return [o.token_ids for o in baseline_outputs]
 
 
-def test_baseline_batch_agrees_with_a_request_alone(smollm2, baseline):
-    alone = _llm(smollm2, enable_prefix_caching=False, max_num_seqs=1)
+@OVERLAP
+def test_baseline_batch_agrees_with_a_request_alone(smollm2, baseline, overlap):
+    alone = _llm(smollm2, enable_prefix_caching=False, max_num_seqs=1, async_scheduling=overlap)
     assert _tokens(alone, PROMPTS[1:2]) == baseline[1:2]
 
 
@@ -61,15 +67,16 @@ def _tokens(llm: LLM, prompts=PROMPTS, params=GREEDY) -> list[list[int]]:
     return [o.token_ids for o in outs]
 
 
-def _with_prefix_hits(smollm2) -> tuple[list[list[int]], int]:
+def _with_prefix_hits(smollm2, overlap: bool = True) -> tuple[list[list[int]], int]:
     """(tokens, prompt tokens served from the prefix cache) of the batch after one prompt filled the cache."""
-    llm = _llm(smollm2, enable_prefix_caching=True)
+    llm = _llm(smollm2, enable_prefix_caching=True, async_scheduling=overlap)
     llm.generate(PROMPTS[:1], SamplingParams(max_tokens=1), use_tqdm=False)
     return _tokens(llm), llm.engine.scheduler.num_prompt_tokens_hit
 
 
-def test_prefix_caching_gives_the_same_tokens(smollm2, baseline):
-    tokens, hit = _with_prefix_hits(smollm2)
+@OVERLAP
+def test_prefix_caching_gives_the_same_tokens(smollm2, baseline, overlap):
+    tokens, hit = _with_prefix_hits(smollm2, overlap)
     assert tokens == baseline
     assert hit >= 16 * (len(PROMPTS) - 1)  # every related prompt reused at least a block
 
@@ -92,22 +99,27 @@ def test_negative_control_a_runner_that_forgets_the_cached_prefix_is_caught(smol
     assert hit > 0 and tokens != baseline
 
 
-def test_chunked_prefill_gives_the_same_tokens(smollm2, baseline):
-    llm = _llm(smollm2, max_num_batched_tokens=24, max_num_seqs=8)  # every prompt is cut into chunks
+@OVERLAP
+def test_chunked_prefill_gives_the_same_tokens(smollm2, baseline, overlap):
+    llm = _llm(smollm2, max_num_batched_tokens=24, max_num_seqs=8, async_scheduling=overlap)  # prompts in chunks
     assert _tokens(llm) == baseline
     assert llm.engine.stats.prompt_chunks >= 4  # rows that computed part of a prompt and sampled nothing
 
 
-def test_forced_preemption_gives_the_same_tokens(smollm2, baseline):
-    llm = _llm(smollm2, num_kv_blocks=14)  # 13 usable blocks of 16 tokens for 8 requests of ~40-70 tokens
+@OVERLAP
+def test_forced_preemption_gives_the_same_tokens(smollm2, baseline, overlap):
+    # 13 usable blocks of 16 tokens for 8 requests of ~40-70 tokens
+    llm = _llm(smollm2, num_kv_blocks=14, async_scheduling=overlap)
     assert _tokens(llm) == baseline
     assert llm.engine.scheduler.num_preemptions > 0
 
 
-def test_seeded_sampling_is_reproducible_and_batch_independent(smollm2):
+@OVERLAP
+def test_seeded_sampling_is_reproducible_and_batch_independent(smollm2, overlap):
     params = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=1234, max_tokens=12, ignore_eos=True)
-    alone = _tokens(_llm(smollm2), PROMPTS[1:2], params)[0]
-    chunked = _llm(smollm2, max_num_batched_tokens=16, max_num_seqs=4)  # chunks sample nothing: same stream
+    alone = _tokens(_llm(smollm2, async_scheduling=False), PROMPTS[1:2], params)[0]
+    # chunks sample nothing: the same stream
+    chunked = _llm(smollm2, max_num_batched_tokens=16, max_num_seqs=4, async_scheduling=overlap)
     others = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)
     mixed = chunked.generate([PROMPTS[0], PROMPTS[1], PROMPTS[2]], [others, params, others], use_tqdm=False)
     assert mixed[1].token_ids == alone
@@ -115,8 +127,9 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(smollm2):
     assert reseeded != alone
 
 
-def test_stop_string_cuts_the_text_and_finishes(smollm2, baseline_outputs):
-    llm = _llm(smollm2)
+@OVERLAP
+def test_stop_string_cuts_the_text_and_finishes(smollm2, baseline_outputs, overlap):
+    llm = _llm(smollm2, async_scheduling=overlap)
     prompt, free = PROMPTS[-1], baseline_outputs[-1]
     text = free.text
     stop = text.strip()[4:7]  # three characters inside the completion, likely spanning a token boundary
@@ -128,8 +141,9 @@ def test_stop_string_cuts_the_text_and_finishes(smollm2, baseline_outputs):
     assert out.token_ids == free.token_ids[: len(out.token_ids)] and len(out.token_ids) < len(free.token_ids)
 
 
-def test_ignore_eos_runs_past_the_end_of_turn(smollm2):
-    llm = _llm(smollm2)
+@OVERLAP
+def test_ignore_eos_runs_past_the_end_of_turn(smollm2, overlap):
+    llm = _llm(smollm2, async_scheduling=overlap)
     chat = [{"role": "user", "content": "What is 2+2? Reply with the number only."}]
     ended = llm.chat(chat, SamplingParams(temperature=0.0, max_tokens=24), use_tqdm=False)[0]
     eos = llm.tokenizer.eos_token_id

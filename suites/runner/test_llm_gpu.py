@@ -102,10 +102,13 @@ def test_engine_stays_under_its_memory_fraction_with_graphs_and_sampling(device,
 
 
 @pytest.mark.gpu_only(reason="captures and replays CUDA graphs")
-def test_graph_decode_gives_the_eager_tokens(device):
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "async"])
+def test_graph_decode_gives_the_eager_tokens(device, overlap):
     """A tiny dummy Llama in bf16: decode through CUDA graphs (capture sizes 1, 2, 4, 8) gives the tokens of
     enforce_eager. The batch goes 5 -> 3 -> 2 -> 1 as requests finish: 5 and 3 replay padded graphs (8 and 4),
-    and after the 5-row steps the 4 graph's padding row is a stale row of a finished request (must be reset)."""
+    and after the 5-row steps the 4 graph's padding row is a stale row of a finished request (must be reset).
+    The eager run schedules one step at a time; the graph run with and without asynchronous scheduling (whose
+    decode rows take the previous step's tokens on the device, before the replay)."""
     from runner import LLM, SamplingParams
     from runner.model.config import LlamaConfig
     from runner.model.llama import LlamaForCausalLM
@@ -138,6 +141,7 @@ def test_graph_decode_gives_the_eager_tokens(device):
             max_model_len=128,
             num_kv_blocks=64,
             enforce_eager=eager,
+            async_scheduling=overlap and not eager,
         )
         graphs = llm.engine.runner.graphs.graphs
         assert sorted(graphs) == ([] if eager else [1, 2, 4, 8])
