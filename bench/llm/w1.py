@@ -58,13 +58,17 @@ def _our_row(
     warm = dataclasses.replace(workload, requests=2, seed=workload.seed + 1000).prompts(vocab)
     llm.generate(warm, dataclasses.replace(params, max_tokens=4), use_tqdm=False)
     sync = torch.cuda.synchronize if llm.device.type == "cuda" else (lambda: None)
+    engine = llm.engine
+    engine.stats = type(engine.stats)()
+    engine.runner.gpu_timing = llm.device.type == "cuda"
     sync()
     started = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     sync()
     seconds = time.perf_counter() - started
+    engine.runner.gpu_timing = False
+    timed = engine.stats
     tokens = sum(len(o.token_ids) for o in outs)
-    engine = llm.engine
     engine.stats = type(engine.stats)()
     if phases:
         engine.time_phases = True
@@ -79,6 +83,10 @@ def _our_row(
         output_tokens=tokens,
         seconds=seconds,
         output_tok_per_s=tokens / seconds,
+        timed_steps=timed.steps,
+        gpu_ms_per_step=timed.gpu_s / max(timed.steps, 1) * 1e3,
+        host_ms_per_step=(seconds - timed.collect_s) / max(timed.steps, 1) * 1e3,
+        wait_ms_per_step=timed.collect_s / max(timed.steps, 1) * 1e3,
         steps=s.steps,
         schedule_s=s.schedule_s,
         prepare_s=s.prepare_s,

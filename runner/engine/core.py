@@ -47,6 +47,8 @@ class EngineStats(StepTimes):
     postprocess_s: float = 0.0
     prompt_chunks: int = 0  # scheduled rows that computed part of a prompt and sampled nothing
     output_tokens: int = 0
+    collect_s: float = 0.0  # the host waiting for steps' results (the device was behind)
+    gpu_s: float = 0.0  # the device's time per step, summed (runner.gpu_timing on CUDA only)
 
 
 class EngineCore:
@@ -148,8 +150,12 @@ class EngineCore:
         """Wait for the oldest launched step and apply it: the scheduler's update, then the deltas."""
         launched = self._inflight.popleft()
         output, stats = launched.output, self.stats
+        waited = time.perf_counter()
         result = self.runner.collect(launched)
         started = time.perf_counter()
+        stats.collect_s += started - waited
+        if launched.started is not None:
+            stats.gpu_s += launched.started.elapsed_time(launched.done) / 1e3
         finished = self.scheduler.update(output, result.tokens)
         deltas = self._deltas(output, result)
         for seq in finished:

@@ -96,6 +96,7 @@ class LaunchedStep:
     spans: list[prompt_logprobs.PromptSpan]
     prompt: LogprobTensors | None  # host copies, the spans' positions in order
     done: torch.cuda.Event | None  # recorded after the copies (CUDA only)
+    started: torch.cuda.Event | None = None  # recorded before the step's first kernel (with gpu_timing only)
 
 
 class ModelRunner:
@@ -131,6 +132,8 @@ class ModelRunner:
         )
         self.graphs.capture()
         self._last: LaunchedStep | None = None  # the step launched last (its sampled tokens feed the next)
+        # CUDA: time every step's device work with a pair of timing events (the step profile of bench.llm.w1)
+        self.gpu_timing = False
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         return self.model(input_ids, positions, batch, self.kv_caches)
@@ -144,6 +147,10 @@ class ModelRunner:
         """Queue the step on the device (nothing here waits for the device on CUDA); `collect` reads it."""
         clock = _Clock(self.device, times)
         rows, device = output.scheduled, self.device
+        timed = self.gpu_timing and device.type == "cuda"
+        started = torch.cuda.Event(enable_timing=True) if timed else None
+        if started is not None:
+            started.record(torch.cuda.current_stream(device))
         # Always max_blocks wide, not the step's widest table: the attention kernels then see one table stride
         # for the whole run (a new stride could recompile them, ~1 s, inside a timed run).
         inputs = self.packer.pack(output, self.max_blocks)
@@ -196,10 +203,19 @@ class ModelRunner:
             clock.lap("model_s")
         done = None
         if copy:
-            done = torch.cuda.Event()
+            done = torch.cuda.Event(enable_timing=timed)
             done.record(torch.cuda.current_stream(device))
         self._last = LaunchedStep(
-            output, sampling, sampled, host_tokens, [sampling[j] for j in logprob_rows], logprobs, spans, prompt, done
+            output,
+            sampling,
+            sampled,
+            host_tokens,
+            [sampling[j] for j in logprob_rows],
+            logprobs,
+            spans,
+            prompt,
+            done,
+            started,
         )
         return self._last
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from suites.runner.cli_run import heavy, missing_device, run_command
+from suites.runner.conftest import require_model_packages
 
 CASES = [
     # (case, arguments after the prompt, what the one line must name)
@@ -38,8 +39,10 @@ def test_empty_prompt_is_one_line():
 
 
 def test_missing_device_is_one_line_before_the_model_loads():
-    device = missing_device()
-    done, errors, imported = run_command("runner.cli", "hi", "--device", device)
+    device = missing_device()  # a dummy shape: the check must not depend on the model package being installed
+    done, errors, imported = run_command(
+        "runner.cli", "hi", "--model", "smollm2-135m", "--load-format", "dummy", "--device", device
+    )
     assert done.returncode == 2, (done.returncode, errors)
     assert len(errors) == 1 and f"--device {device}" in errors[0], errors
     assert "Traceback" not in done.stderr
@@ -48,6 +51,7 @@ def test_missing_device_is_one_line_before_the_model_loads():
 
 def test_unreadable_gguf_file_is_one_line(tmp_path):
     """Past the early checks (it is a .gguf file), the load itself finds it is not GGUF: still one line."""
+    require_model_packages()  # the gguf reader itself (the GPU image has none)
     bad = tmp_path / "weights.gguf"
     bad.write_bytes(b"not a gguf file at all" * 10)
     done, errors, _ = run_command("runner.cli", "hi", "--model", str(bad), "--device", "cpu")
