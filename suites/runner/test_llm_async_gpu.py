@@ -77,6 +77,12 @@ def test_host_schedules_step_n_plus_one_while_the_gpu_runs_step_n(device, overla
         async_scheduling=overlap,
     )
     core = llm.engine
+    # Warm up first: the first run of each shape compiles Triton kernels on the host (hundreds of ms, inside a
+    # step's launch), long enough for the GPU to finish the step before that one.
+    llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+    torch.cuda.synchronize()
+    timed.ends.clear()
+    first_step = core.scheduler._next_step
     sched, runner = core.scheduler, core.runner
     schedule, launch = sched.schedule, runner.launch
     seen = {}  # step id -> (host seconds since the base event, did the GPU finish the step before?)
@@ -84,8 +90,8 @@ def test_host_schedules_step_n_plus_one_while_the_gpu_runs_step_n(device, overla
 
     def on_schedule():
         out = schedule()
-        if out.scheduled and out.step_id > 0:
-            seen[out.step_id] = (time.perf_counter() - t0, timed.ends[out.step_id - 1].query())
+        if out.scheduled and out.step_id > first_step:
+            seen[out.step_id] = (time.perf_counter() - t0, timed.ends[out.step_id - 1 - first_step].query())
         return out
 
     def on_launch(out, times=None):
@@ -108,7 +114,7 @@ def test_host_schedules_step_n_plus_one_while_the_gpu_runs_step_n(device, overla
     assert all(len(o.token_ids) == 8 for o in outs) and len(seen) >= 7
     assert all(step.host_tokens.is_pinned() for step in launched if step.host_tokens is not None)
     # The base event ran no earlier than ~t0 on the host's clock, so t0 + elapsed is no later than the GPU's end.
-    gpu_end = {n: base.elapsed_time(timed.ends[n - 1]) / 1e3 for n in seen}
+    gpu_end = {n: base.elapsed_time(timed.ends[n - 1 - first_step]) / 1e3 for n in seen}
     if overlap:
         assert all(not finished for _, finished in seen.values())
         assert all(host < gpu_end[n] for n, (host, _) in seen.items())
