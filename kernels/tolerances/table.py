@@ -23,6 +23,7 @@ from kernels.tolerances.families import (
     PAGED_DECODE,
     PAGED_PREFILL,
     RMS_NORM,
+    RUNNER_LOGPROBS,
     SSD_ORDERS,
     TINY_HYBRID_ORDERS,
     W4A16_MXFP4_GEMM,
@@ -219,6 +220,15 @@ AGREEMENT: dict[tuple[str, torch.dtype], AgreementBound] = {
         (
             "SmolLM2-135M-Instruct fp32 CPU, first-step logits of 8 chat prompts vs HF transformers 5.17 (sdpa, "
             "left-padded batch) on the same GGUF: worst 5.5e-5 at max |logit| 34.6 = 1.6e-6; ~12x that."
+        ),
+    ),
+    (RUNNER_LOGPROBS, torch.float32): AgreementBound(
+        6e-6,
+        (
+            "Engine logprobs (runner.engine.logprobs: sampled and prompt tokens, their top-20) vs log_softmax of one "
+            "forward over the whole sequence, fp32 CPU, chunked (budgets 5 and 8) and whole prefills: worst 2.1e-7 "
+            "of max(|logprobs of the position|, 1) on the tiny dummy Llama (20 seeds, 3 prompts of 1-30 tokens, 8 "
+            "greedy tokens), 6.4e-7 on SmolLM2-135M (4 prompts, 6 tokens); ~10x that."
         ),
     ),
 }

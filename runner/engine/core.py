@@ -3,7 +3,8 @@ same object serves in-process (`LLM`) and inside an engine-core process (runner.
 
 One step = schedule -> run the model -> update (the scheduler appends each sampled token and decides EOS, stop
 token ids, max_tokens and max_model_len; finished requests free their blocks and full blocks enter the prefix
-cache). The step's `StepOutputs` carry every request's new tokens. Text is not the core's business: stop
+cache). The step's `StepOutputs` carry every request's new tokens, with their logprobs where asked for, and
+a request's prompt logprobs once, with its first token. Text is not the core's business: stop
 strings are matched by the frontend on the text it detokenizes (runner.engine.output_processor), which then
 aborts the request here.
 
@@ -17,8 +18,8 @@ import dataclasses
 import time
 
 from runner.engine.messages import AddRequest, CoreLoad, Ready, RequestDelta, StepOutputs
-from runner.engine.model_runner import ModelRunner, StepTimes
-from runner.engine.scheduler import Scheduler
+from runner.engine.model_runner import ModelRunner, StepResult, StepTimes
+from runner.engine.scheduler import Scheduler, SchedulerOutput
 from runner.engine.sequence import Sequence
 
 
@@ -106,18 +107,10 @@ class EngineCore:
                 raise RuntimeError("step: requests are waiting but none could be scheduled")
             return StepOutputs([], self.load())
         scheduled = now()
-        tokens = self.runner.execute(output, stats if self.time_phases else None)
+        result = self.runner.execute(output, stats if self.time_phases else None)
         ran = now()
-        finished = self.scheduler.update(output, tokens)
-        deltas = []
-        for entry, token in zip(output.scheduled, tokens, strict=True):
-            seq = entry.seq
-            if token < 0 or seq.request_id not in self._live:
-                continue
-            delta = RequestDelta(seq.request_id, [token])
-            if seq.is_finished:
-                delta.finish_reason, delta.stop_reason = seq.finish_reason.value, seq.stop_reason
-            deltas.append(delta)
+        finished = self.scheduler.update(output, result.tokens)
+        deltas = self._deltas(output, result)
         for seq in finished:
             self._live.pop(seq.request_id, None)
         done = now()
@@ -128,3 +121,26 @@ class EngineCore:
         stats.prompt_chunks += sum(not entry.samples for entry in output.scheduled)
         stats.output_tokens += len(deltas)
         return StepOutputs(deltas, self.load())
+
+    def _deltas(self, output: SchedulerOutput, result: StepResult) -> list[RequestDelta]:
+        """The step's new token per live request that sampled one, with its logprobs when asked for, and the
+        request's prompt logprobs with its first token (gathered here, chunk by chunk, until then)."""
+        rows = output.scheduled
+        for row, first, entries in result.prompt_logprobs:
+            buffer = rows[row].seq.prompt_logprobs
+            if buffer is not None:
+                buffer[first : first + len(entries)] = entries
+        deltas = []
+        for row, (entry, token) in enumerate(zip(rows, result.tokens, strict=True)):
+            seq = entry.seq
+            if token < 0 or seq.request_id not in self._live:
+                continue
+            delta = RequestDelta(seq.request_id, [token])
+            if (logprobs := result.logprobs.get(row)) is not None:
+                delta.new_logprobs = [logprobs]
+            if seq.prompt_logprobs is not None:  # its first token: the prompt is scored to the end
+                delta.prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, None
+            if seq.is_finished:
+                delta.finish_reason, delta.stop_reason = seq.finish_reason.value, seq.stop_reason
+            deltas.append(delta)
+        return deltas

@@ -96,6 +96,7 @@ def build_core(config: EngineConfig, loaded: tuple | None = None, tokenizer: boo
         max_model_len=max_model_len,
         capture_sizes=sizes,
         enforce_eager=config.enforce_eager,
+        max_logits_rows=config.max_num_seqs,
     )
     core = EngineCore(scheduler, runner, model_config.vocab_size, time_phases=config.time_phases)
     return core, loaded

@@ -5,7 +5,10 @@
   through the model to give the logits of the next one (vLLM `max_cache_hit_length = num_tokens - 1`;
   the zero-length-query bug of nano-vllm #144). Hits are whole blocks, so the cap is rounded DOWN to a
   block boundary: (num_tokens - 1) // block_size blocks. A prompt of exactly k blocks thus reuses k - 1 and
-  recomputes its whole last block (as vLLM PR #11186 does), never a block-internal tail.
+  recomputes its whole last block (as vLLM PR #11186 does), never a block-internal tail. A request that
+  still needs prompt logprobs takes no hits (`skips_cache`): a cached position is never run, so it has no
+  logits to score the next prompt token with (vLLM's KVCacheManager.get_computed_blocks skips the cache for
+  such requests too).
 - `allocate_slots(seq, num_new_tokens, computed_blocks)`: take the hit blocks (touch) and enough new blocks
   that seq.num_computed_tokens + hits + num_new_tokens tokens have slots; all or nothing: returns False and
   changes nothing if the free queue is too short (counting the hit blocks a touch would take out of it).
@@ -23,6 +26,11 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def skips_cache(seq: Sequence) -> bool:
+    """The request must compute every prompt position itself (its prompt logprobs are not delivered yet)."""
+    return seq.prompt_logprobs is not None
+
+
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
@@ -37,7 +45,7 @@ class KVCacheManager:
 
     def get_computed_blocks(self, seq: Sequence) -> tuple[list[KVCacheBlock], int]:
         """(cached blocks of the longest hit prefix, tokens they cover); nothing when caching is off."""
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or skips_cache(seq):
             return [], 0
         max_blocks = (seq.num_tokens - 1) // self.block_size
         hits: list[KVCacheBlock] = []

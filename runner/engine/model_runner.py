@@ -5,7 +5,10 @@ runner.model.attention.AttentionBatch; runner.engine.step_tensors, two host-to-d
 model (a decode step through the CUDA graph of the next size up where graphs are captured, else eagerly),
 computes the logits of the rows that sample (each sampling request's last new token; a prompt chunk that is
 not the last samples nothing, so a seeded request's generator never advances on it) and samples them
-(runner.engine.sampler).
+(runner.engine.sampler). Rows whose request asked for logprobs get them from the same logits
+(runner.engine.logprobs); a row of a request that asked for prompt logprobs also gets the logits of each of
+its prompt positions (runner.engine.prompt_logprobs). `launch` queues all of it and starts the copies of
+the results to the host; `collect` waits for them.
 
 The KV cache is one buffer for all layers (reference.kv.allocate with a FullAttentionSpec in the model
 dtype, NHD, K then V in each block); kv_caches[i] = (K view, V view) of layer i. Block 0 is the block
@@ -21,10 +24,13 @@ import torch
 
 from reference.kv.allocate import KVCache, allocate_kv_cache
 from reference.kv.attention import FullAttentionSpec
+from runner.engine import prompt_logprobs
 from runner.engine.cuda_graphs import DecodeGraphs, DecodeInputs
+from runner.engine.logprobs import LogprobTensors, token_logprobs
+from runner.engine.messages import TokenLogprobs
 from runner.engine.sampler import SamplingBatch, is_greedy, sample
 from runner.engine.scheduler import SchedulerOutput, StepInputs
-from runner.engine.step_tensors import StepPacker
+from runner.engine.step_tensors import StepPacker, to_device
 from runner.model.attention import AttentionBatch
 
 
@@ -64,6 +70,32 @@ class StepTimes:
     sample_s: float = 0.0
 
 
+@dataclasses.dataclass
+class StepResult:
+    """What one step gave, on the host: a token per scheduled row (-1 where the row does not sample), the
+    logprobs of the sampled tokens of the rows that asked, and the prompt logprobs the step scored."""
+
+    tokens: list[int]
+    logprobs: dict[int, TokenLogprobs] = dataclasses.field(default_factory=dict)  # row -> its token's
+    prompt_logprobs: list[tuple[int, int, list[TokenLogprobs]]] = dataclasses.field(default_factory=list)
+    # (row, position of the first scored prompt token, one entry per scored token)
+
+
+@dataclasses.dataclass
+class LaunchedStep:
+    """A step queued on the device: its outputs being copied to the host, valid once `done` completed."""
+
+    output: SchedulerOutput
+    sampling: list[int]  # rows that sample, in order: row sampling[j]'s token is sampled[j]
+    sampled: torch.Tensor | None  # int64 [S] on the device
+    host_tokens: torch.Tensor | None  # its host copy
+    logprob_rows: list[int]  # rows whose sampled token's logprobs were asked for
+    logprobs: LogprobTensors | None  # host copies, one position per logprob row
+    spans: list[prompt_logprobs.PromptSpan]
+    prompt: LogprobTensors | None  # host copies, the spans' positions in order
+    done: torch.cuda.Event | None  # recorded after the copies (CUDA only)
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -77,10 +109,12 @@ class ModelRunner:
         max_model_len: int,
         capture_sizes: list[int] | tuple[int, ...] = (),
         enforce_eager: bool = False,
+        max_logits_rows: int = 256,
     ):
         self.model, self.config = model, config
         self.device = torch.device(device)
         self.block_size = block_size
+        self.max_logits_rows = max_logits_rows  # logits computed at once for prompt logprobs (max_num_seqs)
         self.cache, self.kv_caches = allocate_kv(config, num_blocks, block_size, dtype, self.device)
         self.max_blocks = -(-max_model_len // block_size)
         self.packer = StepPacker(self.device)
@@ -98,45 +132,92 @@ class ModelRunner:
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch) -> torch.Tensor:
         return self.model(input_ids, positions, batch, self.kv_caches)
 
+    def execute(self, output: SchedulerOutput, times: StepTimes | None = None) -> StepResult:
+        """Run one step and wait for it: `launch` then `collect`."""
+        return self.collect(self.launch(output, times))
+
     @torch.inference_mode()
-    def execute(self, output: SchedulerOutput, times: StepTimes | None = None) -> list[int]:
-        """One token per scheduled row (in `output.scheduled` order); -1 where the row does not sample."""
+    def launch(self, output: SchedulerOutput, times: StepTimes | None = None) -> LaunchedStep:
+        """Queue the step on the device (nothing here waits for the device on CUDA); `collect` reads it."""
         clock = _Clock(self.device, times)
-        rows = output.scheduled
+        rows, device = output.scheduled, self.device
         # Always max_blocks wide, not the step's widest table: the attention kernels then see one table stride
         # for the whole run (a new stride could recompile them, ~1 s, inside a timed run).
         inputs = self.packer.pack(output, self.max_blocks)
         sampling = [i for i, entry in enumerate(rows) if entry.samples]
-        some = None if len(sampling) == len(rows) else torch.tensor(sampling, dtype=torch.int64, device=self.device)
-        # Built before the model runs: these are pageable copies, which block the host until the stream gets to
-        # them (after the whole forward, were they queued behind it). An all-greedy batch needs none of them.
+        some = None if len(sampling) == len(rows) else to_device(sampling, torch.int64, device)
+        # Built before the model runs (an all-greedy batch needs none of it): its host-to-device copies are
+        # then queued ahead of the forward.
         seqs = [rows[i].seq for i in sampling]
         batch = (
             None
             if all(is_greedy(s.params) for s in seqs)
-            else SamplingBatch.from_sequences(seqs, self.config.vocab_size, self.device)
+            else SamplingBatch.from_sequences(seqs, self.config.vocab_size, device)
         )
+        logprob_rows = [j for j, s in enumerate(seqs) if s.params.logprobs is not None]  # among sampling rows
+        spans = prompt_logprobs.spans(rows)
         clock.lap("prepare_s")
         if inputs.is_decode:  # one token a row: hidden row i is sequence i's token
             step = DecodeInputs(
                 inputs.input_ids, inputs.positions, inputs.slot_mapping, inputs.block_table, inputs.seq_lens
             )
-            hidden = self.graphs.run(step, lambda: attention_batch(inputs))
-            hidden = hidden if some is None else hidden[some]  # a 1-token prompt chunk that is not the last
+            every = self.graphs.run(step, lambda: attention_batch(inputs))
+            hidden = every if some is None else every[some]  # a 1-token prompt chunk that is not the last
         else:
-            hidden = self._forward(inputs.input_ids, inputs.positions, attention_batch(inputs))
-            hidden = hidden[inputs.logits_indices if some is None else inputs.logits_indices[some]]
-        tokens = [-1] * len(rows)
-        if not sampling:
+            every = self._forward(inputs.input_ids, inputs.positions, attention_batch(inputs))
+            hidden = every[inputs.logits_indices if some is None else inputs.logits_indices[some]]
+        copy = device.type == "cuda"
+        prompt = None
+        if spans:
+            prompt = prompt_logprobs.compute(
+                self.model.compute_logits,
+                every,
+                to_device(prompt_logprobs.hidden_rows(spans), torch.int64, device),
+                to_device(prompt_logprobs.targets(rows, spans), torch.int64, device),
+                max(s.k for s in spans),
+                self.max_logits_rows,
+            ).to_host(non_blocking=copy)
+        sampled = host_tokens = logprobs = None
+        if sampling:
+            logits = self.model.compute_logits(hidden)
             clock.lap("model_s")
-            return tokens
-        logits = self.model.compute_logits(hidden)
-        clock.lap("model_s")
-        sampled = sample(logits, batch)
-        for i, token in zip(sampling, sampled.tolist(), strict=True):
-            tokens[i] = token
-        clock.lap("sample_s")
-        return tokens
+            sampled = sample(logits, batch)
+            if logprob_rows:
+                pick = to_device(logprob_rows, torch.int64, device)
+                k = max(seqs[j].params.logprobs for j in logprob_rows)
+                logprobs = token_logprobs(logits[pick], sampled[pick], k).to_host(non_blocking=copy)
+            host_tokens = sampled.to("cpu", non_blocking=copy)
+            clock.lap("sample_s")
+        else:
+            clock.lap("model_s")
+        done = None
+        if copy:
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(device))
+        return LaunchedStep(
+            output, sampling, sampled, host_tokens, [sampling[j] for j in logprob_rows], logprobs, spans, prompt, done
+        )
+
+    def collect(self, step: LaunchedStep) -> StepResult:
+        """Wait for the step's copies and read them."""
+        if step.done is not None:
+            step.done.synchronize()
+        rows = step.output.scheduled
+        tokens = [-1] * len(rows)
+        if step.host_tokens is not None:
+            for i, token in zip(step.sampling, step.host_tokens.tolist(), strict=True):
+                tokens[i] = token
+        result = StepResult(tokens)
+        if step.logprobs is not None:
+            ks = [rows[i].seq.params.logprobs for i in step.logprob_rows]
+            result.logprobs = dict(zip(step.logprob_rows, step.logprobs.entries(ks), strict=True))
+        if step.prompt is not None:
+            entries = step.prompt.entries([s.k for s in step.spans for _ in range(s.count)])
+            at = 0
+            for s in step.spans:
+                result.prompt_logprobs.append((s.row, s.first, entries[at : at + s.count]))
+                at += s.count
+        return result
 
 
 class _Clock:

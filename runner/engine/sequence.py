@@ -25,6 +25,7 @@ from runner.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from runner.engine.block_pool import KVCacheBlock
+    from runner.engine.messages import TokenLogprobs
 
 
 class SequenceStatus(enum.Enum):
@@ -75,6 +76,11 @@ class Sequence:
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | str | None = None  # the stop token id or stop string that finished it
         self.num_preemptions = 0
+        # Prompt logprobs gathered chunk by chunk (entry p scores prompt token p; entry 0 stays None), until
+        # they are delivered with the first sampled token; None when not asked for or once delivered.
+        self.prompt_logprobs: list[TokenLogprobs | None] | None = (
+            [None] * self.num_prompt_tokens if params.prompt_logprobs is not None else None
+        )
         self._generator: torch.Generator | None = None
 
     # --- sizes --------------------------------------------------------------------------------------------

@@ -37,6 +37,16 @@ def _aligned(n: int, per: int) -> int:
     return -(-n // per) * per
 
 
+def to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list (or CPU tensor) on `device` without blocking the host: from CUDA's caching pinned
+    allocator with a non-blocking copy (a pageable copy waits for every kernel queued before it: with a step
+    in flight, for that whole step). The allocator keeps the pinned block until the copy ran."""
+    host = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 class StepPacker:
     def __init__(self, device: torch.device | str):
         self.device = torch.device(device)
