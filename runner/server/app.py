@@ -32,6 +32,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
+from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
@@ -43,7 +44,15 @@ from runner.server.logprobs import TokenTexts
 from runner.server.metrics import Metrics
 from runner.server.protocol import Limits
 from runner.server.request_models import ChatCompletionRequest, CompletionRequest
-from runner.server.response_models import ChatCompletion, Completion, ErrorBody, Health, ModelCard, ModelList
+from runner.server.response_models import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    Completion,
+    ErrorBody,
+    Health,
+    ModelCard,
+    ModelList,
+)
 from runner.server.responses import Shape
 
 log = logging.getLogger("touchstone.server")
@@ -100,24 +109,60 @@ def _errors(*statuses: int) -> dict:
     return {status: {"model": ErrorBody, "description": "an OpenAI-style error"} for status in statuses}
 
 
-def _generation_responses(model) -> dict:
-    stream = {"text/event-stream": {"schema": {"type": "string", "description": "SSE chunks, then [DONE]"}}}
+def _ref(model) -> dict:
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
+def _generation_responses(model, chunk) -> dict:
+    # Each server-sent event of a stream (Open API 3.1: `schema` of text/event-stream describes one event): its
+    # data is a chunk (JSON), an error body (JSON), or the final [DONE].
+    event = {
+        "type": "object",
+        "required": ["data"],
+        "properties": {
+            "data": {
+                "anyOf": [
+                    {"const": "[DONE]"},
+                    {
+                        "type": "string",
+                        "contentMediaType": "application/json",
+                        "contentSchema": {"anyOf": [_ref(chunk), _ref(ErrorBody)]},
+                    },
+                ]
+            }
+        },
+    }
     return {
-        200: {"model": model, "content": stream, "description": "the completion, or its chunks (stream: true)"},
+        200: {
+            "model": model,
+            "content": {"text/event-stream": {"schema": event}},
+            "description": "the completion, or with stream: true its chunks as server-sent events, then [DONE]",
+        },
         **_errors(400, 404, 500, 503),
     }
 
 
-def _openapi(app: FastAPI) -> dict:
-    """FastAPI's schema, less the 422 responses it documents for every route with a body: validation errors
-    are sent as 400s here, as OpenAI sends them."""
+def _openapi(app: FastAPI, model_names: tuple[str, ...]) -> dict:
+    """FastAPI's schema, less the 422 responses it documents for every route with a body (validation errors are
+    sent as 400s here, as OpenAI sends them), plus the stream chunks' models, which only the events' schema
+    names, and the served model names as the `model` field's values (any other name is a 404)."""
     if app.openapi_schema is None:
         schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
         for path in schema["paths"].values():
             for operation in path.values():
                 operation.get("responses", {}).pop("422", None)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
         for name in ("HTTPValidationError", "ValidationError"):
-            schema.get("components", {}).get("schemas", {}).pop(name, None)
+            components.pop(name, None)
+        _, extra = models_json_schema(
+            [(ChatCompletionChunk, "serialization"), (Completion, "serialization")],
+            ref_template="#/components/schemas/{model}",
+        )
+        for name, definition in extra.get("$defs", {}).items():
+            components.setdefault(name, definition)
+        for request in ("CompletionRequest", "ChatCompletionRequest"):
+            if model_names:
+                components[request]["properties"]["model"]["enum"] = list(model_names)
         app.openapi_schema = schema
     return app.openapi_schema
 
@@ -174,7 +219,8 @@ def build_app(state: ServerState) -> FastAPI:
         docs_url=None,
         redoc_url=None,
     )
-    app.openapi = functools.partial(_openapi, app)
+    # the served names are known from the command line, before the model loads (the schema is built on demand)
+    app.openapi = lambda: _openapi(app, state.model_names)
 
     async def completions(body: CompletionRequest, request: Request) -> Response:
         return await generate(request, body, chat=False)
@@ -182,16 +228,16 @@ def build_app(state: ServerState) -> FastAPI:
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await generate(request, body, chat=True)
 
-    for path, endpoint, model in (
-        ("/v1/completions", completions, Completion),
-        ("/v1/chat/completions", chat_completions, ChatCompletion),
+    for path, endpoint, model, chunk in (
+        ("/v1/completions", completions, Completion, Completion),
+        ("/v1/chat/completions", chat_completions, ChatCompletion, ChatCompletionChunk),
     ):
         app.router.add_api_route(
             path,
             endpoint,
             methods=["POST"],
             response_model=None,
-            responses=_generation_responses(model),
+            responses=_generation_responses(model, chunk),
             route_class_override=BodyRoute,
         )
 

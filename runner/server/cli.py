@@ -143,7 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.warning("planted faults on: %s", sorted(faults))
     from runner.server.app import ServerState, build_app
 
-    state = ServerState(stream_interval=args.stream_interval)  # loading: /health is 503 until the model is attached
+    # loading: /health is 503 until the model is attached; the served name is known now (/openapi.json lists it)
+    state = ServerState(model_names=(args.served_model_name or args.model,), stream_interval=args.stream_interval)
 
     def serving(server) -> None:
         log.info(

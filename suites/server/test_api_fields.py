@@ -112,4 +112,8 @@ def test_openapi_schema_describes_the_endpoints(server):
         assert "400" in post["responses"] and "422" not in post["responses"]
     schemas = schema["components"]["schemas"]
     assert schemas["CompletionRequest"]["properties"]["logprobs"]["anyOf"][0]["maximum"] == 5
+    assert schemas["ChatCompletionRequest"]["properties"]["model"]["enum"] == [server.model]
+    event = paths["/v1/chat/completions"]["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]
+    chunk = event["properties"]["data"]["anyOf"][1]["contentSchema"]["anyOf"][0]["$ref"]
+    assert chunk.endswith("/ChatCompletionChunk") and "ChatCompletionChunk" in schemas
     assert "ErrorBody" in schemas and "ModelList" in schemas
