@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 import threading
 import uuid
@@ -296,8 +295,3 @@ def build_app(state: ServerState) -> FastAPI:
         return error_response(APIError(500, f"internal error: {type(err).__name__}: {err}", kind="server_error"))
 
     return app
-
-
-def schema_text(app: FastAPI) -> str:
-    """The published schema as text (tests compare it, tools can write it to a file)."""
-    return json.dumps(app.openapi(), indent=2, sort_keys=True)
