@@ -8,9 +8,9 @@ ignored, since ignoring them would change the output silently. What needs the lo
 KV cache, vocabulary, tokenizer) is checked afterwards, by runner.server.protocol; the schema still states those
 rules where they are fixed (a token id is >= 0, a batch prompt holds one prompt), through `json_schema_extra`.
 
-Ranges follow OpenAI's API reference: temperature in [0, 2], top_p in (0, 1], n in [1, 128], completions'
-logprobs in [0, 5], chat's top_logprobs in [0, 20]. vLLM's extensions: top_k (>= 1, or -1 / 0 for off),
-ignore_eos, stream_options.continuous_usage_stats.
+Ranges follow OpenAI's API reference: temperature in [0, 2], top_p in (0, 1], completions' logprobs in [0, 5],
+chat's top_logprobs in [0, 20]; n in [1, 128] is a bound of ours (n engine requests per API request). vLLM's
+extensions: top_k (>= 1, or -1 / 0 for off), ignore_eos, stream_options.continuous_usage_stats.
 """
 
 from __future__ import annotations

@@ -8,10 +8,10 @@ finished -> the watcher is cancelled. An error during the stream (the shutdown a
 --shutdown-timeout, the engine dying) is sent as a `data: {"error": ...}` event, which the openai client raises
 as an APIError, and the stream then ends with [DONE].
 
-Chunking (`--stream-interval N`, the idea of vLLM's option of that name): a choice's tokens are sent once N of
-them are waiting, or when it finishes; N = 1 sends every engine step's tokens as they come. Whatever the
-interval, a stream that fell behind (deltas of several engine steps already queued when the writer gets to
-them: a slow client, a busy event loop) sends them as one chunk (runner.server.choices), not one per step.
+Chunking (`--stream-interval N`): a choice's tokens are sent once N of them are waiting, or when it finishes;
+N = 1 sends every engine step's tokens as they come. Whatever the interval, a stream that fell behind (deltas of
+several engine steps already queued when the writer gets to them: a slow client, a busy event loop) sends them
+as one chunk (runner.server.choices), not one per step.
 """
 
 from __future__ import annotations

@@ -92,7 +92,10 @@ def test_continuous_usage_counts_each_choice_so_far(server):
     for chunk in chunks[:-1]:
         assert chunk.usage.prompt_tokens == len(IDS)
         per_choice[chunk.choices[0].index].append(chunk.usage.completion_tokens)
-    assert per_choice == {0: [1, 2, 3, 4, 5], 1: [1, 2, 3, 4, 5]}
+    # one chunk per engine step ([1, 2, 3, 4, 5]) unless the stream fell behind (a busy machine): then the steps
+    # queued meanwhile come as one chunk, and a count is skipped
+    for counts in per_choice.values():
+        assert counts == sorted(set(counts)) and counts[0] >= 1 and counts[-1] == 5, per_choice
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
 
 

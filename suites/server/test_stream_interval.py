@@ -1,4 +1,4 @@
-"""`touchstone serve --stream-interval 4`: a stream's chunks carry 4 tokens each (the last one the rest), and the
+"""`touchstone serve --stream-interval 4`: a stream's chunks carry at least 4 tokens each (the last: the rest), and the
 streamed text is the non-streamed text. The chunk sizes are read from each chunk's usage so far
 (stream_options.continuous_usage_stats), so a server that ignored the interval (one token a chunk) fails."""
 
@@ -39,6 +39,9 @@ def test_chunks_carry_interval_tokens_and_the_same_text(device, chunky_server, m
         )
     )
     counts = [c.usage.completion_tokens for c in chunks if c.choices]
-    expected = [*range(INTERVAL, max_tokens, INTERVAL), max_tokens]
-    assert counts == expected  # 4, 8, 12, 16 (or 4, 8, 12, 14: the finish sends what is left)
+    sizes = [b - a for a, b in zip([0, *counts], counts, strict=False)]
+    # 4, 4, 4, 4 (or 4, 4, 4, 2: the finish sends what is left); a stream that fell behind on a busy machine may
+    # send more than 4 at once, never fewer before the last
+    assert counts[-1] == max_tokens and all(size >= INTERVAL for size in sizes[:-1]) and sizes[-1] >= 1, sizes
+    assert len(counts) <= -(-max_tokens // INTERVAL)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == whole and whole
