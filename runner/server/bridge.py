@@ -17,6 +17,9 @@ FAULTS (negative controls, set from TOUCHSTONE_SERVER_FAULTS, comma separated; n
   which keeps generating into the KV cache for nobody (the load test's leak check must catch it).
 - "load_after_health": `touchstone serve` starts loading its model only once /health has answered "loading",
   so a test sees that answer first however fast the load (suites/server/test_loading.py).
+- "usage_as_string": every non-streamed response sends usage.completion_tokens as a string, against the
+  published schema (the schemathesis run must catch it: suites/server/test_schemathesis.py).
+- "crash_on_echo": a completion request with echo: true fails with a 500 (the same run must catch it).
 """
 
 from __future__ import annotations
@@ -26,14 +29,15 @@ import dataclasses
 import logging
 import os
 import time
+from collections.abc import Sequence
 
 from runner.engine import messages as m
 from runner.engine.core_client import AsyncProcessClient, EngineCoreError
 from runner.engine.output_processor import OutputProcessor
-from runner.server.protocol import APIError
+from runner.server.errors import APIError
 
 log = logging.getLogger("touchstone.server")
-FAULT_NAMES = ("skip_abort_on_disconnect", "load_after_health")
+FAULT_NAMES = ("skip_abort_on_disconnect", "load_after_health", "usage_as_string", "crash_on_echo")
 
 
 def faults_from_env(env: dict | os._Environ = os.environ) -> frozenset[str]:
@@ -49,12 +53,31 @@ class Delta:
     num_tokens: int  # output tokens so far
     finish_reason: str | None = None  # "stop" | "length" once finished
     new_token_ids: tuple[int, ...] = ()
-    logprobs: tuple[m.TokenLogprobs, ...] | None = None
+    logprobs: tuple[m.TokenLogprobs, ...] | None = None  # one per new token, when asked for
+    prompt_logprobs: tuple[m.TokenLogprobs | None, ...] | None = None  # once, with the first tokens, when asked for
+
+    @staticmethod
+    def joined(deltas: Sequence[Delta]) -> Delta:
+        """Consecutive deltas of one request as one (a reader that fell behind takes them together)."""
+        if len(deltas) == 1:
+            return deltas[0]
+        logprobs = [d.logprobs for d in deltas if d.logprobs is not None]
+        prompt = [d.prompt_logprobs for d in deltas if d.prompt_logprobs is not None]
+        return Delta(
+            "".join(d.text for d in deltas),
+            deltas[-1].num_tokens,
+            deltas[-1].finish_reason,
+            tuple(t for d in deltas for t in d.new_token_ids),
+            tuple(e for lp in logprobs for e in lp) if logprobs else None,
+            prompt[0] if prompt else None,
+        )
 
 
 class RequestStream:
     """The loop's side of one request: `accepted` resolves once the engine took it (or fails with a 400), then
-    deltas arrive until one carries a finish_reason; an error (abort by shutdown, engine death) raises."""
+    deltas arrive until one carries a finish_reason; an error (abort by shutdown, engine death) raises. Read it
+    one delta at a time (`async for`), or take what is queued at once (`take`) after `wake` was set: several
+    requests (the n choices of one API request) can share one `wake` event."""
 
     def __init__(self, request_id: str, prompt_tokens: int) -> None:
         self.request_id, self.prompt_tokens = request_id, prompt_tokens
@@ -65,6 +88,24 @@ class RequestStream:
         self.finished = False
         self.num_tokens = 0  # output tokens the handler has read
         self.delivered = 0  # output tokens put on the queue (the metrics' view)
+        self.wake: asyncio.Event | None = None  # set whenever something is queued
+
+    def put(self, item: Delta | APIError) -> None:
+        self.queue.put_nowait(item)
+        if self.wake is not None:
+            self.wake.set()
+
+    def take(self) -> Delta | None:
+        """Every delta queued now, as one (None if there is none); a queued error raises."""
+        taken = []
+        while not self.finished and not self.queue.empty():
+            item = self.queue.get_nowait()
+            if isinstance(item, APIError):
+                self.finished = True
+                raise item
+            self.num_tokens, self.finished = item.num_tokens, item.finish_reason is not None
+            taken.append(item)
+        return Delta.joined(taken) if taken else None
 
     def __aiter__(self):
         return self
@@ -135,7 +176,7 @@ class AsyncEngine:
             if error is not None:
                 if not stream.accepted.done():
                     stream.accepted.set_exception(error)
-                stream.queue.put_nowait(error)
+                stream.put(error)
             if self.metrics is not None:
                 self.metrics.finished.labels("abort").inc()
 
@@ -181,7 +222,7 @@ class AsyncEngine:
                 if not stream.accepted.done():
                     stream.accepted.set_exception(dead)
                 if not stream.finished:
-                    stream.queue.put_nowait(dead)
+                    stream.put(dead)
 
     def _deliver(self, outputs: m.StepOutputs) -> None:
         self.snapshot = outputs.load  # before the deltas: a client's next /metrics sees it
@@ -194,6 +235,9 @@ class AsyncEngine:
             stream = self.active.get(request_id)
             if stream is not None and not stream.accepted.done():
                 stream.accepted.set_exception(APIError(400, why, why.split(":")[0]))
+        # the prompt's logprobs come once, with a request's first tokens; the output processor keeps them in its
+        # request state, which it forgets when the request finishes (maybe in this very step): read them here
+        prompt_logprobs = {d.request_id: d.prompt_logprobs for d in outputs.deltas if d.prompt_logprobs is not None}
         updates, stopped = self.processor.process(outputs)
         if stopped:
             self.client.send(m.Abort(stopped))
@@ -215,6 +259,14 @@ class AsyncEngine:
             if update.finish_reason is not None and metrics is not None:
                 metrics.finished.labels(update.finish_reason).inc()
             logprobs = tuple(update.new_logprobs) if update.new_logprobs is not None else None
-            stream.queue.put_nowait(
-                Delta(update.text, update.num_tokens, update.finish_reason, tuple(update.new_token_ids), logprobs)
+            prompt = prompt_logprobs.get(update.request_id)
+            stream.put(
+                Delta(
+                    update.text,
+                    update.num_tokens,
+                    update.finish_reason,
+                    tuple(update.new_token_ids),
+                    logprobs,
+                    tuple(prompt) if prompt is not None else None,
+                )
             )

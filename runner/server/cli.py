@@ -62,6 +62,12 @@ def parser() -> Parser:
         default=30.0,
         help="seconds a SIGTERM waits for in-flight requests before aborting them (default 30)",
     )
+    p.add_argument(
+        "--stream-interval",
+        type=positive_int,
+        default=1,
+        help="a stream's tokens per chunk: send once this many are waiting, or the request finished (default 1)",
+    )
     p.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS, default="info")
     return p
 
@@ -143,7 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.warning("planted faults on: %s", sorted(faults))
     from runner.server.app import ServerState, build_app
 
-    state = ServerState()  # loading: /health answers 503 until the model is attached
+    # loading: /health is 503 until the model is attached; the served name is known now (/openapi.json lists it)
+    state = ServerState(model_names=(args.served_model_name or args.model,), stream_interval=args.stream_interval)
 
     def serving(server) -> None:
         log.info(

@@ -1,67 +1,35 @@
-"""Request bodies of /v1/completions and /v1/chat/completions -> `GenerateInput`, or an `APIError`.
+"""Validated request models (runner.server.request_models) -> `GenerateInput`, or an `APIError`: the rules that
+need the loaded model.
 
-Validation is by hand, field by field, so every bad input gets a 4xx with an OpenAI-style error body naming
-the field (`param`): not UTF-8 or not JSON -> 400; unknown model -> 404 (code model_not_found, as OpenAI);
-wrong types, out-of-range values, a prompt that leaves no room in the context, max_tokens past the context
-or past what the KV cache can hold -> 400. Sampling fields are then checked again by
-runner.engine.sampling_params.SamplingParams, whose TypeError/ValueError ("field: why") become 400s too.
+pydantic has already checked every field's type and range (a 400 naming the field). Here: an unknown model ->
+404 (code model_not_found, as OpenAI); the prompt's tokens (the chat template for chat) within the vocabulary;
+a prompt that leaves no room in the context, or max_tokens past the context or past what the KV cache can hold
+-> 400. Sampling fields are checked again by runner.engine.sampling_params.SamplingParams, whose
+TypeError/ValueError ("field: why") become 400s too.
 
-Ranges: temperature in [0, 2] (OpenAI's range; 0 = greedy), top_p in (0, 1], top_k >= 1 or -1/0 (off),
-max_tokens >= 1. Defaults: max_tokens 16 for completions (OpenAI's), the rest of the context for chat, both
-clamped to what the context and the KV cache hold. A length error names the field at fault: the prompt (or
-messages) when it alone leaves no room, else the output length as the client sent it (chat: max_completion_tokens,
-or the older max_tokens). Extensions, as in vLLM: top_k and ignore_eos. Fields that would change
-the output and are not implemented (n > 1, logprobs, echo, best_of, suffix, penalties, logit_bias) are
-rejected rather than ignored; unknown fields are ignored (as vLLM does).
+Defaults: max_tokens 16 for completions (OpenAI's), the rest of the context for chat, both clamped to what the
+context and the KV cache hold. A length error names the field at fault: the prompt (or messages) when it alone
+leaves no room, else the output length as the client sent it (chat: max_completion_tokens, or the older
+max_tokens). `n` choices are n engine requests with the same prompt; with a seed s, choice i samples with seed
+s + i (as vLLM's parallel sampling does, vllm/v1/engine/parallel_sampling.py), so each choice repeats on its own.
+Logprobs: completions' `logprobs: k` asks the engine for the chosen token's logprob and the k most likely, and
+with `echo` the same for every prompt token (SamplingParams.prompt_logprobs); chat's `logprobs: true` with
+`top_logprobs: k` the same for the output. `max_tokens: 0` with `echo` returns the prompt alone (as vLLM does:
+the engine runs one token, which is dropped): what evaluation harnesses send for a prompt's log-likelihood.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
+
+from pydantic import ValidationError
 
 from runner.engine.sampling_params import SamplingParams
+from runner.server.errors import APIError, bad, from_validation
+from runner.server.request_models import ChatCompletionRequest, CompletionRequest, Sampling
 
-# Not implemented: accepted only absent, null, or at their neutral value (what a client sends to mean "off").
-UNSUPPORTED = {
-    "n": (1,),
-    "best_of": (1,),
-    "logprobs": (False,),
-    "top_logprobs": (0,),
-    "echo": (False,),
-    "suffix": ("",),
-    "presence_penalty": (0,),
-    "frequency_penalty": (0,),
-    "logit_bias": ({},),
-    "tools": ([],),
-    "response_format": (),
-}
-MAX_STOP = 16
-ROLES = ("system", "developer", "user", "assistant")
-
-
-class APIError(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        code: str | None = None,
-        kind: str = "invalid_request_error",
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
-
-    def body(self) -> dict:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code if self.code is not None else self.status,
-            }
-        }
+__all__ = ["APIError", "GenerateInput", "Limits", "chat_input", "completion_input", "parse_json"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,51 +54,52 @@ class Limits:
 class GenerateInput:
     model: str
     prompt_token_ids: list[int]
-    params: SamplingParams
+    choices: tuple[SamplingParams, ...]  # one per choice (n): the seeds differ when the request has one
     stream: bool
     include_usage: bool
+    continuous_usage: bool = False  # every chunk carries the usage so far
+    logprobs: int | None = None  # top alternatives per token when logprobs were asked for (0: the token's only)
+    echo: str | None = None  # completions' echo: the prompt's text, returned before the completion
+    prompt_only: bool = False  # max_tokens 0 with echo: the generated token is dropped
 
+    @property
+    def params(self) -> SamplingParams:
+        return self.choices[0]
 
-def _bad(message: str, param: str | None = None) -> APIError:
-    return APIError(400, message, param)
+    @property
+    def n(self) -> int:
+        return len(self.choices)
 
 
 def parse_json(raw: bytes) -> dict:
+    """The body as a JSON object, or a 400 saying exactly what is wrong with it (pydantic would only say "JSON
+    decode error" or nothing at all for bytes that are not UTF-8, nesting too deep, an integer too long)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise _bad(f"body: not valid UTF-8 ({err.reason} at byte {err.start})") from None
+        raise bad(f"body: not valid UTF-8 ({err.reason} at byte {err.start})") from None
     try:
         body = json.loads(text)
     except json.JSONDecodeError as err:
-        raise _bad(f"body: malformed JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
+        raise bad(f"body: malformed JSON: {err.msg} at line {err.lineno} column {err.colno}") from None
     except RecursionError:
-        raise _bad("body: JSON nested too deeply") from None
+        raise bad("body: JSON nested too deeply") from None
     except ValueError as err:  # e.g. an integer past Python's digit limit
-        raise _bad(f"body: unreadable JSON: {err}") from None
+        raise bad(f"body: unreadable JSON: {err}") from None
     if not isinstance(body, dict):
-        raise _bad(f"body: must be a JSON object, got {type(body).__name__}")
+        raise bad(f"body: must be a JSON object, got {type(body).__name__}")
     return body
 
 
-def _typed(body: dict, name: str, kind: type | tuple, what: str, default=None):
-    value = body.get(name)
-    if value is None:
-        return default
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if isinstance(value, bool) and bool not in kinds:
-        raise _bad(f"{name}: must be {what}, got {json.dumps(value)}", name)
-    if not isinstance(value, kinds):
-        raise _bad(f"{name}: must be {what}, got {type(value).__name__} {json.dumps(value)[:60]}", name)
-    if isinstance(value, float) and not math.isfinite(value):
-        raise _bad(f"{name}: must be finite", name)
-    return value
+def validate(model: type[Sampling], body: dict) -> Sampling:
+    """A body as the endpoint's request model, or a 400 naming the first field at fault."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as err:
+        raise from_validation(err.errors(include_url=False)) from None
 
 
-def check_model(body: dict, limits: Limits) -> str:
-    model = body.get("model")
-    if not isinstance(model, str):
-        raise _bad(f"model: required, a string (served: {', '.join(limits.model_names)})", "model")
+def check_model(model: str, limits: Limits) -> str:
     if model not in limits.model_names:
         raise APIError(
             404, f"model: {model!r} does not exist; served: {', '.join(limits.model_names)}", "model", "model_not_found"
@@ -138,62 +107,27 @@ def check_model(body: dict, limits: Limits) -> str:
     return model
 
 
-def _neutral(value, neutrals: tuple) -> bool:
-    if value is None:
-        return True
-    for v in neutrals:
-        if isinstance(v, bool) or isinstance(value, bool):
-            if value is v:
-                return True
-        elif isinstance(v, int | float) and isinstance(value, int | float):
-            if value == v:
-                return True
-        elif value == v:
-            return True
-    return False
-
-
-def _check_unsupported(body: dict) -> None:
-    for name, neutrals in UNSUPPORTED.items():
-        if not _neutral(body.get(name), neutrals):
-            raise _bad(f"{name}: not supported by this server (got {json.dumps(body[name])[:60]})", name)
-
-
-def _stop(body: dict) -> list[str]:
-    stop = body.get("stop")
-    if stop is None:
-        return []
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > MAX_STOP:
-        raise _bad(f"stop: must be a non-empty string or a list of at most {MAX_STOP} non-empty strings", "stop")
-    return stop
-
-
 def _token_ids(value: list, limits: Limits, param: str) -> list[int]:
-    if not value or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
-        raise _bad(f"{param}: a token-id prompt must be a non-empty list of ints", param)
+    if not value:
+        raise bad(f"{param}: a token-id prompt must be a non-empty list of ints", param)
     if not all(0 <= t < limits.vocab_size for t in value):
-        raise _bad(f"{param}: token ids must be in [0, {limits.vocab_size})", param)
+        raise bad(f"{param}: token ids must be in [0, {limits.vocab_size})", param)
     return list(value)
 
 
-def _max_tokens_field(body: dict, chat: bool) -> str:
+def _max_tokens_field(req: Sampling, chat: bool) -> str:
     """The field that carries the output length, as the client sent it: chat takes max_completion_tokens (OpenAI's
     name) or the older max_tokens, so an error names the one the client wrote."""
-    if chat and (body.get("max_completion_tokens") is not None or body.get("max_tokens") is None):
+    if chat and (req.max_completion_tokens is not None or req.max_tokens is None):
         return "max_completion_tokens"
     return "max_tokens"
 
 
-def _sampling(
-    body: dict, prompt_len: int, limits: Limits, default_max_tokens: int | None, chat: bool
-) -> SamplingParams:
-    _check_unsupported(body)
+def _max_tokens(req: Sampling, prompt_len: int, limits: Limits, default: int | None, chat: bool) -> int:
     prompt_field = "messages" if chat else "prompt"
     room = limits.max_model_len - prompt_len
     if room < 1:
-        raise _bad(
+        raise bad(
             f"{prompt_field}: {prompt_len} tokens leave no room in the model's context of {limits.max_model_len} "
             f"tokens",
             prompt_field,
@@ -202,112 +136,123 @@ def _sampling(
     # prompt of more tokens than the cache holds cannot run whatever max_tokens is: the prompt is at fault.
     cache_room = limits.kv_tokens - prompt_len + 1
     if cache_room < 1:
-        raise _bad(
+        raise bad(
             f"{prompt_field}: {prompt_len} tokens do not fit the KV cache ({limits.kv_tokens} tokens)", prompt_field
         )
-    field = _max_tokens_field(body, chat)
-    max_tokens = _typed(body, field, int, "an int >= 1")
+    field = _max_tokens_field(req, chat)
+    max_tokens = getattr(req, field)
     if max_tokens is None:  # the default never exceeds the room, so it is never an error
-        max_tokens = min(room, cache_room, default_max_tokens or room)
-    if max_tokens < 1:
-        raise _bad(f"{field}: must be >= 1, got {max_tokens}", field)
+        return min(room, cache_room, default or room)
+    if max_tokens == 0:
+        if not chat and req.echo:
+            return 1  # the prompt alone: one token runs (for the prompt's logprobs) and is dropped
+        raise bad(f"{field}: must be >= 1 (0 only with echo: the prompt alone), got 0", field)
     if max_tokens > room:
-        raise _bad(
+        raise bad(
             f"{field}: {max_tokens} + the prompt's {prompt_len} tokens pass the model's "
             f"context of {limits.max_model_len} tokens",
             field,
         )
     if max_tokens > cache_room:
-        raise _bad(
+        raise bad(
             f"{field}: {max_tokens} + the prompt's {prompt_len} tokens do not fit the KV cache "
             f"({limits.kv_tokens} tokens)",
             field,
         )
-    temperature = _typed(body, "temperature", (int, float), "a number in [0, 2]", 1.0)
-    if not 0 <= temperature <= 2:
-        raise _bad(f"temperature: must be in [0, 2], got {temperature}", "temperature")
-    top_p = _typed(body, "top_p", (int, float), "a number in (0, 1]", 1.0)
-    if not 0 < top_p <= 1:
-        raise _bad(f"top_p: must be in (0, 1], got {top_p}", "top_p")
+    return max_tokens
+
+
+def _choices(req: Sampling, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None) -> tuple:
+    n = req.n or 1
+    if req.seed is not None and req.seed + n - 1 > 2**64 - 1:
+        raise bad(f"seed: {req.seed} + {n - 1} (the last choice's seed) passes 2**64 - 1", "seed")
     try:
-        return SamplingParams(
-            temperature=temperature,
-            top_p=top_p,
-            top_k=_typed(body, "top_k", int, "an int", -1),
-            seed=_typed(body, "seed", int, "an int"),
-            max_tokens=max_tokens,
-            stop=_stop(body),
-            ignore_eos=_typed(body, "ignore_eos", bool, "a bool", False),
+        return tuple(
+            SamplingParams(
+                temperature=1.0 if req.temperature is None else req.temperature,
+                top_p=1.0 if req.top_p is None else req.top_p,
+                top_k=-1 if req.top_k is None else req.top_k,
+                seed=None if req.seed is None else req.seed + i,
+                max_tokens=max_tokens,
+                stop=[req.stop] if isinstance(req.stop, str) else list(req.stop or []),
+                ignore_eos=bool(req.ignore_eos),
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
+            )
+            for i in range(n)
         )
     except (TypeError, ValueError) as err:  # SamplingParams names the field first: "top_k: must be ..."
-        raise _bad(str(err), str(err).split(":")[0]) from None
+        raise bad(str(err), str(err).split(":")[0]) from None
 
 
-def _stream_flags(body: dict) -> tuple[bool, bool]:
-    stream = _typed(body, "stream", bool, "a bool", False)
-    options = _typed(body, "stream_options", dict, "an object", {})
-    include = options.get("include_usage")
-    include = False if include is None else include  # null = not asked
-    if not isinstance(include, bool):
-        raise _bad("stream_options.include_usage: must be a bool", "stream_options")
-    if options and not stream:
-        raise _bad("stream_options: only allowed with stream: true", "stream_options")
-    return stream, include
+def _stream_flags(req: Sampling) -> tuple[bool, bool, bool]:
+    options = req.stream_options
+    if options is not None and not req.stream:
+        raise bad("stream_options: only allowed with stream: true", "stream_options")
+    include = bool(options and options.include_usage)
+    # as vLLM: the usage of every chunk comes with the last chunk's (include_usage)
+    return bool(req.stream), include, include and bool(options.continuous_usage_stats)
 
 
-def completion_input(body: dict, limits: Limits, tokenizer) -> GenerateInput:
-    model = check_model(body, limits)
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+def _prompt_ids(req: CompletionRequest, limits: Limits, tokenizer) -> tuple[list[int], str | None]:
+    """The prompt's token ids, and its text when it came as text."""
+    prompt = req.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        if len(prompt) > 1:
+            raise bad("prompt: one prompt per request (a list of several is not supported)", "prompt")
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         if not prompt:
-            raise _bad("prompt: must not be empty", "prompt")
+            raise bad("prompt: must not be empty", "prompt")
         if tokenizer is None:
-            raise _bad("prompt: this model has no tokenizer; send token ids", "prompt")
-        ids = tokenizer.encode(prompt)
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
-        raise _bad("prompt: one prompt per request (a list of several is not supported)", "prompt")
-    elif isinstance(prompt, list):
-        ids = _token_ids(prompt, limits, "prompt")
-    else:
-        raise _bad("prompt: required, a string or a list of token ids", "prompt")
-    stream, include_usage = _stream_flags(body)
-    return GenerateInput(model, ids, _sampling(body, len(ids), limits, 16, chat=False), stream, include_usage)
+            raise bad("prompt: this model has no tokenizer; send token ids", "prompt")
+        return tokenizer.encode(prompt), prompt
+    return _token_ids(prompt, limits, "prompt"), None
 
 
-def _content(message: dict, index: int) -> str:
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(
-        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
-    ):
-        return "".join(p["text"] for p in content)
-    raise _bad(f"messages[{index}].content: must be a string or a list of text parts", "messages")
+def completion_input(req: CompletionRequest | dict, limits: Limits, tokenizer) -> GenerateInput:
+    if isinstance(req, dict):
+        req = validate(CompletionRequest, req)
+    model = check_model(req.model, limits)
+    ids, text = _prompt_ids(req, limits, tokenizer)
+    stream, include_usage, continuous = _stream_flags(req)
+    if req.logprobs is not None and tokenizer is None:
+        raise bad("logprobs: this model has no tokenizer to write the tokens' text", "logprobs")
+    echo = None
+    if req.echo:
+        if text is None and tokenizer is None:
+            raise bad("echo: this model has no tokenizer to write the prompt's text", "echo")
+        echo = text if text is not None else tokenizer.decode(ids, skip_special_tokens=False)
+    max_tokens = _max_tokens(req, len(ids), limits, 16, chat=False)
+    prompt_logprobs = req.logprobs if req.echo else None
+    choices = _choices(req, max_tokens, req.logprobs, prompt_logprobs)
+    return GenerateInput(
+        model, ids, choices, stream, include_usage, continuous, req.logprobs, echo, prompt_only=req.max_tokens == 0
+    )
 
 
-def chat_input(body: dict, limits: Limits, tokenizer) -> GenerateInput:
-    model = check_model(body, limits)
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _bad("messages: required, a non-empty list of {role, content} objects", "messages")
-    conversation = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in ROLES:
-            raise _bad(f"messages[{i}]: must be an object with role in {ROLES}", "messages")
-        conversation.append({"role": message["role"], "content": _content(message, i)})
+def _content(content) -> str:
+    return content if isinstance(content, str) else "".join(part.text for part in content)
+
+
+def chat_input(req: ChatCompletionRequest | dict, limits: Limits, tokenizer) -> GenerateInput:
+    if isinstance(req, dict):
+        req = validate(ChatCompletionRequest, req)
+    model = check_model(req.model, limits)
+    stream, include_usage, continuous = _stream_flags(req)
+    if req.top_logprobs and not req.logprobs:
+        raise bad("top_logprobs: needs logprobs: true", "top_logprobs")
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
     if tokenizer is None:
         # The request's own fields are checked first (as for a model with a template, with a 1-token prompt):
         # a malformed field is named whatever the model, then the model's missing template is.
-        _stream_flags(body)
-        _sampling(body, 1, limits, None, chat=True)
-        raise _bad("messages: this model has no tokenizer and no chat template", "messages")
+        _choices(req, _max_tokens(req, 1, limits, None, chat=True), logprobs, None)
+        raise bad("messages: this model has no tokenizer and no chat template", "messages")
+    conversation = [{"role": m.role, "content": _content(m.content)} for m in req.messages]
     try:  # the template writes the special tokens itself
         text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
     except Exception as err:  # a template may reject a conversation (jinja raise_exception)
-        raise _bad(f"messages: the chat template rejected them: {err}", "messages") from None
+        raise bad(f"messages: the chat template rejected them: {err}", "messages") from None
     ids = tokenizer.encode(text, add_special_tokens=False)
-    stream, include_usage = _stream_flags(body)
-    params = _sampling(body, len(ids), limits, None, chat=True)
-    return GenerateInput(model, ids, params, stream, include_usage)
+    choices = _choices(req, _max_tokens(req, len(ids), limits, None, chat=True), logprobs, None)
+    return GenerateInput(model, ids, choices, stream, include_usage, continuous, logprobs)

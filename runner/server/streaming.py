@@ -3,10 +3,15 @@
 Disconnect detection does not wait for a failed write: a watcher task reads the ASGI `receive` channel, which
 yields `http.disconnect` as soon as the server sees the connection close, while the request may be
 waiting for the engine (a long prefill, a full batch). Whichever finishes first wins: the client left ->
-`bridge.abort(id)` (its KV blocks go back to the free queue at the engine's next turn); the request
+its choices are aborted (their KV blocks go back to the free queue at the engine's next turn); the request
 finished -> the watcher is cancelled. An error during the stream (the shutdown aborting it after
 --shutdown-timeout, the engine dying) is sent as a `data: {"error": ...}` event, which the openai client raises
 as an APIError, and the stream then ends with [DONE].
+
+Chunking (`--stream-interval N`): a choice's tokens are sent once N of them are waiting, or when it finishes;
+N = 1 sends every engine step's tokens as they come. Whatever the interval, a stream that fell behind (deltas of
+several engine steps already queued when the writer gets to them: a slow client, a busy event loop) sends them
+as one chunk (runner.server.choices), not one per step.
 """
 
 from __future__ import annotations
@@ -14,8 +19,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from runner.server.bridge import AsyncEngine, RequestStream
-from runner.server.protocol import APIError, GenerateInput
+from starlette.responses import Response
+
+from runner.server.bridge import Delta
+from runner.server.choices import Choices
+from runner.server.errors import APIError
+from runner.server.logprobs import TokenTexts
+from runner.server.pieces import ChoiceOutput
+from runner.server.protocol import GenerateInput
 from runner.server.responses import DONE, Shape, sse
 
 
@@ -42,70 +53,71 @@ async def _race(work, receive) -> bool:
     return task in done
 
 
-class EventStream:
-    """ASGI response: `text/event-stream` of the request's chunks."""
+class EventStream(Response):
+    """ASGI response: `text/event-stream` of the request's chunks (a Response, so FastAPI sends it as it is)."""
 
-    def __init__(self, bridge: AsyncEngine, stream: RequestStream, shape: Shape, job: GenerateInput) -> None:
-        self.bridge, self.stream, self.shape, self.job = bridge, stream, shape, job
+    media_type = "text/event-stream"
+
+    def __init__(
+        self, choices: Choices, shape: Shape, job: GenerateInput, texts: TokenTexts | None, interval: int = 1
+    ) -> None:
+        # as starlette's StreamingResponse: no body, so no content-length header
+        self.status_code, self.background = 200, None
+        self.init_headers({"cache-control": "no-cache", "x-request-id": shape.request_id})
+        self.choices, self.shape, self.job, self.interval = choices, shape, job, interval
+        self.outputs = [ChoiceOutput(job, shape.chat, texts) for _ in range(job.n)]
 
     async def _produce(self, send) -> None:
-        shape, stream = self.shape, self.stream
+        shape, job, choices = self.shape, self.job, self.choices
 
-        async def chunk(payload: dict | bytes) -> None:
-            body = payload if isinstance(payload, bytes) else sse(payload)
-            await send({"type": "http.response.body", "body": body, "more_body": True})
+        async def chunk(payload) -> None:
+            await send({"type": "http.response.body", "body": sse(payload), "more_body": True})
 
         if shape.chat:
-            await chunk(shape.chunk(None, first=True))
+            for i in range(job.n):
+                await chunk(shape.role_chunk(i))
+        waiting: dict[int, list[Delta]] = {}  # tokens a choice holds back until `interval` of them
         try:
-            async for delta in stream:  # one chunk per engine step that gave the request tokens
-                await chunk(shape.chunk(delta.text, delta.finish_reason))
-            if self.job.include_usage:
-                await chunk(shape.usage_chunk(stream.prompt_tokens, stream.num_tokens))
+            async for batch in choices.batches():
+                for i, delta in batch:
+                    held = waiting.setdefault(i, [])
+                    held.append(delta)
+                    if sum(len(d.new_token_ids) for d in held) < self.interval and delta.finish_reason is None:
+                        continue
+                    piece = self.outputs[i].piece(Delta.joined(waiting.pop(i)))
+                    await chunk(shape.chunk(i, piece, choices.prompt_tokens if job.continuous_usage else None))
+            if job.include_usage:
+                spent = 0 if job.prompt_only else sum(s.num_tokens for s in choices.streams)
+                await chunk(shape.usage_chunk(choices.prompt_tokens, spent))
         except APIError as err:
             await chunk(err.body())
         await send({"type": "http.response.body", "body": DONE, "more_body": False})
 
     async def __call__(self, scope, receive, send) -> None:
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [
-                    (b"content-type", b"text/event-stream; charset=utf-8"),
-                    (b"cache-control", b"no-cache"),
-                    (b"x-request-id", self.stream.request_id.encode()),
-                ],
-            }
-        )
-        completed = False
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         try:
-            completed = await _race(self._produce(send), receive)
+            await _race(self._produce(send), receive)
         except OSError:  # the write failed: the client is gone
-            completed = False
+            pass
         finally:
-            if not completed and not self.stream.finished:
-                self.bridge.abort(self.stream.request_id)
-            self.bridge.release(self.stream)
+            self.choices.close()  # aborts the choices still running: the client left, or a choice failed
 
 
-async def collect(bridge: AsyncEngine, stream: RequestStream, shape: Shape, receive) -> dict | None:
-    """The whole completion as one object; None if the client left first (the request is then aborted)."""
-    parts: list[str] = []
-    finish: list[str] = []
+async def collect(choices: Choices, shape: Shape, job: GenerateInput, texts: TokenTexts | None, receive):
+    """The whole completion as one response object; None if the client left first (the request is then
+    aborted)."""
+    taken: dict[int, list[Delta]] = {i: [] for i in range(job.n)}
 
     async def gather() -> None:
-        async for delta in stream:
-            parts.append(delta.text)
-            if delta.finish_reason is not None:
-                finish.append(delta.finish_reason)
+        async for batch in choices.batches():
+            for i, delta in batch:
+                taken[i].append(delta)
 
     try:
         completed = await _race(gather(), receive)
     finally:
-        if not stream.finished:
-            bridge.abort(stream.request_id)
-        bridge.release(stream)
+        choices.close()
     if not completed:
         return None
-    return shape.whole("".join(parts), finish[0], stream.prompt_tokens, stream.num_tokens)
+    pieces = [ChoiceOutput(job, shape.chat, texts).piece(Delta.joined(taken[i])) for i in range(job.n)]
+    return shape.whole(pieces, choices.prompt_tokens)

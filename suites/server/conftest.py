@@ -31,7 +31,7 @@ KV_CACHE_BYTES = 64 * 2**20
 def serve_packages_missing() -> list[str]:
     return [
         n
-        for n in ("starlette", "uvicorn", "openai", "prometheus_client", "httpx")
+        for n in ("fastapi", "pydantic", "starlette", "uvicorn", "openai", "prometheus_client", "httpx")
         if importlib.util.find_spec(n) is None
     ]
 

@@ -1,5 +1,7 @@
 """Bad-input matrix: every case answers 4xx with an OpenAI-style error body ({"error": {message, type, param,
-code}}, naming the field where there is one), and the server still serves the next valid request.
+code}}, naming the field where there is one: its path, as "messages[0].role"), and the server still serves the
+next valid request. The cases cover both layers: pydantic's (types, ranges, shapes: runner.server.request_models)
+and the rules that need the model (runner.server.protocol: the served names, the context, the vocabulary).
 
 Bodies are sent as raw bytes (httpx), so malformed JSON and non-UTF-8 reach the server as they are. The
 model name is filled in per server ("{model}"); the context is the fixture's max_model_len (512)."""
@@ -76,15 +78,59 @@ CASES = [
     ("stop empty string", CMPL, body(stop=[""]), 400, "stop"),
     ("stream string", CMPL, body(stream="yes"), 400, "stream"),
     ("stream_options without stream", CMPL, body(stream_options={"include_usage": True}), 400, "stream_options"),
+    (
+        "stream_options.include_usage string",
+        CMPL,
+        body(stream=True, stream_options={"include_usage": "yes"}),
+        400,
+        "stream_options.include_usage",
+    ),
+    (
+        "stream_options.continuous_usage_stats number",
+        CMPL,
+        body(stream=True, stream_options={"include_usage": True, "continuous_usage_stats": 1}),
+        400,
+        "stream_options.continuous_usage_stats",
+    ),
+    ("stream_options not an object", CMPL, body(stream=True, stream_options=[]), 400, "stream_options"),
     ("ignore_eos string", CMPL, body(ignore_eos="no"), 400, "ignore_eos"),
-    ("n above 1", CMPL, body(n=2), 400, "n"),
-    ("logprobs asked", CMPL, body(logprobs=5), 400, "logprobs"),
+    ("n zero", CMPL, body(n=0), 400, "n"),
+    ("n above 128", CMPL, body(n=129), 400, "n"),
+    ("n string", CMPL, body(n="2"), 400, "n"),
+    ("n pushes the last seed past 2**64", CMPL, body(n=2, seed=2**64 - 1), 400, "seed"),
+    ("logprobs above 5", CMPL, body(logprobs=6), 400, "logprobs"),
+    ("logprobs negative", CMPL, body(logprobs=-1), 400, "logprobs"),
+    ("logprobs bool", CMPL, body(logprobs=True), 400, "logprobs"),
+    ("echo string", CMPL, body(echo="yes"), 400, "echo"),
+    ("max_tokens zero without echo", CMPL, body(max_tokens=0, echo=False), 400, "max_tokens"),
+    ("completions top_logprobs", CMPL, body(top_logprobs=3), 400, "top_logprobs"),
+    ("best_of 2", CMPL, body(best_of=2), 400, "best_of"),
+    ("suffix", CMPL, body(suffix="end"), 400, "suffix"),
     ("presence penalty", CMPL, body(presence_penalty=0.5), 400, "presence_penalty"),
+    ("frequency penalty", CMPL, body(frequency_penalty=-1), 400, "frequency_penalty"),
+    ("logit_bias", CMPL, body(logit_bias={"5": 10}), 400, "logit_bias"),
+    ("not json content-type", CMPL, b'{"model": "{model}", "prompt": [1]}', 400, None),
     ("chat missing messages", CHAT, {"model": "{model}"}, 400, "messages"),
     ("chat messages string", CHAT, chat(messages="hi"), 400, "messages"),
     ("chat messages empty", CHAT, chat(messages=[]), 400, "messages"),
-    ("chat unknown role", CHAT, chat(messages=[{"role": "wizard", "content": "x"}]), 400, "messages"),
-    ("chat content number", CHAT, chat(messages=[{"role": "user", "content": 5}]), 400, "messages"),
+    ("chat unknown role", CHAT, chat(messages=[{"role": "wizard", "content": "x"}]), 400, "messages[0].role"),
+    ("chat message not an object", CHAT, chat(messages=["hi"]), 400, "messages[0]"),
+    ("chat content missing", CHAT, chat(messages=[{"role": "user"}]), 400, "messages[0].content"),
+    ("chat content number", CHAT, chat(messages=[{"role": "user", "content": 5}]), 400, "messages[0].content"),
+    (
+        "chat content image part",
+        CHAT,
+        chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+        400,
+        "messages[0].content",
+    ),
+    ("chat logprobs int", CHAT, chat(logprobs=1), 400, "logprobs"),
+    ("chat top_logprobs above 20", CHAT, chat(logprobs=True, top_logprobs=21), 400, "top_logprobs"),
+    ("chat top_logprobs without logprobs", CHAT, chat(top_logprobs=2), 400, "top_logprobs"),
+    ("chat n zero", CHAT, chat(n=0), 400, "n"),
+    ("chat echo", CHAT, chat(echo=True), 400, "echo"),
+    ("chat tools", CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
+    ("chat response_format", CHAT, chat(response_format={"type": "json_object"}), 400, "response_format"),
     ("chat max_completion_tokens zero", CHAT, chat(max_completion_tokens=0), 400, "max_completion_tokens"),
     ("chat max_completion_tokens past context", CHAT, chat(max_completion_tokens=10**6), 400, "max_completion_tokens"),
     # chat's older name for the same field: the error names what the client sent
@@ -112,15 +158,16 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("path", "payload", "status", "param"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_input_is_4xx_and_the_server_survives(server, path, payload, status, param):
+@pytest.mark.parametrize(("case_id", "path", "payload", "status", "param"), CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_4xx_and_the_server_survives(server, case_id, path, payload, status, param):
     url = server.base_url + path
     if payload is None:
         response = httpx.get(url, timeout=60)
     else:
         raw = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
         raw = raw.replace(b"{model}", server.model.encode())
-        response = httpx.post(url, content=raw, headers={"content-type": "application/json"}, timeout=60)
+        kind = "text/plain" if "content-type" in case_id else "application/json"
+        response = httpx.post(url, content=raw, headers={"content-type": kind}, timeout=60)
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert isinstance(error["message"], str) and error["message"] and isinstance(error["type"], str)
