@@ -93,6 +93,12 @@ class Sequence:
             [None] * self.num_prompt_tokens if params.prompt_logprobs is not None else None
         )
         self._generator: torch.Generator | None = None
+        # Per-request constants the decode fast path reads instead of the params (runner.engine.decode_schedule,
+        # decode_update): set by the scheduler when it accepts the request (Scheduler.add), as they depend on
+        # its config. The token ids that finish the request (EOS unless ignore_eos, stop token ids), and the
+        # token count at which it ends by length (max_tokens or max_model_len).
+        self.finish_ids: frozenset[int] = frozenset()
+        self.finish_len = 0
 
     # --- sizes --------------------------------------------------------------------------------------------
     @property
