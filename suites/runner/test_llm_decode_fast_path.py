@@ -102,3 +102,44 @@ def test_negative_control_a_slot_one_block_off_changes_the_tokens(tiny, overlap)
     llm = _llm(tiny, async_scheduling=overlap)
     llm.engine.scheduler.fault = "decode_slot"
     assert [o[0] for o in _outputs(llm)] != [o[0] for o in want]
+
+
+@pytest.mark.gpu_only(reason="captures and replays CUDA graphs")
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "async"])
+def test_the_fast_path_gives_the_general_paths_outputs_with_graphs(device, overlap):
+    """bf16 on CUDA, decode through CUDA graphs (the fast path's packed inputs copied into the graphs' static
+    buffers, the placeholder tokens gathered into them before the replay): the same batches as the general
+    path, so the same kernels on the same inputs: tokens and logprobs equal exactly."""
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        rope_theta=10_000.0,
+        tie_word_embeddings=False,
+        max_position_embeddings=256,
+    )
+    model = LlamaForCausalLM(config, torch.bfloat16, device)
+    model.load_weights(dummy_weights(config, seed=0, device=device, dtype=torch.bfloat16))
+    got = {}
+    for fast in (False, True):
+        llm = LLM(
+            device=device,
+            loaded=(model, None, config),
+            dtype=torch.bfloat16,
+            max_num_seqs=8,
+            max_num_batched_tokens=16,
+            max_model_len=128,
+            num_kv_blocks=64,
+            async_scheduling=overlap,
+            decode_fast_path=fast,
+        )
+        assert llm.engine.runner.graphs.graphs
+        taken = _record_fast_steps(llm)
+        outs = llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+        got[fast] = [(o.token_ids, o.finish_reason, o.logprobs) for o in outs]
+        assert len(taken) >= 10 if fast else not taken
+    assert got[True] == got[False]
