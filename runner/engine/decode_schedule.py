@@ -12,11 +12,12 @@ has at most one token to compute. It gives the step the general path would give,
 - the rows are the running requests with one token ahead, in running order (the general path's decodes;
   there are no prefills to follow them and nothing is admitted), less those the general path skips (nothing
   ahead, or a pending token that ends the request by length);
-- a row whose last block is full gets one block (`allocate_slots`), in the same order as the general path. If
-  the pool cannot give it (a preemption is due) or a request has a prompt chunk ahead, the fast path gives up
-  and the general path schedules the step from scratch: what the fast path did by then (blocks allocated to
-  earlier rows, their table rows synced) is what the general path does first anyway, and nothing else was
-  changed (counters are advanced only once the step is known to be a pure decode).
+- a row whose last block is full gets one block (`append_block`, what `allocate_slots` does for it), in the
+  same order as the general path. If the pool cannot give it (a preemption is due) or a request has a prompt
+  chunk ahead, the fast path gives up and the general path schedules the step from scratch: what the fast
+  path did by then (blocks allocated to earlier rows, their table rows synced) is what the general path does
+  first anyway, and nothing else was changed (counters are advanced only once the step is known to be a pure
+  decode).
 `SchedulerConfig.decode_fast_path = False` turns it off (the equivalence tests compare both).
 """
 
@@ -51,7 +52,7 @@ def schedule_decodes(sched: Scheduler) -> SchedulerOutput | None:
         if ahead != 1:
             return None  # a prompt (chunk) to compute
         block_ids = seq.block_ids
-        if start >= len(block_ids) * bs and not kv.allocate_slots(seq, 1):
+        if start >= len(block_ids) * bs and not kv.append_block(seq):
             return None  # the pool is out of blocks: a preemption is due
         if seq.table_synced != len(block_ids):
             tables.sync(seq)
