@@ -2,6 +2,7 @@
 
     python -m bench.llm.host_overhead                      # 256 rows, 200 timed decode steps, async on and off
     python -m bench.llm.host_overhead --rows 64 --steps 50 --async-only
+    python -m bench.llm.host_overhead --no-fast-path         # every step through the scheduler's general path
 
 The real LLM loop (runner.LLM: the engine core's step, the output processor, the abort of stopped requests),
 scheduler and model runner, on the CPU, with a stand-in model whose forward and logits cost ~nothing: they
@@ -29,6 +30,10 @@ launches the step's CUDA work.
                           schedule  launch collect  update  deltas  output   other   total
     at 27709cb    sync       0.360   0.176   0.008   0.274   0.066   0.104   0.048   1.036
                   async      0.426   0.223   0.008   0.277   0.068   0.106   0.067   1.175
+    at 6243f23    sync       0.099   0.066   0.003   0.082   0.033   0.060   0.023   0.365
+                  async      0.109   0.065   0.003   0.084   0.034   0.062   0.028   0.385
+    6243f23, --no-fast-path  sync 0.856, async 1.003 total (the numpy block table and the output
+                  processor's path alone)
 """
 
 from __future__ import annotations
@@ -114,7 +119,7 @@ class _Timers:
         setattr(owner, method, timed)
 
 
-def measure(rows: int, steps: int, warmup: int, async_scheduling: bool) -> list[_Call]:
+def measure(rows: int, steps: int, warmup: int, async_scheduling: bool, fast_path: bool = True) -> list[_Call]:
     """The loop's steady `rows`-row decode calls: `steps` of them, after `warmup`."""
     from runner import LLM, SamplingParams
     from runner.engine.core_build import EngineConfig
@@ -133,6 +138,7 @@ def measure(rows: int, steps: int, warmup: int, async_scheduling: bool) -> list[
         block_size=block_size,
         num_kv_blocks=rows * -(-max_model_len // block_size) + 1,  # no preemption
         async_scheduling=async_scheduling,
+        **({} if fast_path else {"decode_fast_path": False}),  # the option exists from the fast path on
     )
     llm = LLM(config=engine, loaded=(StandInModel(config, budget, rows), None, config))
     core, processor = llm.engine, llm.processor
@@ -199,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     which = p.add_mutually_exclusive_group()
     which.add_argument("--async-only", action="store_true", help="only asynchronous scheduling")
     which.add_argument("--sync-only", action="store_true", help="only synchronous scheduling")
+    p.add_argument("--no-fast-path", action="store_true", help="the scheduler's decode fast path off")
     args = p.parse_args(argv)
     if args.rows < 1 or args.steps < 1 or args.warmup < 0:
         p.error("--rows and --steps must be >= 1, --warmup >= 0")
@@ -210,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"host ms per {args.rows}-row decode step, mean of {args.steps} steps (median total last)")
     print(f"{'':>6} " + " ".join(f"{c:>8}" for c in columns))
     for overlap in modes:
-        ms = summary(measure(args.rows, args.steps, args.warmup, overlap))
+        ms = summary(measure(args.rows, args.steps, args.warmup, overlap, not args.no_fast_path))
         print(f"{'async' if overlap else 'sync':>6} " + " ".join(f"{ms[c]:8.3f}" for c in columns))
     return 0
 
