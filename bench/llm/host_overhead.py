@@ -211,14 +211,18 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--rows and --steps must be >= 1, --warmup >= 0")
     # One torch thread: the host path's tensor ops are tiny, and a thread pool contending for a shared
     # machine's cores only adds noise.
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    modes = [False] if args.sync_only else [True] if args.async_only else [False, True]
-    columns = (*PHASES, "other", "total", "median")
-    print(f"host ms per {args.rows}-row decode step, mean of {args.steps} steps (median total last)")
-    print(f"{'':>6} " + " ".join(f"{c:>8}" for c in columns))
-    for overlap in modes:
-        ms = summary(measure(args.rows, args.steps, args.warmup, overlap, not args.no_fast_path))
-        print(f"{'async' if overlap else 'sync':>6} " + " ".join(f"{ms[c]:8.3f}" for c in columns))
+    try:
+        modes = [False] if args.sync_only else [True] if args.async_only else [False, True]
+        columns = (*PHASES, "other", "total", "median")
+        print(f"host ms per {args.rows}-row decode step, mean of {args.steps} steps (median total last)")
+        print(f"{'':>6} " + " ".join(f"{c:>8}" for c in columns))
+        for overlap in modes:
+            ms = summary(measure(args.rows, args.steps, args.warmup, overlap, not args.no_fast_path))
+            print(f"{'async' if overlap else 'sync':>6} " + " ".join(f"{ms[c]:8.3f}" for c in columns))
+    finally:
+        torch.set_num_threads(threads)
     return 0
 
 
