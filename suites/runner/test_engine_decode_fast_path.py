@@ -20,6 +20,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from runner.engine.block_pool import KVCacheBlock
 from runner.engine.kv_cache_manager import cdiv
 from runner.engine.sampling_params import SamplingParams
 from runner.engine.scheduler import Scheduler
@@ -63,9 +64,27 @@ def _state(sched: Scheduler, name) -> dict:
     )
 
 
+def _copy_blocks(sched: Scheduler, memo: dict) -> None:
+    """Copies of the pool's blocks (and the free queue's sentinels) into `memo`, links included: deepcopy
+    would follow the free queue's links one recursion level per block (past Python's limit at ~200 blocks)."""
+    queue = sched.kv.pool.free_queue
+    blocks = [queue._head, queue._tail, *sched.kv.pool.blocks]
+    for block in blocks:
+        memo[id(block)] = KVCacheBlock(block.block_id)
+    for block in blocks:
+        twin = memo[id(block)]
+        twin.ref_cnt, twin.block_hash, twin.is_null = block.ref_cnt, block.block_hash, block.is_null
+        twin.prev_free = memo[id(block.prev_free)] if block.prev_free is not None else None
+        twin.next_free = memo[id(block.next_free)] if block.next_free is not None else None
+
+
 def _twin(sched: Scheduler) -> tuple[Scheduler, dict]:
     """A deep copy that takes the general path, and a name for each request valid in both."""
     memo = {}
+    _copy_blocks(sched, memo)
+    for seq in _seqs(sched):  # shared, not copied: the twin samples nothing, and deepcopy of a torch.Generator
+        if seq._generator is not None:  # drops a reference to None each time (torch 2.13): Python aborts
+            memo[id(seq._generator)] = seq._generator  # after enough of them (a nightly hypothesis run)
     twin = copy.deepcopy(sched, memo)
     twin.config = dataclasses.replace(sched.config, decode_fast_path=False)
     twin.tables._rows = twin.tables.table.numpy()  # deepcopy copies the table's numpy view apart from it
