@@ -6,6 +6,10 @@ whole-step budget of ~6 ms at 40k tok/s. Here each running request owns a row fr
 leaves (finish, preemption, abort); only block ids appended since the last step are written (a decode adds
 one block every block_size steps), and a step's table is one gather of its rows. Rows are zeroed when freed,
 so the part of a row past its request's blocks is the null block 0.
+
+Writes and the gather go through a numpy view of the tensor (same memory): a torch slice assignment from a
+new tensor costs ~4 us and a torch gather of 256 rows ~22 us, their numpy equivalents ~0.4 and ~6 us
+(measured on the CPU; a 256-row decode step syncs ~16 rows, one in block_size).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from runner.engine.sequence import Sequence
 class BlockTableRows:
     def __init__(self, max_rows: int, max_blocks_per_row: int) -> None:
         self.table = torch.zeros(max_rows, max_blocks_per_row, dtype=torch.int32)
+        self._rows = self.table.numpy()  # the same memory
         self._free_rows = list(range(max_rows - 1, -1, -1))  # pop() hands out row 0 first
 
     def assign(self, seq: Sequence) -> None:
@@ -31,7 +36,7 @@ class BlockTableRows:
     def release(self, seq: Sequence) -> None:
         if seq.table_row is None:
             return
-        self.table[seq.table_row, : seq.table_synced] = 0
+        self._rows[seq.table_row, : seq.table_synced] = 0
         self._free_rows.append(seq.table_row)
         seq.table_row = None
         seq.table_synced = 0
@@ -42,10 +47,9 @@ class BlockTableRows:
         if len(ids) > self.table.shape[1]:
             raise ValueError(f"seq: {len(ids)} blocks exceed the table's {self.table.shape[1]} columns")
         if len(ids) > done:
-            self.table[seq.table_row, done : len(ids)] = torch.tensor(ids[done:], dtype=torch.int32)
+            self._rows[seq.table_row, done : len(ids)] = ids[done:]
             seq.table_synced = len(ids)
 
     def gather(self, seqs: list[Sequence], width: int) -> torch.Tensor:
         """[len(seqs), width] copy of the rows of `seqs` (each synced), in that order."""
-        rows = torch.tensor([s.table_row for s in seqs], dtype=torch.int64)
-        return self.table[rows, :width]
+        return torch.from_numpy(self._rows[:, :width].take([s.table_row for s in seqs], axis=0))

@@ -36,7 +36,9 @@ from collections import deque
 from runner.engine.messages import AddRequest, CoreLoad, Ready, RequestDelta, StepOutputs
 from runner.engine.model_runner import LaunchedStep, ModelRunner, StepResult, StepTimes
 from runner.engine.scheduler import Scheduler, SchedulerOutput
-from runner.engine.sequence import Sequence
+from runner.engine.sequence import Sequence, SequenceStatus
+
+FINISHED = SequenceStatus.FINISHED
 
 
 @dataclasses.dataclass
@@ -164,7 +166,8 @@ class EngineCore:
         stats.steps += 1
         stats.decode_steps += output.is_decode
         stats.postprocess_s += time.perf_counter() - started
-        stats.prompt_chunks += sum(not entry.samples for entry in output.scheduled)
+        if output.decode is None:  # every row of a pure decode step samples
+            stats.prompt_chunks += sum(not entry.samples for entry in output.scheduled)
         stats.output_tokens += len(deltas)
         return deltas
 
@@ -179,23 +182,22 @@ class EngineCore:
     def _deltas(self, output: SchedulerOutput, result: StepResult) -> list[RequestDelta]:
         """The step's new token per live request that sampled one, with its logprobs when asked for, and the
         request's prompt logprobs with its first token (gathered here, chunk by chunk, until then)."""
-        rows = output.scheduled
+        seqs = output.decode.seqs if output.decode is not None else [entry.seq for entry in output.scheduled]
         for row, first, entries in result.prompt_logprobs:
-            buffer = rows[row].seq.prompt_logprobs
+            buffer = seqs[row].prompt_logprobs
             if buffer is not None:
                 buffer[first : first + len(entries)] = entries
-        deltas = []
-        for row, (entry, token) in enumerate(zip(rows, result.tokens, strict=True)):
-            seq = entry.seq
+        deltas, live, logprobs = [], self._live, result.logprobs
+        for row, (seq, token) in enumerate(zip(seqs, result.tokens, strict=True)):
             # not live: aborted, or finished by a token of an earlier step (the row was in flight meanwhile)
-            if token < 0 or self._live.get(seq.request_id) is not seq:
+            if token < 0 or live.get(seq.request_id) is not seq:
                 continue
             delta = RequestDelta(seq.request_id, [token])
-            if (logprobs := result.logprobs.get(row)) is not None:
-                delta.new_logprobs = [logprobs]
+            if logprobs and (logprob := logprobs.get(row)) is not None:
+                delta.new_logprobs = [logprob]
             if seq.prompt_logprobs is not None:  # its first token: the prompt is scored to the end
                 delta.prompt_logprobs, seq.prompt_logprobs = seq.prompt_logprobs, None
-            if seq.is_finished:
+            if seq.status is FINISHED:
                 delta.finish_reason, delta.stop_reason = seq.finish_reason.value, seq.stop_reason
             deltas.append(delta)
         return deltas

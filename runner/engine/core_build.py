@@ -44,6 +44,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     enforce_eager: bool = False
     # Schedule and prepare step N+1 while the device runs step N (runner.engine.core); False: one step at a time.
     async_scheduling: bool = True
+    # Pure decode steps through the scheduler's decode fast path (runner.engine.decode_schedule); False: every
+    # step through the general path (the same tokens: the equivalence tests compare both).
+    decode_fast_path: bool = True
     time_phases: bool = False
     seed: int = 0
 
@@ -86,6 +89,7 @@ def build_core(config: EngineConfig, loaded: tuple | None = None, tokenizer: boo
         enable_prefix_caching=config.enable_prefix_caching,
         eos_token_ids=() if eos is None else (eos,),
         async_scheduling=config.async_scheduling,
+        decode_fast_path=config.decode_fast_path,
     )
     # The model runner before the scheduler: it allocates the KV cache, so a cache that does not fit fails
     # before the scheduler builds a block pool of that size.

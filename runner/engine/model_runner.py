@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import operator
 import time
 
+import numpy as np
 import torch
 
 from reference.kv.allocate import KVCache, allocate_kv_cache
@@ -34,6 +36,8 @@ from runner.engine.sampler import SamplingBatch, is_greedy, sample
 from runner.engine.scheduler import SchedulerOutput, StepInputs
 from runner.engine.step_tensors import StepPacker
 from runner.model.attention import AttentionBatch
+
+_PLAIN_GREEDY = operator.attrgetter("plain_greedy")  # Sequence.plain_greedy: greedy, no logprobs
 
 
 def cache_spec(config, block_size: int, dtype: torch.dtype) -> FullAttentionSpec:
@@ -146,7 +150,7 @@ class ModelRunner:
     def launch(self, output: SchedulerOutput, times: StepTimes | None = None) -> LaunchedStep:
         """Queue the step on the device (nothing here waits for the device on CUDA); `collect` reads it."""
         clock = _Clock(self.device, times)
-        rows, device = output.scheduled, self.device
+        device = self.device
         timed = self.gpu_timing and device.type == "cuda"
         started = torch.cuda.Event(enable_timing=True) if timed else None
         if started is not None:
@@ -155,18 +159,28 @@ class ModelRunner:
         # for the whole run (a new stride could recompile them, ~1 s, inside a timed run).
         inputs = self.packer.pack(output, self.max_blocks)
         self._take_pending_tokens(output, inputs.input_ids)
-        sampling = [i for i, entry in enumerate(rows) if entry.samples]
-        some = None if len(sampling) == len(rows) else to_device(sampling, torch.int64, device)
+        if output.decode is not None:  # a pure decode step's columns: every row samples
+            seqs = output.decode.seqs
+            sampling = list(range(len(seqs)))
+            # A decode row samples: its position is the request's last token, so it scores no prompt token.
+            spans = []
+        else:
+            rows = output.scheduled
+            sampling = [i for i, entry in enumerate(rows) if entry.samples]
+            seqs = [rows[i].seq for i in sampling]
+            spans = prompt_logprobs.spans(rows)
+        some = None if len(sampling) == output.num_rows else to_device(sampling, torch.int64, device)
         # Built before the model runs (an all-greedy batch needs none of it): its host-to-device copies are
         # then queued ahead of the forward.
-        seqs = [rows[i].seq for i in sampling]
-        batch = (
-            None
-            if all(is_greedy(s.params) for s in seqs)
-            else SamplingBatch.from_sequences(seqs, self.config.vocab_size, device)
-        )
-        logprob_rows = [j for j, s in enumerate(seqs) if s.params.logprobs is not None]  # among sampling rows
-        spans = prompt_logprobs.spans(rows)
+        if all(map(_PLAIN_GREEDY, seqs)):  # the common batch: one attribute a row
+            batch, logprob_rows = None, []
+        else:
+            batch = (
+                None
+                if all(is_greedy(s.params) for s in seqs)
+                else SamplingBatch.from_sequences(seqs, self.config.vocab_size, device)
+            )
+            logprob_rows = [j for j, s in enumerate(seqs) if s.params.logprobs is not None]  # among sampling rows
         clock.lap("prepare_s")
         if inputs.is_decode:  # one token a row: hidden row i is sequence i's token
             step = DecodeInputs(
@@ -184,7 +198,7 @@ class ModelRunner:
                 self.model.compute_logits,
                 every,
                 to_device(prompt_logprobs.hidden_rows(spans), torch.int64, device),
-                to_device(prompt_logprobs.targets(rows, spans), torch.int64, device),
+                to_device(prompt_logprobs.targets(output.scheduled, spans), torch.int64, device),
                 max(s.k for s in spans),
                 self.max_logits_rows,
             ).to_host(non_blocking=copy)
@@ -223,6 +237,9 @@ class ModelRunner:
         """Asynchronous scheduling: rows whose token the previous step (still running) samples carry a
         placeholder; write that step's sampled tokens into them, on the device (queued after the previous
         step's sampling, before this step's forward or graph replay reads the ids: no host round trip)."""
+        if output.decode is not None:
+            self._take_pending_decode_tokens(output, input_ids)
+            return
         dst, src, offset = [], [], 0
         prev = self._last
         for entry in output.scheduled:
@@ -230,7 +247,7 @@ class ModelRunner:
                 if prev is None or prev.output.step_id != output.step_id - 1 or prev.sampled is None:
                     raise RuntimeError(f"launch: step {output.step_id} needs the tokens of the step launched before")
                 # rows that sample are prev.sampling, ascending (every row, in a pure decode step)
-                every = len(prev.sampling) == len(prev.output.scheduled)
+                every = len(prev.sampling) == prev.output.num_rows
                 at = entry.prev_row if every else bisect.bisect_left(prev.sampling, entry.prev_row)
                 if at >= len(prev.sampling) or prev.sampling[at] != entry.prev_row:
                     raise RuntimeError(f"launch: row {entry.prev_row} of step {prev.output.step_id} sampled nothing")
@@ -241,18 +258,48 @@ class ModelRunner:
             index = to_device(dst + src, torch.int64, self.device)
             input_ids[index[: len(dst)]] = prev.sampled[index[len(dst) :]]
 
+    def _take_pending_decode_tokens(self, output: SchedulerOutput, input_ids: torch.Tensor) -> None:
+        """`_take_pending_tokens` for a pure decode step's columns (one token a row), without a loop over the
+        rows. In a steady decode every row takes the token of its own row of the step before (the same
+        requests in the same order): one device copy."""
+        prev_rows = output.decode.prev_rows
+        if max(prev_rows) < 0:
+            return  # every token is known (synchronous scheduling)
+        prev = self._last
+        if prev is None or prev.output.step_id != output.step_id - 1 or prev.sampled is None:
+            raise RuntimeError(f"launch: step {output.step_id} needs the tokens of the step launched before")
+        n = len(prev_rows)
+        if n == len(prev.sampling) == prev.output.num_rows and prev_rows == list(range(n)):
+            input_ids.copy_(prev.sampled)
+            return
+        wanted = np.asarray(prev_rows)
+        dst = np.flatnonzero(wanted >= 0)
+        # rows that sample are prev.sampling, ascending: the position of a wanted row among them is its token's
+        sampling = np.asarray(prev.sampling)
+        at = np.minimum(np.searchsorted(sampling, wanted[dst]), len(sampling) - 1)  # prev sampled: not empty
+        if (missing := np.flatnonzero(sampling[at] != wanted[dst])).size:
+            row = wanted[dst][missing[0]]
+            raise RuntimeError(f"launch: row {row} of step {prev.output.step_id} sampled nothing")
+        index = to_device(np.concatenate([dst, at]), torch.int64, self.device)
+        input_ids[index[: len(dst)]] = prev.sampled[index[len(dst) :]]
+
     def collect(self, step: LaunchedStep) -> StepResult:
         """Wait for the step's copies and read them."""
         if step.done is not None:
             step.done.synchronize()
-        rows = step.output.scheduled
-        tokens = [-1] * len(rows)
-        if step.host_tokens is not None:
-            for i, token in zip(step.sampling, step.host_tokens.tolist(), strict=True):
-                tokens[i] = token
+        output = step.output
+        num_rows = output.num_rows
+        if step.host_tokens is not None and len(step.sampling) == num_rows:  # every row sampled
+            tokens = step.host_tokens.tolist()
+        else:
+            tokens = [-1] * num_rows
+            if step.host_tokens is not None:
+                for i, token in zip(step.sampling, step.host_tokens.tolist(), strict=True):
+                    tokens[i] = token
         result = StepResult(tokens)
         if step.logprobs is not None:
-            ks = [rows[i].seq.params.logprobs for i in step.logprob_rows]
+            seqs = output.decode.seqs if output.decode is not None else [e.seq for e in output.scheduled]
+            ks = [seqs[i].params.logprobs for i in step.logprob_rows]
             result.logprobs = dict(zip(step.logprob_rows, step.logprobs.entries(ks), strict=True))
         if step.prompt is not None:
             entries = step.prompt.entries([s.k for s in step.spans for _ in range(s.count)])

@@ -31,7 +31,7 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprobs | None] | None = None  # one per prompt token (None for the first)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)  # 256 a decode step: a slotted instance is built faster
 class Update:
     """What a step gave one request: its new text (held back while a stop string may still match), its new
     tokens, and, on its last update, how it finished."""
@@ -99,12 +99,15 @@ class OutputProcessor:
     def process(self, step: StepOutputs) -> tuple[list[Update], list[str]]:
         """The step's updates, in delta order, and the requests a stop string finished (abort them in the
         core). Finished requests are forgotten; their `RequestState` is in the update's source."""
-        updates, stopped = [], []
+        updates, stopped, requests = [], [], self.requests
         for delta in step.deltas:
-            state = self.requests.get(delta.request_id)
-            if state is None or state.finished:  # aborted, or tokens the core made after a stop string
+            state = requests.get(delta.request_id)
+            if state is None or state.finish_reason is not None:  # aborted, or tokens after a stop string
                 continue
-            update = self._apply(state, delta)
+            if state.detok is None and delta.new_logprobs is None and delta.prompt_logprobs is None:
+                update = _apply_tokens(state, delta)
+            else:
+                update = self._apply(state, delta)
             if update.finish_reason is not None:
                 self.requests.pop(state.request_id, None)
                 if delta.finish_reason is None:  # a stop string: the core still runs it
@@ -132,3 +135,14 @@ class OutputProcessor:
                 text.append(state.detok.flush())  # what was held back for a stop string that never matched
         logprobs = delta.new_logprobs[: len(taken)] if delta.new_logprobs is not None else None
         return Update(state.request_id, "".join(text), taken, len(state.token_ids), state.finish_reason, logprobs)
+
+
+def _apply_tokens(state: RequestState, delta: RequestDelta) -> Update:
+    """`OutputProcessor._apply` for a request without a tokenizer (so without stop strings) and a delta without
+    logprobs: its tokens and finish only, without the per-token loop (most deltas of a run without a
+    tokenizer, 256 a decode step in W1 on the H200)."""
+    new = list(delta.new_token_ids)
+    state.token_ids += new
+    if delta.finish_reason is not None:
+        state.finish_reason, state.stop_reason = delta.finish_reason, delta.stop_reason
+    return Update(state.request_id, "", new, len(state.token_ids), state.finish_reason)

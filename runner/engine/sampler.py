@@ -27,14 +27,10 @@ from collections.abc import Sequence as Seq
 import torch
 
 from runner.engine.host_copy import to_device
-from runner.engine.sampling_params import SamplingParams
+from runner.engine.sampling_params import GREEDY_EPS, SamplingParams, is_greedy
 from runner.engine.sequence import Sequence
 
-GREEDY_EPS = 1e-5
-
-
-def is_greedy(params: SamplingParams) -> bool:
-    return params.temperature < GREEDY_EPS
+__all__ = ["GREEDY_EPS", "SamplingBatch", "apply_top_k_top_p", "is_greedy", "sample"]
 
 
 @dataclasses.dataclass(frozen=True)

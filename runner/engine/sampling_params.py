@@ -14,6 +14,7 @@ import dataclasses
 import math
 
 MAX_LOGPROBS = 20  # top alternatives a position may ask for (OpenAI's top_logprobs limit, vLLM's default)
+GREEDY_EPS = 1e-5  # temperatures below it sample greedily (runner.engine.sampler says why)
 
 
 def _check_int(name: str, value: object) -> int:
@@ -81,3 +82,7 @@ class SamplingParams:
     @property
     def top_k_enabled(self) -> bool:
         return self.top_k > 0
+
+
+def is_greedy(params: SamplingParams) -> bool:
+    return params.temperature < GREEDY_EPS

@@ -20,6 +20,10 @@ refunded, though FCFS admission makes every planned request older than the one a
 loses its blocks and goes back to the FRONT of the waiting queue with all its tokens (prompt + generated)
 as the prompt to recompute. After a preemption no waiting request is admitted in the same step.
 
+Pure decode steps (every running request has one token ahead, none can be admitted: most steps of a long
+generation) take the decode fast path (runner.engine.decode_schedule, decode_update): the same step, as
+columns (runner.engine.scheduler_output.DecodeRows), with each request's counters read once.
+
 Synchronous scheduling: steps strictly alternate, `schedule()` -> model runs `output` -> `update(output,
 sampled)`. Computed-token counts advance and full blocks enter the prefix cache in `update`, i.e. only after
 their K/V was written; requests that share a prompt in the same step therefore compute it separately (see
@@ -56,7 +60,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import itertools
 from collections import defaultdict, deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
@@ -65,14 +68,28 @@ import torch
 
 from runner.engine.block_pool import KVCacheBlock
 from runner.engine.block_table import BlockTableRows
+from runner.engine.decode_schedule import schedule_decodes
+from runner.engine.decode_update import update_decodes
 from runner.engine.kv_cache_manager import KVCacheManager, cdiv
+from runner.engine.scheduler_output import PLACEHOLDER, ScheduledSequence, SchedulerOutput, StepInputs
 from runner.engine.sequence import FinishReason, Sequence, SequenceStatus
 
-PLACEHOLDER = -1  # input id of a row whose token the step in flight samples (the model runner fills it in)
+__all__ = [
+    "FAULTS",
+    "PLACEHOLDER",
+    "ScheduledSequence",
+    "Scheduler",
+    "SchedulerConfig",
+    "SchedulerOutput",
+    "StepInputs",
+    "StopChecker",
+]
+
 # Planted bugs for negative controls (never in production): "stale_placeholder" feeds a pending row the
 # request's last KNOWN token (step N-1's) instead of step N's; "early_free" frees a leaving request's blocks
-# although a launched step still writes them.
-FAULTS = ("stale_placeholder", "early_free")
+# although a launched step still writes them; "decode_slot" makes the decode fast path store each row's K/V
+# one block too far.
+FAULTS = ("stale_placeholder", "early_free", "decode_slot")
 
 
 def _positive(name: str, value: object) -> None:
@@ -91,6 +108,7 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
     eos_token_ids: tuple[int, ...] = ()
     async_scheduling: bool = False  # schedule step N+1 before step N's update (the engine core's default)
+    decode_fast_path: bool = True  # pure decode steps through runner.engine.decode_schedule / decode_update
 
     def __post_init__(self) -> None:
         for name in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs", "max_model_len"):
@@ -106,97 +124,6 @@ class SchedulerConfig:
                 f"{self.max_model_len} without chunked prefill (a whole prompt runs in one step)"
             )
         object.__setattr__(self, "eos_token_ids", tuple(int(t) for t in self.eos_token_ids))
-
-
-@dataclasses.dataclass(slots=True)  # not frozen: a frozen init costs ~3 us a row, 256 rows a step
-class ScheduledSequence:
-    """One request's share of a step: tokens [start, start + num_new_tokens) of seq.token_ids. Its block ids are
-    its row of `SchedulerOutput.block_table` (no per-row copy: it cost a list of ~100 ids a row every step)."""
-
-    seq: Sequence
-    start: int  # num_computed_tokens before the step = position of the first new token
-    num_new_tokens: int
-    token_ids: list[int]
-    slot_mapping: list[int]  # cache slot of each new token: block_id * block_size + offset
-    samples: bool  # the last new token is the request's last token: its logits give the next token
-    prev_row: int = -1  # >= 0: token_ids is [PLACEHOLDER], the token row prev_row of the step before samples
-
-    @property
-    def positions(self) -> range:
-        return range(self.start, self.start + self.num_new_tokens)
-
-    @property
-    def seq_len(self) -> int:
-        """Tokens in the cache after this step (prefix + new)."""
-        return self.start + self.num_new_tokens
-
-
-@dataclasses.dataclass(frozen=True)
-class StepInputs:
-    """The tensors of one step, fields named as runner.model.attention.AttentionBatch plus the model's ids
-    and positions. Rows of the step are the sequences in `SchedulerOutput.scheduled` order."""
-
-    input_ids: torch.Tensor  # int64 [T]
-    positions: torch.Tensor  # int64 [T]
-    slot_mapping: torch.Tensor  # int64 [T]
-    block_table: torch.Tensor  # int32 [B, width], padded with the null block 0
-    seq_lens: torch.Tensor  # int32 [B]
-    cu_seqlens_q: torch.Tensor  # int32 [B + 1]
-    logits_indices: torch.Tensor  # int64 [B]: row of each sequence's last new token
-    is_decode: bool
-    sample_mask: torch.Tensor  # bool [B]: which rows sample a token (False: a prompt chunk that is not last)
-
-
-@dataclasses.dataclass(frozen=True)
-class SchedulerOutput:
-    scheduled: list[ScheduledSequence]
-    preempted: list[Sequence]
-    num_batched_tokens: int
-    block_table: torch.Tensor  # int32 [B, widest table of the step], rows in `scheduled` order, 0-padded
-    step_id: int = 0  # steps are numbered in scheduling order; prev_row refers to step_id - 1
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.scheduled
-
-    @property
-    def is_decode(self) -> bool:
-        return bool(self.scheduled) and all(s.num_new_tokens == 1 for s in self.scheduled)
-
-    def step_inputs(self, device: torch.device | str = "cpu", block_table_width: int | None = None) -> StepInputs:
-        """Flatten the step into tensors (built on the CPU, then moved to `device`). The block table is
-        `block_table_width` wide (a CUDA graph's fixed width), default the longest table of the step.
-        One torch.tensor call per field: per-row tensor building cost ~3 ms a step at 256 requests."""
-        rows, table = self.scheduled, self.block_table
-        if block_table_width is not None:
-            if block_table_width < table.shape[1]:
-                raise ValueError(f"block_table_width: {block_table_width} < the step's widest table {table.shape[1]}")
-            table = torch.nn.functional.pad(table, (0, block_table_width - table.shape[1]))
-        cu = [0]
-        for s in rows:
-            cu.append(cu[-1] + s.num_new_tokens)
-        chain = itertools.chain.from_iterable
-        out = StepInputs(
-            input_ids=torch.tensor(list(chain(s.token_ids for s in rows)), dtype=torch.int64),
-            positions=torch.tensor(list(chain(s.positions for s in rows)), dtype=torch.int64),
-            slot_mapping=torch.tensor(list(chain(s.slot_mapping for s in rows)), dtype=torch.int64),
-            block_table=table,
-            seq_lens=torch.tensor([s.seq_len for s in rows], dtype=torch.int32),
-            cu_seqlens_q=torch.tensor(cu, dtype=torch.int32),
-            logits_indices=torch.tensor([c - 1 for c in cu[1:]], dtype=torch.int64),
-            is_decode=self.is_decode,
-            sample_mask=torch.tensor([s.samples for s in rows], dtype=torch.bool),
-        )
-        if torch.device(device).type == "cpu":
-            return out
-        return dataclasses.replace(
-            out,
-            **{
-                f.name: getattr(out, f.name).to(device, non_blocking=True)
-                for f in dataclasses.fields(out)
-                if f.name != "is_decode"
-            },
-        )
 
 
 StopChecker = Callable[[Sequence], str | None]
@@ -238,6 +165,9 @@ class Scheduler:
             raise ValueError(
                 f"seq: may need {cdiv(peak, cfg.block_size)} blocks, the cache has {self.kv.num_usable_blocks}"
             )
+        params = seq.params
+        seq.finish_ids = frozenset(params.stop_token_ids) | frozenset(() if params.ignore_eos else cfg.eos_token_ids)
+        seq.finish_len = min(seq.num_prompt_tokens + params.max_tokens, cfg.max_model_len)
         self.waiting.append(seq)
 
     def abort(self, request_id: str | int) -> Sequence | None:
@@ -306,6 +236,8 @@ class Scheduler:
         cfg = self.config
         if len(self.unresolved) >= (2 if cfg.async_scheduling else 1):
             raise RuntimeError("schedule: the previous step's update() has not run")
+        if cfg.decode_fast_path and (output := schedule_decodes(self)) is not None:
+            return output
         plan: dict[Sequence, int] = {}  # request -> new tokens, in row order
         preempted: list[Sequence] = []
         budget = cfg.max_num_batched_tokens
@@ -433,11 +365,20 @@ class Scheduler:
             raise RuntimeError("update: output is not the oldest step schedule() returned and update() has not seen")
         if isinstance(sampled_token_ids, torch.Tensor):
             sampled_token_ids = sampled_token_ids.tolist()
-        if len(sampled_token_ids) != len(output.scheduled):
+        if len(sampled_token_ids) != output.num_rows:
             raise ValueError(
-                f"sampled_token_ids: {len(sampled_token_ids)} tokens for {len(output.scheduled)} scheduled requests"
+                f"sampled_token_ids: {len(sampled_token_ids)} tokens for {output.num_rows} scheduled requests"
             )
         self.unresolved.popleft()
+        if output.decode is not None:
+            finished = update_decodes(self, output.decode, sampled_token_ids)
+        else:
+            finished = self._update_rows(output, sampled_token_ids)
+        for blocks in self._held.pop(output.step_id, ()):
+            self.kv.pool.free_blocks(blocks)
+        return finished
+
+    def _update_rows(self, output: SchedulerOutput, sampled_token_ids: Seq[int]) -> list[Sequence]:
         finished = []
         for entry, token in zip(output.scheduled, sampled_token_ids, strict=True):
             seq = entry.seq
@@ -460,8 +401,6 @@ class Scheduler:
                 else:
                     self.waiting.remove(seq)
                 finished.append(seq)
-        for blocks in self._held.pop(output.step_id, ()):
-            self.kv.pool.free_blocks(blocks)
         return finished
 
     def _check_finished(self, seq: Sequence) -> bool:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from runner.engine.hashing import BlockHash, extend_block_hashes
-from runner.engine.sampling_params import SamplingParams
+from runner.engine.sampling_params import SamplingParams, is_greedy
 
 if TYPE_CHECKING:
     from runner.engine.block_pool import KVCacheBlock
@@ -93,6 +93,14 @@ class Sequence:
             [None] * self.num_prompt_tokens if params.prompt_logprobs is not None else None
         )
         self._generator: torch.Generator | None = None
+        # Per-request constants the decode fast path reads instead of the params (runner.engine.decode_schedule,
+        # decode_update): set by the scheduler when it accepts the request (Scheduler.add), as they depend on
+        # its config. The token ids that finish the request (EOS unless ignore_eos, stop token ids), and the
+        # token count at which it ends by length (max_tokens or max_model_len).
+        self.finish_ids: frozenset[int] = frozenset()
+        self.finish_len = 0
+        # Greedy with no logprobs: the model runner needs no sampling tensors and no logprobs for it.
+        self.plain_greedy = is_greedy(params) and params.logprobs is None
 
     # --- sizes --------------------------------------------------------------------------------------------
     @property

@@ -65,10 +65,11 @@ class StepPacker:
         return out
 
     def pack(self, output: SchedulerOutput, block_table_width: int | None = None) -> StepInputs:
-        rows = output.scheduled
-        b = len(rows)
-        counts = [e.num_new_tokens for e in rows]
-        t = sum(counts)
+        decode = output.decode  # a pure decode step as columns (runner.engine.decode_schedule): no row objects
+        rows = output.scheduled if decode is None else None
+        b = output.num_rows
+        counts = [e.num_new_tokens for e in rows] if decode is None else None
+        t = b if decode is not None else sum(counts)
         width = output.block_table.shape[1]
         if block_table_width is not None:
             if block_table_width < width:
@@ -81,7 +82,11 @@ class StepPacker:
         ta = _aligned(t, 2)  # int64: 2 per 16 bytes
         wide = np.empty(3 * ta + b, dtype=np.int64)  # input_ids | positions | slot_mapping | logits_indices
         ids, pos, slots = wide[:t], wide[ta : ta + t], wide[2 * ta : 2 * ta + t]
-        if t == b:  # one token a row (decode): no flattening needed
+        if decode is not None:
+            ids[:] = decode.token_ids
+            pos[:] = decode.starts
+            slots[:] = decode.slots
+        elif t == b:  # one token a row (decode): no flattening needed
             ids[:] = [e.token_ids[0] for e in rows]
             pos[:] = [e.start for e in rows]
             slots[:] = [e.slot_mapping[0] for e in rows]
@@ -92,9 +97,13 @@ class StepPacker:
         tw, ba = _aligned(b * width, 4), _aligned(b, 4)  # int32: 4 per 16 bytes
         narrow = np.zeros(tw + ba + b + 1, dtype=np.int32)  # block_table | seq_lens | cu_seqlens_q
         narrow[: b * width].reshape(b, width)[:, : output.block_table.shape[1]] = output.block_table.numpy()
-        narrow[tw : tw + b] = [e.seq_len for e in rows]
         cu = narrow[tw + ba :]
-        np.cumsum(counts, out=cu[1:])
+        if decode is not None:  # seq_len = position + 1, one token a row
+            np.add(pos, 1, out=narrow[tw : tw + b], casting="unsafe")
+            cu[:] = np.arange(b + 1)
+        else:
+            narrow[tw : tw + b] = [e.seq_len for e in rows]
+            np.cumsum(counts, out=cu[1:])
         wide[3 * ta :] = cu[1:] - 1
         w, n = self._to_device(wide), self._to_device(narrow)
         return StepInputs(
@@ -106,5 +115,9 @@ class StepPacker:
             cu_seqlens_q=n[tw + ba :],
             logits_indices=w[3 * ta :],
             is_decode=output.is_decode,
-            sample_mask=torch.tensor([e.samples for e in rows], dtype=torch.bool),
+            sample_mask=(
+                torch.ones(b, dtype=torch.bool)  # every decode row samples
+                if decode is not None
+                else torch.tensor([e.samples for e in rows], dtype=torch.bool)
+            ),
         )

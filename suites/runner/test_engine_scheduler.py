@@ -75,14 +75,28 @@ def _sample(out, logits) -> list[int]:
     return tokens
 
 
-def run(config, prompts, params, stop_checker=None, *, fault=None, strict=True, aborts=None, late=None, order=None):
+def run(
+    config,
+    prompts,
+    params,
+    stop_checker=None,
+    *,
+    fault=None,
+    strict=True,
+    aborts=None,
+    late=None,
+    order=None,
+    hook=None,
+):
     """Serve `prompts` to the end as the engine core does (one step at a time, or under asynchronous scheduling
-        step N+1 scheduled and run before step N's update); checks per-step limits, pool invariants and that no
-        block a launched step writes was freed. `aborts` {request index: n}: abort it (as a frontend's stop string
-        would) once it has n output tokens; `late` {request index: k}: add it after k resolved steps; `order`
-        collects ("schedule" | "update", step id). Returns ((output tokens, finish reason, stop reason) per request,
-    scheduler, steps)."""
+    step N+1 scheduled and run before step N's update); checks per-step limits, pool invariants and that no
+    block a launched step writes was freed. `aborts` {request index: n}: abort it (as a frontend's stop string
+    would) once it has n output tokens; `late` {request index: k}: add it after k resolved steps; `order`
+    collects ("schedule" | "update", step id); `hook(scheduler)` runs once the scheduler is built (tests wrap
+    its methods). Returns ((output tokens, finish reason, stop reason) per request, scheduler, steps)."""
     sched = Scheduler(config, stop_checker, fault)
+    if hook is not None:
+        hook(sched)
     seqs = [Sequence(p, q, block_size=config.block_size) for p, q in zip(prompts, params, strict=True)]
     late = dict(late or {})
     for i, s in enumerate(seqs):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from runner.engine.capture_sizes import capture_sizes, padded_batch_size
 from runner.engine.cuda_graphs import DecodeGraphs, DecodeInputs, StaticDecodeBuffers
@@ -37,6 +39,22 @@ def test_fill_pads_to_the_size_and_forgets_a_larger_previous_step():
     assert batch.is_decode and batch.cu_seqlens_q.tolist() == [0, 1, 2, 3, 4]
     assert batch.logits_indices.tolist() == [0, 1, 2, 3]
     assert batch.block_table.data_ptr() == buffers.block_table.data_ptr()  # views: a graph reads the buffers
+
+
+@given(fills=st.lists(st.tuples(st.integers(1, 8), st.integers(1, 4)), min_size=1, max_size=6))
+def test_after_any_fills_the_rows_past_the_step_are_padding(fills):
+    """Rows are reset only when an earlier, larger step left them; whatever the order of batch sizes and widths,
+    the replayed rows are the step's, then padding."""
+    buffers = StaticDecodeBuffers(max_batch=8, max_blocks=4, device="cpu")
+    for b, width in fills:
+        step = _step(b, width)
+        buffers.fill(step, 8)
+        assert buffers.input_ids.tolist() == step.input_ids.tolist() + [0] * (8 - b)
+        assert buffers.positions.tolist() == step.positions.tolist() + [0] * (8 - b)
+        assert buffers.slot_mapping.tolist() == step.slot_mapping.tolist() + [-1] * (8 - b)
+        assert buffers.seq_lens.tolist() == step.seq_lens.tolist() + [0] * (8 - b)
+        table = [row + [0] * (4 - width) for row in step.block_table.tolist()] + [[0] * 4] * (8 - b)
+        assert buffers.block_table.tolist() == table
 
 
 def test_fill_refuses_a_step_that_does_not_fit():

@@ -31,8 +31,10 @@ def _assert_same(got, want) -> None:
     num_blocks=st.integers(12, 40),
     shared=st.integers(0, 12),
     seed=st.integers(0, 2**16),
+    max_tokens=st.integers(1, 24),
 )
-def test_pack_equals_step_inputs(lengths, budget, num_blocks, shared, seed):
+def test_pack_equals_step_inputs(lengths, budget, num_blocks, shared, seed, max_tokens):
+    """Long decodes too: the decode fast path's columns (runner.engine.decode_schedule) packed directly."""
     gen = torch.Generator().manual_seed(seed)
     scheduler = Scheduler(
         SchedulerConfig(
@@ -44,22 +46,26 @@ def test_pack_equals_step_inputs(lengths, budget, num_blocks, shared, seed):
         )
     )
     prefix = torch.randint(0, 50, (shared,), generator=gen).tolist()
+    accepted = []
     for n in lengths:
         seq = Sequence(
             prefix + torch.randint(0, 50, (n,), generator=gen).tolist(),
-            SamplingParams(max_tokens=6, ignore_eos=True),
+            SamplingParams(max_tokens=max_tokens, ignore_eos=True),
             block_size=4,
         )
         try:
             scheduler.add(seq)
+            accepted.append(seq)
         except ValueError:  # too large for this cache: the scheduler refuses it up front
             pass
     packer = StepPacker("cpu")
-    steps = 0
-    while scheduler.has_unfinished and steps < 200:
+    steps = fast = 0
+    while scheduler.has_unfinished and steps < 400:
         out = scheduler.schedule()
+        fast += out.decode is not None
         _assert_same(packer.pack(out), out.step_inputs())
         _assert_same(packer.pack(out, block_table_width=20), out.step_inputs(block_table_width=20))
-        scheduler.update(out, [7] * len(out.scheduled))
+        scheduler.update(out, [7] * out.num_rows)
         steps += 1
     assert not scheduler.has_unfinished
+    assert fast or max_tokens < 3 or not accepted  # fast-path steps were packed
