@@ -128,6 +128,16 @@ def _peer_rows(workload: Workload, result: dict, prompts: list[list[int]], impl:
     return rows
 
 
+def _progress(row: dict) -> None:
+    """A measured row, printed at once: a run cut short by a time limit still shows what it measured."""
+    split = "".join(
+        f", {row[k]:.2f} ms {k.removesuffix('_ms_per_step')}/step"
+        for k in ("gpu_ms_per_step", "host_ms_per_step", "wait_ms_per_step")
+        if k in row
+    )
+    print(f"{row['impl']} ({row['note'][-7:]}): {row['output_tok_per_s']:,.0f} tok/s{split}", flush=True)
+
+
 def _cuda_llm(workload: Workload, args: argparse.Namespace, **engine):
     from runner import LLM
 
@@ -156,6 +166,7 @@ def run_cuda(workload: Workload, args: argparse.Namespace) -> tuple[list[dict], 
         seeded = dataclasses.replace(workload, seed=seed)
         ours, _ = _our_row(seeded, llm, seeded.prompts(llm.config.vocab_size), note, phases=i == 0)
         runs.append((seeded, ours))
+        _progress(ours)
     config = llm.config
     del llm
     gc.collect()
@@ -184,6 +195,8 @@ def run_cuda(workload: Workload, args: argparse.Namespace) -> tuple[list[dict], 
                 f"transformers CB, {model.config._attn_implementation}, bf16 random weights, seed {seeded.seed}",
             )
             rows += peer
+            for row in peer:
+                _progress(row)
             ratio = ours["output_tok_per_s"] / peer[0]["output_tok_per_s"]
             verdict += f" = {ratio:.1f}x HF generate_batch"
             del model
