@@ -55,8 +55,8 @@ def cell(value: object) -> str:
     """A value as the Markdown tables print it: floats to 4 significant digits, missing as an em dash."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "—"
-    if isinstance(value, float):
-        return f"{value:.4g}"
+    if isinstance(value, float):  # 4 significant digits; large values whole, with thousands separators
+        return f"{value:,.0f}" if abs(value) >= 1e4 else f"{value:.4g}"
     return str(value)
 
 
