@@ -30,7 +30,7 @@ def _number(value: object) -> float | None:
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None
-    return None if math.isnan(number) else number
+    return number if math.isfinite(number) else None  # JSON has no NaN or Inf: such a metric is left out
 
 
 def _context(fields: Mapping[str, object]) -> dict:

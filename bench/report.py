@@ -252,7 +252,14 @@ def render_index(folder: pathlib.Path) -> None:
 def rebuild(path: pathlib.Path) -> list[pathlib.Path]:
     """Re-render every report folder under `path` (or `path` itself) from its CSVs, and rewrite their PyTorch
     OSS benchmark records. Returns the folders."""
-    folders = sorted({csv.parent for csv in path.rglob("*.csv") if csv.parent.name != LAUNCH_SWEEPS})
+    folders = sorted(
+        {
+            csv.parent
+            for csv in path.rglob("*.csv")
+            # launch-sweep rows and `touchstone compare`'s output are linked or stand alone, not report folders
+            if csv.parent.name != LAUNCH_SWEEPS and not (csv.parent / "compare.csv").exists()
+        }
+    )
     for folder in folders:
         for csv in sorted(folder.glob("*.csv")):
             if accuracy.is_accuracy_csv(csv):
