@@ -174,9 +174,9 @@ def fma_f32(x: np.ndarray, y: np.ndarray, z: np.ndarray) -> np.ndarray:
     s and its exact error e (x * y + z = s + e). Rounding s to fp32 is right unless s is exactly halfway
     between two fp32 neighbours (RN53 cannot cross such a midpoint, it can only land on it): then the sign
     of e says which neighbour the exact value is nearer to."""
-    p = np.asarray(x, np.float32).astype(np.float64) * np.asarray(y, np.float32).astype(np.float64)
-    c = np.asarray(z, np.float32).astype(np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN operands propagate as fma does
+        p = np.asarray(x, np.float32).astype(np.float64) * np.asarray(y, np.float32).astype(np.float64)
+        c = np.asarray(z, np.float32).astype(np.float64)
         s = p + c
         b = s - p
         e = (p - (s - b)) + (c - b)

@@ -76,7 +76,8 @@ def hf_rotation(compile_it: bool):
         config = LlamaConfig(
             hidden_size=4 * d, num_attention_heads=4, head_dim=d, rope_theta=BASE, max_position_embeddings=MAX_POSITIONS
         )
-        emb = modeling_llama.LlamaRotaryEmbedding(config, device=q.device)
+        with torch.device(q.device):  # the table built on q's device, as HF builds it in a model there
+            emb = modeling_llama.LlamaRotaryEmbedding(config)
         # cos/sin once a step in HF (and in the runner before it had this kernel): untimed, in q's dtype
         cos, sin = emb(q[None], inputs["positions"][None])
         q4, k4 = q.transpose(0, 1)[None], k.transpose(0, 1)[None]  # HF's [1, H, T, D] views of the same bytes

@@ -14,22 +14,9 @@ import torch
 
 from kernels.tolerances import assert_agree, families
 from runner import LLM, SamplingParams
-from runner.model.config import LlamaConfig
-from runner.model.llama import LlamaForCausalLM
-from runner.model.weights import dummy_weights
+from suites.runner import tiny_llama
+from suites.runner.tiny_llama import SMALL_GPU as CONFIG
 
-CONFIG = LlamaConfig(
-    vocab_size=512,
-    hidden_size=256,
-    intermediate_size=512,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=64,
-    rope_theta=10_000.0,
-    tie_word_embeddings=False,
-    max_position_embeddings=256,
-)
 # GPU time queued ahead of each forward (torch.cuda._sleep cycles; ~50 ms at the H200's 1.98 GHz clock): the
 # host's work between two steps is ~1-5 ms of Python, so a step still runs when the next one is scheduled.
 SLEEP_CYCLES = 100_000_000
@@ -37,9 +24,7 @@ PROMPTS = [[(11 * i + 3 * j) % 500 + 1 for j in range(5 + 3 * i)] for i in range
 
 
 def _model(device):
-    model = LlamaForCausalLM(CONFIG, torch.bfloat16, device)
-    model.load_weights(dummy_weights(CONFIG, seed=0, device=device, dtype=torch.bfloat16))
-    return model.eval()
+    return tiny_llama.model(CONFIG, device, torch.bfloat16)
 
 
 class Timed(torch.nn.Module):

@@ -7,38 +7,22 @@ flight. The identical-tokens checks on the real model are test_llm_generate's (p
 from __future__ import annotations
 
 import pytest
-import torch
 
 from runner import LLM, SamplingParams
 from runner.engine.core_build import EngineConfig, build_core
 from runner.engine.messages import AddRequest
-from runner.model.config import LlamaConfig
-from runner.model.llama import LlamaForCausalLM
-from runner.model.weights import dummy_weights
+from suites.runner import tiny_llama
+from suites.runner.tiny_llama import TINY
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-TINY = LlamaConfig(
-    vocab_size=97,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    rope_theta=10_000.0,
-    tie_word_embeddings=False,  # a spread distribution: sampled and greedy tokens vary
-    max_position_embeddings=256,
-)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 PROMPTS = [[1, 2, 3], list(range(10, 30)), [40, 41, 42, 43, 44]]
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    model = LlamaForCausalLM(TINY, torch.float32, "cpu")
-    model.load_weights(dummy_weights(TINY, seed=0, device="cpu", dtype=torch.float32))
-    return model.eval()
+    return tiny_llama.model(TINY)
 
 
 def _core(tiny, **kwargs):

@@ -11,24 +11,11 @@ import pytest
 import torch
 
 from runner import LLM, SamplingParams
-from runner.model.config import LlamaConfig
-from runner.model.llama import LlamaForCausalLM
-from runner.model.weights import dummy_weights
+from suites.runner import tiny_llama
+from suites.runner.tiny_llama import TINY
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-TINY = LlamaConfig(
-    vocab_size=97,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    rope_theta=10_000.0,
-    tie_word_embeddings=False,  # a spread distribution: sampled and greedy tokens vary
-    max_position_embeddings=256,
-)
 PROMPTS = [[1, 2, 3], list(range(10, 30)), [40, 41, 42, 43, 44], [7] * 9, list(range(50, 56))]
 PARAMS = [
     SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
@@ -41,9 +28,7 @@ PARAMS = [
 
 @pytest.fixture(scope="module")
 def tiny():
-    model = LlamaForCausalLM(TINY, torch.float32, "cpu")
-    model.load_weights(dummy_weights(TINY, seed=0, device="cpu", dtype=torch.float32))
-    return model.eval()
+    return tiny_llama.model(TINY)
 
 
 def _llm(tiny, **kw) -> LLM:
@@ -110,20 +95,8 @@ def test_the_fast_path_gives_the_general_paths_outputs_with_graphs(device, overl
     """bf16 on CUDA, decode through CUDA graphs (the fast path's packed inputs copied into the graphs' static
     buffers, the placeholder tokens gathered into them before the replay): the same batches as the general
     path, so the same kernels on the same inputs: tokens and logprobs equal exactly."""
-    config = LlamaConfig(
-        vocab_size=512,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        rope_theta=10_000.0,
-        tie_word_embeddings=False,
-        max_position_embeddings=256,
-    )
-    model = LlamaForCausalLM(config, torch.bfloat16, device)
-    model.load_weights(dummy_weights(config, seed=0, device=device, dtype=torch.bfloat16))
+    config = tiny_llama.SMALL_GPU
+    model = tiny_llama.model(config, device, torch.bfloat16)
     got = {}
     for fast in (False, True):
         llm = LLM(

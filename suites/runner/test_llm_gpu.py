@@ -110,24 +110,10 @@ def test_graph_decode_gives_the_eager_tokens(device, overlap):
     The eager run schedules one step at a time; the graph run with and without asynchronous scheduling (whose
     decode rows take the previous step's tokens on the device, before the replay)."""
     from runner import LLM, SamplingParams
-    from runner.model.config import LlamaConfig
-    from runner.model.llama import LlamaForCausalLM
-    from runner.model.weights import dummy_weights
+    from suites.runner import tiny_llama
 
-    config = LlamaConfig(
-        vocab_size=512,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
-        rope_theta=10_000.0,
-        tie_word_embeddings=False,
-        max_position_embeddings=256,
-    )
-    model = LlamaForCausalLM(config, torch.bfloat16, device)
-    model.load_weights(dummy_weights(config, seed=0, device=device, dtype=torch.bfloat16))
+    config = tiny_llama.SMALL_GPU
+    model = tiny_llama.model(config, device, torch.bfloat16)
     prompts = [[(11 * i + 3 * j) % 500 + 1 for j in range(5 + 3 * i)] for i in range(5)]
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (16, 12, 8, 4, 4)]
     tokens, replays = {}, {}

@@ -19,36 +19,19 @@ from runner.engine import kv_cache_manager, messages
 from runner.engine import model_runner as model_runner_mod
 from runner.engine.core_build import EngineConfig, build_core
 from runner.model.attention import make_batch
-from runner.model.config import LlamaConfig
-from runner.model.llama import LlamaForCausalLM
-from runner.model.weights import dummy_weights
+from suites.runner import tiny_llama
 from suites.runner.model_driver import allocate
+from suites.runner.tiny_llama import TINY
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-# Untied head: the tied dummy model puts almost all mass on its input token (logprobs of 0 and -30), which
-# would leave ranks and top-k alternatives untested.
-TINY = LlamaConfig(
-    vocab_size=97,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    rope_theta=10_000.0,
-    tie_word_embeddings=False,
-    max_position_embeddings=256,
-)
 BLOCK = 4
 TOL = AGREEMENT[(families.RUNNER_LOGPROBS, torch.float32)].max_rel
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    model = LlamaForCausalLM(TINY, torch.float32, "cpu")
-    model.load_weights(dummy_weights(TINY, seed=0, device="cpu", dtype=torch.float32))
-    return model.eval()
+    return tiny_llama.model(TINY)
 
 
 def _tiny_llm(model, **kwargs) -> LLM:

@@ -8,22 +8,10 @@ import pytest
 import torch
 
 from runner import LLM, SamplingParams
-from runner.model.config import LlamaConfig
 from runner.model.llama import LlamaForCausalLM
-from runner.model.weights import dummy_weights
+from suites.runner import tiny_llama
+from suites.runner.tiny_llama import TINY_TIED as TINY
 
-TINY = LlamaConfig(
-    vocab_size=97,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    rope_theta=10_000.0,
-    tie_word_embeddings=True,
-    max_position_embeddings=256,
-)
 BLOCK = 4
 MAX_MODEL_LEN = 64  # 16 blocks a sequence
 
@@ -45,9 +33,7 @@ class Recording(torch.nn.Module):
 
 @pytest.fixture(scope="module")
 def tiny():
-    model = LlamaForCausalLM(TINY, torch.float32, "cpu")
-    model.load_weights(dummy_weights(TINY, seed=0, device="cpu", dtype=torch.float32))
-    return model.eval()
+    return tiny_llama.model(TINY)
 
 
 def _llm(model, **kwargs) -> LLM:
