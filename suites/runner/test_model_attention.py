@@ -15,23 +15,13 @@ from hypothesis import strategies as st
 from kernels.tolerances import assert_agree, assert_exact, families
 from reference.attention.paged import paged_attention_ideal
 from runner.model import attention as model_attention
-from runner.model.config import LlamaConfig
 from runner.model.llama import LlamaForCausalLM
 from runner.model.weights import dummy_weights
 from suites.runner.conftest import one_thread
 from suites.runner.model_driver import allocate, step
+from suites.runner.tiny_llama import TINY_TIED
 
-TINY = LlamaConfig(
-    vocab_size=97,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    rope_theta=10_000.0,
-    tie_word_embeddings=True,
-)
+TINY = TINY_TIED
 
 
 def _sdpa_fp64(q, k, v, scale):
