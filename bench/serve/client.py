@@ -6,6 +6,8 @@ the request tokens, the last one carrying the finish_reason); E2EL = the [DONE] 
 final usage chunk (`stream_options.include_usage`); TPOT = (E2EL - TTFT) / (output tokens - 1), only for
 requests with more than one token. Traffic: a fixed number of concurrent clients each sending its next request
 as soon as the previous one ended (`concurrency`), or Poisson arrivals at `rate` requests/s (`rate`).
+The client is aiohttp in one asyncio loop, as `vllm bench serve`'s (httpx's per-chunk cost made the client,
+not the server, the bottleneck at 256 streams on the H200).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import json
 import random
 import time
 
-import httpx
+import aiohttp
 
 # A stream silent this long is a hung server, not a slow one: the point fails instead of waiting forever
 # (the slowest legitimate gap is a CPU prefill of a whole batch, seconds).
@@ -39,7 +41,7 @@ class RequestResult:
 
 
 async def one_request(
-    client: httpx.AsyncClient, url: str, model: str, prompt: list[int], output_len: int
+    session: aiohttp.ClientSession, url: str, model: str, prompt: list[int], output_len: int
 ) -> RequestResult:
     body = {
         "model": model,
@@ -54,19 +56,19 @@ async def one_request(
     out = RequestResult(ok=False)
     last = None
     try:
-        async with client.stream("POST", url, json=body) as response:
-            if response.status_code != 200:
-                out.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
+        async with session.post(url, json=body) as response:
+            if response.status != 200:
+                out.error = f"HTTP {response.status}: {(await response.read())[:200]!r}"
                 return out
-            async for line in response.aiter_lines():
-                if not line.startswith("data: "):
+            async for raw in response.content:  # one SSE line at a time
+                if not raw.startswith(b"data: "):
                     continue
                 now = time.perf_counter()
-                if line == "data: [DONE]":
+                if raw.startswith(b"data: [DONE]"):
                     out.e2el = now - start
                     out.ok = out.output_tokens > 0
                     break
-                data = json.loads(line[6:])
+                data = json.loads(raw[6:])
                 if "error" in data:
                     out.error = str(data["error"].get("message"))
                     return out
@@ -79,7 +81,7 @@ async def one_request(
                     else:
                         out.itl.append(now - last)
                     last = now
-    except httpx.HTTPError as err:
+    except (aiohttp.ClientError, TimeoutError) as err:
         out.error = f"{type(err).__name__}: {err}"
     return out
 
@@ -95,8 +97,9 @@ async def run_point(
     seed: int = 0,
 ) -> tuple[list[RequestResult], float]:
     """All prompts through the server at the given concurrency or arrival rate; (results, wall seconds)."""
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=30, read=READ_TIMEOUT_S), limits=limits) as client:
+    timeout = aiohttp.ClientTimeout(total=None, connect=30, sock_read=READ_TIMEOUT_S)
+    # limit=0: no cap on connections (the concurrency is the cap)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
         started = time.perf_counter()
         if concurrency is not None:
             todo = iter(prompts)
@@ -104,14 +107,14 @@ async def run_point(
 
             async def worker() -> None:
                 for prompt in todo:
-                    results.append(await one_request(client, url, model, prompt, output_len))
+                    results.append(await one_request(session, url, model, prompt, output_len))
 
             await asyncio.gather(*(worker() for _ in range(concurrency)))
         else:
             gaps = random.Random(seed)
             tasks = []
             for prompt in prompts:
-                tasks.append(asyncio.ensure_future(one_request(client, url, model, prompt, output_len)))
+                tasks.append(asyncio.ensure_future(one_request(session, url, model, prompt, output_len)))
                 await asyncio.sleep(gaps.expovariate(rate))
             results = list(await asyncio.gather(*tasks))
         return results, time.perf_counter() - started

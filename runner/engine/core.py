@@ -49,6 +49,8 @@ class EngineStats(StepTimes):
     postprocess_s: float = 0.0
     prompt_chunks: int = 0  # scheduled rows that computed part of a prompt and sampled nothing
     output_tokens: int = 0
+    batched_tokens: int = 0  # tokens the resolved steps computed
+    step_s: float = 0.0  # wall seconds inside step()
     collect_s: float = 0.0  # the host waiting for steps' results (the device was behind)
     gpu_s: float = 0.0  # the device's time per step, summed (runner.gpu_timing on CUDA only)
 
@@ -105,6 +107,10 @@ class EngineCore:
             s.kv.pool.num_free_blocks,
             s.num_prompt_tokens_queried,
             s.num_prompt_tokens_hit,
+            self.stats.steps,
+            self.stats.decode_steps,
+            self.stats.batched_tokens,
+            self.stats.step_s,
         )
 
     def ready(self, device: str) -> Ready:
@@ -122,20 +128,24 @@ class EngineCore:
     # --- one step -------------------------------------------------------------------------------------------
     def step(self) -> StepOutputs:
         """Run one step; returns the new tokens of every request that got some, and the finished ones."""
+        started = time.perf_counter()
+        deltas = self._step()
+        self.stats.step_s += time.perf_counter() - started
+        return StepOutputs(deltas, self.load())
+
+    def _step(self) -> list[RequestDelta]:
         if not self.async_scheduling:
             if self._launch() is None:
                 if self.scheduler.has_unfinished:  # cannot happen for requests `add` accepted; never spin
                     raise RuntimeError("step: requests are waiting but none could be scheduled")
-                return StepOutputs([], self.load())
-            return StepOutputs(self._resolve(), self.load())
+                return []
+            return self._resolve()
         if not self._inflight and self._launch() is None:
             if self.scheduler.has_unfinished:  # nothing in flight holds blocks: as in the synchronous case
                 raise RuntimeError("step: requests are waiting but none could be scheduled")
-            return StepOutputs([], self.load())
+            return []
         self._launch()  # step N+1, while step N runs (nothing, when all that is left is in flight)
-        deltas = self._resolve()
-        deltas += self._drain_if_idle()
-        return StepOutputs(deltas, self.load())
+        return self._resolve() + self._drain_if_idle()
 
     def _launch(self) -> LaunchedStep | None:
         """Schedule a step and queue it on the device; None when nothing could be scheduled."""
@@ -165,6 +175,7 @@ class EngineCore:
                 del self._live[seq.request_id]
         stats.steps += 1
         stats.decode_steps += output.is_decode
+        stats.batched_tokens += output.num_batched_tokens
         stats.postprocess_s += time.perf_counter() - started
         if output.decode is None:  # every row of a pure decode step samples
             stats.prompt_chunks += sum(not entry.samples for entry in output.scheduled)

@@ -64,6 +64,12 @@ class CoreLoad(msgspec.Struct, array_like=True):
     blocks_free: int
     prefix_queried_tokens: int
     prefix_hit_tokens: int
+    # counters since the core started: steps, the pure decode ones among them (a CUDA graph's), the tokens they
+    # computed and the seconds the core spent stepping (wall, host side): a step's size and cost, per scrape
+    steps: int = 0
+    decode_steps: int = 0
+    batched_tokens: int = 0
+    step_s: float = 0.0
 
 
 class StepOutputs(msgspec.Struct, tag=True, array_like=True, omit_defaults=True):

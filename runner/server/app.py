@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import sys
 import threading
 import uuid
 
@@ -201,7 +202,9 @@ def build_app(state: ServerState) -> FastAPI:
         if state.draining:  # again: the body may have been uploading when the shutdown began
             raise SHUTTING_DOWN
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        choices = Choices(state.bridge, request_id, job)
+        # a stream wakes for every `stream_interval` tokens, a whole response for its finish only
+        wake = state.stream_interval if job.stream else sys.maxsize
+        choices = Choices(state.bridge, request_id, job, wake)
         await choices.accepted()
         shape = Shape(request_id, job.model, chat)
         if job.stream:

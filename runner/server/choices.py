@@ -17,7 +17,9 @@ from runner.server.protocol import GenerateInput
 
 
 class Choices:
-    def __init__(self, bridge: AsyncEngine, request_id: str, job: GenerateInput) -> None:
+    def __init__(self, bridge: AsyncEngine, request_id: str, job: GenerateInput, wake_tokens: int = 1) -> None:
+        """`wake_tokens`: tokens a choice queues before `batches()` wakes for it (its finish always wakes it):
+        the stream interval of a stream, more than max_tokens for a whole response."""
         self.bridge = bridge
         self.wake = asyncio.Event()
         self.streams: list[RequestStream] = []
@@ -25,7 +27,7 @@ class Choices:
         try:
             for i, params in enumerate(job.choices):
                 stream = bridge.submit(request_id if job.n == 1 else f"{request_id}-{i}", job.prompt_token_ids, params)
-                stream.wake = self.wake
+                stream.wake, stream.wake_tokens = self.wake, wake_tokens
                 self.streams.append(stream)
         except BaseException:
             self.close()

@@ -123,6 +123,16 @@ def load_failure(err: BaseException) -> str:
     return as_flag(text) if isinstance(err, ValueError) else f"the model failed to load: {type(err).__name__}: {text}"
 
 
+def event_loop_factory():
+    """uvloop's event loop where it is installed (the serve extra brings it; uvicorn and vLLM's server use it
+    too), else asyncio's: the server's one thread runs every stream's writes."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     started = time.monotonic()
@@ -175,18 +185,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         log.info("ready: http://%s:%d/v1", args.host, args.port)
 
-    status = asyncio.run(
-        launcher.serve(
-            build_app(state),
-            sock,
-            state,
-            args.shutdown_timeout,
-            args.log_level,
-            on_started=serving,
-            load=lambda: build_state(args, faults, state.health_polled),
-            on_ready=ready,
+    with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        status = runner.run(
+            launcher.serve(
+                build_app(state),
+                sock,
+                state,
+                args.shutdown_timeout,
+                args.log_level,
+                on_started=serving,
+                load=lambda: build_state(args, faults, state.health_polled),
+                on_ready=ready,
+            )
         )
-    )
     if state.load_error is not None:
         log.debug("the model failed to load", exc_info=state.load_error)
         fail(PROG, load_failure(state.load_error), status)

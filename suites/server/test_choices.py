@@ -80,3 +80,26 @@ def test_close_aborts_the_choices_still_running():
         assert bridge.aborted == ["cmpl-y-0", "cmpl-y-2"] and len(bridge.released) == 3
 
     asyncio.run(run())
+
+
+def test_a_choice_wakes_its_reader_every_wake_tokens_and_at_its_finish():
+    async def run():
+        bridge = FakeBridge()
+        job = completion_input({"model": "m", "prompt": [1], "max_tokens": 8}, LIMITS, None)
+        choices = Choices(bridge, "cmpl-w", job, wake_tokens=3)
+        stream, batches = bridge.streams["cmpl-w"], choices.batches()
+        reading = asyncio.ensure_future(batches.__anext__())
+        await asyncio.sleep(0)  # the reader found nothing and waits
+        for k in range(2):  # two tokens: below the threshold, the reader sleeps on
+            stream.put(Delta(f"t{k}", k + 1, None, (k,)))
+            await asyncio.sleep(0)
+            assert not reading.done()
+        stream.put(Delta("t2", 3, None, (2,)))  # the third wakes it, with all three joined
+        assert [d.new_token_ids for _, d in await reading] == [(0, 1, 2)]
+        reading = asyncio.ensure_future(batches.__anext__())
+        await asyncio.sleep(0)
+        stream.put(Delta("t3", 4, "length", (3,)))  # one token, but a finish: wakes at once
+        assert [(d.new_token_ids, d.finish_reason) for _, d in await reading] == [((3,), "length")]
+        choices.close()
+
+    asyncio.run(run())
