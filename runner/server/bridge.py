@@ -25,6 +25,7 @@ FAULTS (negative controls, set from TOUCHSTONE_SERVER_FAULTS, comma separated; n
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 import os
@@ -75,20 +76,20 @@ class Delta:
 
 class RequestStream:
     """The loop's side of one request: `accepted` resolves once the engine took it (or fails with a 400), then
-    deltas arrive until one carries a finish_reason; an error (abort by shutdown, engine death) raises. Read it
-    one delta at a time (`async for`), or take what is queued at once (`take`) after `wake` was set: several
-    requests (the n choices of one API request) can share one `wake` event."""
+    deltas arrive until one carries a finish_reason; an error (abort by shutdown, engine death) raises. The
+    reader waits for `wake`, then takes what is queued at once (`take`); several requests (the n choices of one
+    API request) share one `wake` event."""
 
     def __init__(self, request_id: str, prompt_tokens: int) -> None:
         self.request_id, self.prompt_tokens = request_id, prompt_tokens
         self.arrival = time.perf_counter()
         self.last = self.arrival
         self.accepted: asyncio.Future = asyncio.get_running_loop().create_future()
-        self.queue: asyncio.Queue[Delta | APIError] = asyncio.Queue()
+        self.queue: collections.deque[Delta | APIError] = collections.deque()  # the loop's thread only
         self.finished = False
         self.num_tokens = 0  # output tokens the handler has read
         self.delivered = 0  # output tokens put on the queue (the metrics' view)
-        self.wake: asyncio.Event | None = None  # set when the reader has something to do (below)
+        self.wake = asyncio.Event()  # set when the reader has something to do (below)
         # Tokens queued before `put` wakes the reader (a finish or an error always does): a stream sending N
         # tokens a chunk, or a whole response, has nothing to do before. At 256 streams a reader woken per
         # engine step cost the server's one thread most of its time (cProfile of `touchstone serve` on the
@@ -97,9 +98,7 @@ class RequestStream:
         self.pending = 0  # tokens queued since the last `take`
 
     def put(self, item: Delta | APIError) -> None:
-        self.queue.put_nowait(item)
-        if self.wake is None:
-            return
+        self.queue.append(item)
         if isinstance(item, Delta) and item.finish_reason is None:
             self.pending += len(item.new_token_ids)
             if self.pending < self.wake_tokens:
@@ -108,29 +107,15 @@ class RequestStream:
 
     def take(self) -> Delta | None:
         """Every delta queued now, as one (None if there is none); a queued error raises."""
-        taken, self.pending = [], 0
-        while not self.finished and not self.queue.empty():
-            item = self.queue.get_nowait()
+        taken, queue, self.pending = [], self.queue, 0
+        while queue and not self.finished:
+            item = queue.popleft()
             if isinstance(item, APIError):
                 self.finished = True
                 raise item
             self.num_tokens, self.finished = item.num_tokens, item.finish_reason is not None
             taken.append(item)
         return Delta.joined(taken) if taken else None
-
-    def __aiter__(self):
-        return self
-
-    async def __anext__(self) -> Delta:
-        if self.finished:
-            raise StopAsyncIteration
-        item = await self.queue.get()
-        if isinstance(item, APIError):
-            self.finished = True
-            raise item
-        self.num_tokens = item.num_tokens
-        self.finished = item.finish_reason is not None
-        return item
 
 
 def _dead(reason: str) -> APIError:

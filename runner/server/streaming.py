@@ -69,13 +69,19 @@ class EventStream(Response):
 
     async def _produce(self, send) -> None:
         shape, job, choices = self.shape, self.job, self.choices
+        # The events of one wake-up go out in one write, and the last piece, the usage and [DONE] in one: at 256
+        # streams finishing together, three writes each through the ASGI stack held up the requests that
+        # followed them.
+        events: list[bytes] = []
 
-        async def chunk(payload) -> None:
-            await send({"type": "http.response.body", "body": sse(payload), "more_body": True})
+        async def flush(more: bool = True) -> None:
+            body = b"".join(events)
+            events.clear()
+            await send({"type": "http.response.body", "body": body, "more_body": more})
 
         if shape.chat:
-            for i in range(job.n):
-                await chunk(shape.role_chunk(i))
+            events += [sse(shape.role_chunk(i)) for i in range(job.n)]
+            await flush()
         waiting: dict[int, list[Delta]] = {}  # tokens a choice holds back until `interval` of them
         try:
             async for batch in choices.batches():
@@ -85,13 +91,16 @@ class EventStream(Response):
                     if sum(len(d.new_token_ids) for d in held) < self.interval and delta.finish_reason is None:
                         continue
                     piece = self.outputs[i].piece(Delta.joined(waiting.pop(i)))
-                    await chunk(shape.chunk(i, piece, choices.prompt_tokens if job.continuous_usage else None))
+                    events.append(sse(shape.chunk(i, piece, choices.prompt_tokens if job.continuous_usage else None)))
+                if events and not choices.finished:
+                    await flush()
             if job.include_usage:
                 spent = 0 if job.prompt_only else sum(s.num_tokens for s in choices.streams)
-                await chunk(shape.usage_chunk(choices.prompt_tokens, spent))
+                events.append(sse(shape.usage_chunk(choices.prompt_tokens, spent)))
         except APIError as err:
-            await chunk(err.body())
-        await send({"type": "http.response.body", "body": DONE, "more_body": False})
+            events.append(sse(err.body()))
+        events.append(DONE)
+        await flush(more=False)
 
     async def __call__(self, scope, receive, send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
