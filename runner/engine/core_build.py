@@ -30,6 +30,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
 
     model: str = DEFAULT_MODEL
     load_format: str = "auto"
+    # Quantize an unquantized checkpoint while it loads (runner.model.quant): "fp8" | "fp8_block" | "mxfp4"
+    quantization: str | None = None
     dtype: str | None = None  # "float32" | "bfloat16" | "float16"; None: bf16 on CUDA, fp32 on the CPU
     device: str | None = None  # None: CUDA when present, else the CPU
     enable_prefix_caching: bool = True
@@ -67,7 +69,15 @@ def build_core(config: EngineConfig, loaded: tuple | None = None, tokenizer: boo
     if loaded is None:
         from runner.model import load_model
 
-        loaded = load_model(config.model, config.load_format, dtype, device, config.seed, tokenizer=tokenizer)
+        loaded = load_model(
+            config.model,
+            config.load_format,
+            dtype,
+            device,
+            config.seed,
+            tokenizer=tokenizer,
+            quantization=config.quantization,
+        )
     model, tok, model_config = loaded
     max_model_len = min(config.max_model_len, getattr(model_config, "max_position_embeddings", config.max_model_len))
     max_tokens = config.max_num_batched_tokens

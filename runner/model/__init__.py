@@ -25,6 +25,7 @@ def load_model(
     device: torch.device | str | None = None,
     seed: int = 0,
     tokenizer: bool = True,
+    quantization: str | None = None,
 ):
     """(LlamaForCausalLM, tokenizer or None, LlamaConfig).
 
@@ -33,7 +34,8 @@ def load_model(
     model's shape. device None: CUDA when present, else the CPU; dtype None: bf16 on CUDA, fp32 on the CPU.
     The tokenizer comes from the GGUF file (or the HF directory's tokenizer files); a dummy registered shape
     gets its family's tokenizer when that file is installed, else None. tokenizer=False: never load one
-    (None).
+    (None). quantization: quantize the linear layers while the weights load ("fp8" | "fp8_block" | "mxfp4",
+    runner.model.quant); None keeps the checkpoint's dtype.
     """
     import torch
 
@@ -72,7 +74,12 @@ def load_model(
         weights = safetensors_weights(path) if fmt == "safetensors" else None
     if weights is None:
         weights = dummy_weights(config, seed=seed, device=device, dtype=dtype)
-    net = LlamaForCausalLM(config, dtype, device)
+    quant = None
+    if quantization is not None:
+        from runner.model.quant import online_config
+
+        quant = online_config(quantization)
+    net = LlamaForCausalLM(config, dtype, device, quant)
     net.load_weights(progress.tensors(weights))
     progress.close()
     return net.eval(), tokenizer, config

@@ -91,61 +91,106 @@ class SiluAndMul(nn.Module):
 
 
 class Linear(nn.Module):
-    """y = x W^T, W [out, in], no bias."""
+    """y = x W^T, W [out, in], no bias; how W is stored and multiplied is the layer's quantization scheme
+    (runner.model.quant: unquantized unless one is given). The output rows are named shards stacked in order
+    (one unnamed shard for a plain layer); the checkpoint gives each shard on its own, and `weight_loader`
+    copies it into its row slice of every row-sharded parameter."""
 
-    def __init__(self, in_features: int, out_features: int, dtype: torch.dtype, device) -> None:
+    def __init__(self, in_features: int, out_features: int | dict, dtype: torch.dtype, device, scheme=None) -> None:
         super().__init__()
-        self.weight = _param((out_features, in_features), dtype, device)
+        from runner.model.quant.unquantized import Unquantized
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
-
-
-class FusedLinear(Linear):
-    """A linear layer whose output rows are named shards, stacked in order; each shard is loaded on its own."""
-
-    def __init__(self, in_features: int, shards: dict[str | int, int], dtype: torch.dtype, device) -> None:
-        super().__init__(in_features, sum(shards.values()), dtype, device)
+        shards = out_features if isinstance(out_features, dict) else {None: out_features}
+        self.in_features, self.out_features = in_features, sum(shards.values())
+        self.dtype, self.device = dtype, torch.device(device)
         self.shard_sizes = dict(shards)
         self.shard_offsets, offset = {}, 0
         for shard_id, size in shards.items():
             self.shard_offsets[shard_id] = offset
             offset += size
-        self.weight.weight_loader = self.weight_loader
+        self.scheme = scheme if scheme is not None else Unquantized()
+        self.staging: torch.Tensor | None = None  # an online scheme's unquantized weight while it loads
+        self.loaded_rows = 0
+        self.processed = False
+        self.scheme.create_weights(self)
 
-    def weight_loader(self, param: nn.Parameter, tensor: torch.Tensor, shard_id: str | int) -> None:
-        """Copy `tensor` [shard rows, in] into the shard's row slice of `param`, in place."""
+    def new_param(self, shape: tuple[int, ...], dtype: torch.dtype, device=None) -> nn.Parameter:
+        """A parameter of the layer (rows: the output rows) filled through `weight_loader`."""
+        p = nn.Parameter(torch.empty(shape, dtype=dtype, device=device or self.device), requires_grad=False)
+        p.weight_loader = self.weight_loader
+        return p
+
+    def weight_loader(self, param: nn.Parameter, tensor: torch.Tensor, shard_id: str | int | None = None) -> None:
+        """Copy `tensor` [shard rows, in] into the shard's row slice of `param`, in place (an online scheme:
+        of the layer's staging weight, quantized once its last row is in)."""
         if shard_id not in self.shard_sizes:
             raise ValueError(f"shard_id: must be one of {list(self.shard_sizes)}, got {shard_id!r}")
         rows = self.shard_sizes[shard_id]
         if tuple(tensor.shape) != (rows, param.shape[1]):
-            raise ValueError(
-                f"weight: shard {shard_id!r} must be [{rows}, {param.shape[1]}], got {tuple(tensor.shape)}"
-            )
-        param.data.narrow(0, self.shard_offsets[shard_id], rows).copy_(tensor)
+            want = f"[{rows}, {param.shape[1]}]"
+            what = "checkpoint tensor" if shard_id is None else f"shard {shard_id!r}"
+            raise ValueError(f"weight: {what} must be {want}, got {tuple(tensor.shape)}")
+        if not self.scheme.online:
+            param.data.narrow(0, self.shard_offsets[shard_id], rows).copy_(tensor)
+            return
+        if self.staging is None:
+            self.staging = torch.empty(tuple(param.shape), dtype=self.dtype, device=self.device)
+        self.staging.narrow(0, self.shard_offsets[shard_id], rows).copy_(tensor)
+        self.loaded_rows += rows
+        if self.loaded_rows == self.out_features:
+            self.process_weights_after_loading()
+
+    def take_staging(self) -> torch.Tensor:
+        w, self.staging = self.staging, None
+        if w is None:
+            raise RuntimeError("process_weights_after_loading: no weight was loaded into this layer")
+        return w
+
+    def process_weights_after_loading(self) -> None:
+        """Once: the scheme turns the loaded tensors into what `forward` reads."""
+        if self.processed:
+            raise RuntimeError(f"process_weights_after_loading: the {self.scheme.name} layer was processed already")
+        self.scheme.process_weights_after_loading(self)
+        self.processed = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scheme.apply(self, x)
 
     def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The output's shards along the last dim (views)."""
         return y.split(list(self.shard_sizes.values()), dim=-1)
 
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, scheme={self.scheme.describe()}"
+
+
+class FusedLinear(Linear):
+    """A linear layer whose output rows are named shards, stacked in order; each shard is loaded on its own."""
+
+    def __init__(self, in_features: int, shards: dict[str | int, int], dtype: torch.dtype, device, scheme=None):
+        super().__init__(in_features, shards, dtype, device, scheme)
+
 
 class QKVLinear(FusedLinear):
     """Shards "q" (Hq * D rows), "k" and "v" (Hkv * D rows each)."""
 
-    def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, dtype, device) -> None:
+    def __init__(
+        self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, dtype, device, scheme=None
+    ) -> None:
         super().__init__(
             hidden,
             {"q": num_heads * head_dim, "k": num_kv_heads * head_dim, "v": num_kv_heads * head_dim},
             dtype,
             device,
+            scheme,
         )
 
 
 class GateUpLinear(FusedLinear):
     """Shards 0 (gate) and 1 (up), `intermediate` rows each; SiluAndMul takes its output as is."""
 
-    def __init__(self, hidden: int, intermediate: int, dtype, device) -> None:
-        super().__init__(hidden, {0: intermediate, 1: intermediate}, dtype, device)
+    def __init__(self, hidden: int, intermediate: int, dtype, device, scheme=None) -> None:
+        super().__init__(hidden, {0: intermediate, 1: intermediate}, dtype, device, scheme)
 
 
 class Embedding(nn.Module):

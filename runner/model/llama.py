@@ -18,6 +18,7 @@ load_weights has filled every one of them (it raises naming what is missing).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from types import MappingProxyType
 
 import torch
 from torch import nn
@@ -36,8 +37,13 @@ STACKED_PARAMS = (
 )
 
 
+def _scheme(quant, prefix: str):
+    """The quantization scheme of the layer named `prefix` (None: unquantized)."""
+    return None if quant is None else quant.scheme_for(prefix, LlamaForCausalLM.packed_modules_mapping)
+
+
 class LlamaAttention(nn.Module):
-    def __init__(self, config: LlamaConfig, dtype: torch.dtype, device) -> None:
+    def __init__(self, config: LlamaConfig, dtype: torch.dtype, device, quant=None, prefix: str = "") -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
             config.num_attention_heads,
@@ -45,8 +51,16 @@ class LlamaAttention(nn.Module):
             config.head_dim,
         )
         self.scale = self.head_dim**-0.5
-        self.qkv_proj = QKVLinear(config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads, dtype, device)
-        self.o_proj = Linear(config.q_size, config.hidden_size, dtype, device)
+        self.qkv_proj = QKVLinear(
+            config.hidden_size,
+            self.head_dim,
+            self.num_heads,
+            self.num_kv_heads,
+            dtype,
+            device,
+            _scheme(quant, f"{prefix}.qkv_proj"),
+        )
+        self.o_proj = Linear(config.q_size, config.hidden_size, dtype, device, _scheme(quant, f"{prefix}.o_proj"))
 
     def forward(
         self,
@@ -68,23 +82,24 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: LlamaConfig, dtype: torch.dtype, device) -> None:
+    def __init__(self, config: LlamaConfig, dtype: torch.dtype, device, quant=None, prefix: str = "") -> None:
         super().__init__()
-        self.gate_up_proj = GateUpLinear(config.hidden_size, config.intermediate_size, dtype, device)
+        h, inter = config.hidden_size, config.intermediate_size
+        self.gate_up_proj = GateUpLinear(h, inter, dtype, device, _scheme(quant, f"{prefix}.gate_up_proj"))
         self.act = SiluAndMul()
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, dtype, device)
+        self.down_proj = Linear(inter, h, dtype, device, _scheme(quant, f"{prefix}.down_proj"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: LlamaConfig, dtype: torch.dtype, device) -> None:
+    def __init__(self, config: LlamaConfig, dtype: torch.dtype, device, quant=None, prefix: str = "") -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
-        self.self_attn = LlamaAttention(config, dtype, device)
+        self.self_attn = LlamaAttention(config, dtype, device, quant, f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
-        self.mlp = LlamaMLP(config, dtype, device)
+        self.mlp = LlamaMLP(config, dtype, device, quant, f"{prefix}.mlp")
 
     def forward(
         self, rotary_emb, positions, x: torch.Tensor, residual: torch.Tensor | None, batch, kv_cache
@@ -102,10 +117,13 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: LlamaConfig, dtype: torch.dtype, device) -> None:
+    def __init__(self, config: LlamaConfig, dtype: torch.dtype, device, quant=None) -> None:
         super().__init__()
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype, device)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, dtype, device) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, dtype, device, quant, f"model.layers.{i}")
+            for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         self.rotary_emb = RotaryEmbedding(
             config.head_dim, config.rope_theta, config.max_position_embeddings, device
@@ -113,12 +131,19 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: LlamaConfig, dtype: torch.dtype, device) -> None:
+    # fused layer -> the checkpoint layers it is made of, in row order. Read-only: a subclass that adds entries
+    # builds its own ({**LlamaForCausalLM.packed_modules_mapping, ...}), so no two models share a mutable one.
+    packed_modules_mapping = MappingProxyType(
+        {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+    )
+
+    def __init__(self, config: LlamaConfig, dtype: torch.dtype, device, quant=None) -> None:
+        """quant: a runner.model.quant.QuantConfig (None: every layer unquantized)."""
         super().__init__()
         if not isinstance(config, LlamaConfig):
             raise TypeError(f"config: must be a LlamaConfig, got {type(config).__name__}")
-        self.config, self.dtype = config, dtype
-        self.model = LlamaModel(config, dtype, device)
+        self.config, self.dtype, self.quant = config, dtype, quant
+        self.model = LlamaModel(config, dtype, device, quant)
         self.lm_head = (
             None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size, dtype, device)
         )
@@ -193,3 +218,6 @@ class LlamaForCausalLM(nn.Module):
         if pending:
             missing = sorted(f"{n}" + ("" if s is None else f" (shard {s!r})") for n, s in pending)
             raise ValueError(f"weights: {len(missing)} parameters not in the checkpoint, first: {missing[:5]}")
+        for module in self.modules():  # online schemes processed each layer as its last shard arrived
+            if isinstance(module, Linear) and not module.processed:
+                module.process_weights_after_loading()

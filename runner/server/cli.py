@@ -41,6 +41,11 @@ def parser() -> Parser:
     p.add_argument("--model", default="smollm2-135m-instruct", help="registered name, .gguf file or HF directory")
     p.add_argument("--served-model-name", help="the name clients use (default: --model)")
     p.add_argument("--load-format", default="auto", help="auto | gguf | safetensors | dummy")
+    p.add_argument(
+        "--quantization",
+        choices=("fp8", "fp8_block", "mxfp4"),
+        help="quantize the linear layers while the weights load (default: as stored)",
+    )
     p.add_argument("--device", help="cpu | cuda | cuda:N (default: cuda when available)")
     p.add_argument(
         "--dtype",
@@ -79,6 +84,7 @@ def engine_config(args: argparse.Namespace):
     return EngineConfig(
         model=args.model,
         load_format=args.load_format,
+        quantization=args.quantization,
         dtype=args.dtype,
         device=args.device,
         max_num_seqs=args.max_num_seqs,

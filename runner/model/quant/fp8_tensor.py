@@ -1,0 +1,37 @@
+"""FP8 per-tensor: E4M3 weight with one fp32 scale, activations quantized per tensor at run time (dynamic).
+
+y = (x_q W_q^T) * (s_x * s_w), summed in fp32, rounded once to the activation dtype: on CUDA
+`torch._scaled_mm` (cuBLAS), elsewhere the same arithmetic in fp32 (exact products of E4M3 values)."""
+
+from __future__ import annotations
+
+import torch
+
+from runner.model.quant.online import OnlineScheme
+from runner.model.quant.scheme import uses_kernels
+
+
+class Fp8PerTensor(OnlineScheme):
+    name = "fp8"
+
+    def quantize(self, layer, w: torch.Tensor) -> None:
+        q, s = _quantize(w.contiguous())
+        layer.register_buffer("weight_fp8", q)
+        layer.register_buffer("weight_scale", s.reshape(()))
+
+    def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
+        xq, xs = _quantize(x)
+        if uses_kernels(x):
+            return torch._scaled_mm(
+                xq, layer.weight_fp8.t(), scale_a=xs.reshape(()), scale_b=layer.weight_scale, out_dtype=x.dtype
+            )
+        acc = xq.to(torch.float32) @ layer.weight_fp8.to(torch.float32).T
+        return (acc * (xs.reshape(()) * layer.weight_scale)).to(x.dtype)
+
+
+def _quantize(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if t.is_cuda:
+        from kernels.fp8_quant import quantize_fp8
+    else:
+        from reference.quant.fp8 import quantize_fp8
+    return quantize_fp8(t, granularity="tensor")

@@ -1,0 +1,51 @@
+"""MXFP4 W4A16: E2M1 weight codes with one E8M0 scale per 32 weights along K (OCP MX v1.0), activations
+unquantized. On CUDA in bf16 the W4A16 GEMM dequantizes the weights in the kernel (Hopper has no FP4 tensor
+cores); elsewhere the weights are dequantized exactly (every E2M1 value times a power of two is exact in fp32)
+and multiplied in the activation dtype: the fake-quantized model of the MX emulators.
+
+Negative zero: a weight that rounds to zero keeps its sign bit in the E2M1 code (0x8) in some quantizers and
+not in others; AMD Quark's checkpoints hold positive zeros only, and vLLM's online-MXFP4 test normalizes -0
+before comparing. The load normalizes too: no 0x8 nibble is ever stored (it dequantizes to the same value)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from reference.quant.mxfp4 import MX_BLOCK_SIZE
+from runner.model.quant.online import OnlineScheme, zero_pad_columns
+from runner.model.quant.scheme import uses_kernels
+
+SCALE_MODE = "floor"  # the OCP spec's rule (torchao's to_mx default)
+
+
+def positive_zeros(codes: torch.Tensor) -> torch.Tensor:
+    """Packed E2M1 codes with each -0 nibble (0x8) replaced by +0 (0x0)."""
+    low, high = codes & 0x0F, codes >> 4
+    low = torch.where(low == 0x8, torch.zeros_like(low), low)
+    high = torch.where(high == 0x8, torch.zeros_like(high), high)
+    return low | (high << 4)
+
+
+class Mxfp4W4A16(OnlineScheme):
+    name = "mxfp4"
+
+    def quantize(self, layer, w: torch.Tensor) -> None:
+        w = zero_pad_columns(w, MX_BLOCK_SIZE)
+        if w.is_cuda:
+            from kernels.mxfp4 import quantize_mxfp4
+        else:
+            from reference.quant.mxfp4 import quantize_mxfp4
+        codes, scales = quantize_mxfp4(w.contiguous(), scale_mode=SCALE_MODE)
+        layer.register_buffer("weight_codes", positive_zeros(codes))
+        layer.register_buffer("weight_scales", scales)
+
+    def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
+        x = zero_pad_columns(x, MX_BLOCK_SIZE)
+        if uses_kernels(x):
+            from kernels.w4a16_mxfp4_gemm import w4a16_mxfp4_gemm
+
+            return w4a16_mxfp4_gemm(x, layer.weight_codes, layer.weight_scales)
+        from reference.quant.mxfp4 import dequantize_mxfp4
+
+        return F.linear(x, dequantize_mxfp4(layer.weight_codes, layer.weight_scales, dtype=x.dtype))

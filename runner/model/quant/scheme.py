@@ -1,0 +1,40 @@
+"""A linear layer's quantization scheme: how its weight is stored, prepared and multiplied (vLLM's
+`LinearMethodBase` split, written from its description).
+
+- `create_weights(layer)`: the parameters the checkpoint fills, each with a `weight_loader(param, tensor,
+  shard_id=None)` that copies a shard into its row slice.
+- `process_weights_after_loading(layer)`: once every shard is in, turn the loaded tensors into what `apply`
+  reads (quantize, pad, repack, transpose). Runs once: a second call is an error, never a second conversion.
+- `apply(layer, x)`: y = x W^T in the activation dtype.
+
+An online scheme quantizes an unquantized checkpoint while it loads. Its weight is allocated only when the
+first shard of the layer arrives, and is freed by `process_weights_after_loading`, which the layer runs as soon
+as its last shard arrived: the peak is the quantized model plus one layer's unquantized weight.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class LinearScheme:
+    name = "unquantized"
+    online = False  # quantizes an unquantized checkpoint as it loads
+
+    def create_weights(self, layer: nn.Module) -> None:
+        raise NotImplementedError
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Default: nothing to convert."""
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return self.name
+
+
+def uses_kernels(x: torch.Tensor) -> bool:
+    """The Triton GEMMs run on CUDA in bf16; elsewhere (the CPU tier, fp32) the references do."""
+    return x.is_cuda and x.dtype == torch.bfloat16

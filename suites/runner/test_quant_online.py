@@ -1,0 +1,243 @@
+"""Online quantization at load (`LLM(..., quantization=...)`, runner.model.quant) on the CPU tier.
+
+- The stored bytes are the reference quantizers' on each fused weight (q/k/v and gate/up stacked), K padded
+  with zeros where the scheme's block needs it, -0 codes normalized to +0 (MXFP4).
+- MXFP4 W4A16 on the CPU is exactly the model whose weights are the dequantized ones (the fake-quant model).
+- FP8 per tensor and block FP8 quantize the activations too: their logits are compared with the unquantized
+  model by SQNR (the values are in the assertion message).
+- A load holds one layer's unquantized weight at a time; a layer is processed once.
+- Tensor-parallel shards: quantizing a shard gives the shard of the quantized weight; a split that would cut
+  a block is refused.
+- MXFP4 bytes equal torchao's `to_mx` (scale mode floor, -0 normalized as here) on every weight of the
+  embedded model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernels.tolerances import assert_exact
+from reference.quant.fp8 import quantize_fp8, quantize_fp8_blocks
+from reference.quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+from runner.model.layers import Linear
+from runner.model.llama import LlamaForCausalLM
+from runner.model.quant import ONLINE_SCHEMES, QuantConfig, online_config
+from runner.model.quant.mxfp4 import Mxfp4W4A16, positive_zeros
+from runner.model.quant.online import zero_pad_columns
+from runner.model.quant.tp_shards import check_tp_split
+from runner.model.weights import dummy_weights
+from suites.runner.model_driver import greedy
+from suites.runner.tiny_llama import TINY
+
+PROMPTS = [[5, 17, 33, 2, 9, 41], [60, 3, 3, 71]]
+
+
+def _model(quantization: str | None, weights=None) -> LlamaForCausalLM:
+    model = LlamaForCausalLM(TINY, torch.float32, "cpu", online_config(quantization) if quantization else None)
+    model.load_weights(weights if weights is not None else dummy_weights(TINY, seed=3))
+    return model
+
+
+def _fused(name: str) -> torch.Tensor:
+    """Layer 0's fused weight `name` (qkv_proj / gate_up_proj / o_proj / down_proj) from the dummy weights."""
+    w = dict(dummy_weights(TINY, seed=3))
+    p = "model.layers.0."
+    parts = {
+        "qkv_proj": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+        "gate_up_proj": ["mlp.gate_proj", "mlp.up_proj"],
+        "o_proj": ["self_attn.o_proj"],
+        "down_proj": ["mlp.down_proj"],
+    }[name]
+    return torch.cat([w[f"{p}{part}.weight"] for part in parts])
+
+
+def _layers(model):
+    layer = model.model.layers[0]
+    return {
+        "qkv_proj": layer.self_attn.qkv_proj,
+        "o_proj": layer.self_attn.o_proj,
+        "gate_up_proj": layer.mlp.gate_up_proj,
+        "down_proj": layer.mlp.down_proj,
+    }
+
+
+def _sqnr_db(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return float(10 * torch.log10(ref.double().pow(2).sum() / (x.double() - ref.double()).pow(2).sum()))
+
+
+@pytest.mark.parametrize("scheme", ONLINE_SCHEMES)
+def test_stored_bytes_are_the_reference_quantizers_on_each_fused_weight(scheme):
+    layers = _layers(_model(scheme))
+    for name, layer in layers.items():
+        w = _fused(name)
+        assert "weight" not in dict(layer.named_parameters()), f"{name}: the unquantized weight was kept"
+        if scheme == "fp8":
+            q, s = quantize_fp8(w, granularity="tensor")
+            assert_exact(layer.weight_fp8, q, f"{name} codes")
+            assert_exact(layer.weight_scale, s.reshape(()), f"{name} scale")
+        elif scheme == "fp8_block":
+            q, s = quantize_fp8_blocks(zero_pad_columns(w, 128))
+            assert layer.weight_fp8.shape[1] % 128 == 0 and layer.weight_fp8.shape[1] - w.shape[1] < 128
+            assert_exact(layer.weight_fp8, q, f"{name} codes")
+            assert_exact(layer.weight_scale_inv, s, f"{name} scales")
+        else:
+            codes, scales = quantize_mxfp4(zero_pad_columns(w, 32), scale_mode="floor")
+            assert_exact(layer.weight_codes, positive_zeros(codes), f"{name} codes")
+            assert_exact(layer.weight_scales, scales, f"{name} scales")
+
+
+def test_mxfp4_model_is_the_model_of_its_dequantized_weights():
+    quantized = _model("mxfp4")
+
+    def dequantized():
+        for name, tensor in dummy_weights(TINY, seed=3):
+            if tensor.dim() == 2 and "layers." in name:
+                codes, scales = quantize_mxfp4(tensor, scale_mode="floor")
+                tensor = dequantize_mxfp4(codes, scales, dtype=torch.float32)
+            yield name, tensor
+
+    # per-shard quantization equals quantizing the fused weight: MX blocks run along K, within a row
+    oracle = _model(None, dequantized())
+    tokens, logits = greedy(quantized, PROMPTS, 6)
+    want_tokens, want_logits = greedy(oracle, PROMPTS, 6)
+    assert tokens == want_tokens
+    assert_exact(logits, want_logits, "logits")
+
+
+@pytest.mark.parametrize("scheme", ["fp8", "fp8_block"])
+def test_fp8_logits_stay_close_to_the_unquantized_model(scheme):
+    _, logits = greedy(_model(scheme), PROMPTS, 1)
+    _, ref = greedy(_model(None), PROMPTS, 1)
+    sqnr = _sqnr_db(logits, ref)
+    # measured on this random tiny model: 25.2 dB (fp8), 26.4 dB (fp8_block); the planted doubled tile
+    # scales of one layer (below): 11.2 dB
+    assert sqnr > 20, f"{scheme}: logits SQNR {sqnr:.1f} dB vs the unquantized model"
+
+
+def test_negative_control_a_wrong_scale_is_caught():
+    model = _model("fp8_block")
+    _, ref = greedy(_model(None), PROMPTS, 1)
+    layer = model.model.layers[0].mlp.down_proj
+    layer.weight_scale_inv.mul_(2.0)  # planted: the tile scales doubled
+    _, logits = greedy(model, PROMPTS, 1)
+    assert _sqnr_db(logits, ref) < 20
+
+
+def test_a_load_holds_one_unquantized_layer_at_a_time():
+    model = LlamaForCausalLM(TINY, torch.float32, "cpu", online_config("mxfp4"))
+    linears = [m for m in model.modules() if isinstance(m, Linear) and m.scheme.online]
+    most = 0
+
+    def watched():
+        nonlocal most
+        for item in dummy_weights(TINY, seed=3):
+            yield item
+            most = max(most, sum(m.staging is not None for m in linears))
+
+    model.load_weights(watched())
+    assert most == 1 and all(m.staging is None and m.processed for m in linears)
+    with pytest.raises(RuntimeError, match="processed already"):
+        linears[0].process_weights_after_loading()
+
+
+def test_negative_zero_is_stored_as_positive_zero():
+    w = torch.zeros(2, 64)
+    w[0, :4] = torch.tensor([-0.0, -1e-9, 1.0, -6.0])  # -0 and a tiny negative both round to the -0 code
+    codes, scales = quantize_mxfp4(w, scale_mode="floor")
+    nibbles = torch.stack([codes & 0xF, codes >> 4])
+    assert (nibbles == 0x8).any(), "the reference quantizer keeps the sign of zero (else this test is moot)"
+    layer = Linear(64, 2, torch.float32, "cpu", Mxfp4W4A16())
+    layer.weight_loader(layer.weight, w)
+    stored = torch.stack([layer.weight_codes & 0xF, layer.weight_codes >> 4])
+    assert not (stored == 0x8).any()
+    same = dequantize_mxfp4(layer.weight_codes, layer.weight_scales, dtype=torch.float32)
+    assert torch.equal(same, dequantize_mxfp4(codes, scales, dtype=torch.float32))  # -0.0 == 0.0
+
+
+def test_fused_parts_with_different_schemes_are_refused():
+    only_q = QuantConfig("fp8", online_config("fp8").make, excluded=lambda name: name.endswith("q_proj"))
+    with pytest.raises(ValueError, match=r"qkv_proj.*different schemes.*q_proj.*unquantized"):
+        LlamaForCausalLM(TINY, torch.float32, "cpu", only_q)
+
+
+def test_an_unknown_quantization_is_named():
+    with pytest.raises(ValueError, match=r"quantization: must be one of \['fp8', 'fp8_block', 'mxfp4'\]"):
+        online_config("int3")
+
+
+def _quantized(scheme: str, w: torch.Tensor) -> list[torch.Tensor]:
+    if scheme == "fp8_block":
+        return list(quantize_fp8_blocks(w))
+    if scheme == "mxfp4":
+        return list(quantize_mxfp4(w, scale_mode="floor"))
+    raise AssertionError(scheme)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    scheme=st.sampled_from(["fp8_block", "mxfp4"]),
+    dim=st.sampled_from([0, 1]),
+    parts=st.sampled_from([1, 2, 4]),
+    blocks=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_a_quantized_shard_is_the_shard_of_the_quantized_weight(scheme, dim, parts, blocks, seed):
+    row_block, col_block = {"fp8_block": (128, 128), "mxfp4": (1, 32)}[scheme]
+    shape = [row_block * 3, col_block * 2]
+    shape[dim] = (row_block, col_block)[dim] * blocks * parts
+    w = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+    size = check_tp_split(scheme, tuple(shape), dim, parts)
+    whole = _quantized(scheme, w)
+    for r in range(parts):
+        mine = _quantized(scheme, w.narrow(dim, r * size, size).contiguous())
+        for got, full in zip(mine, whole, strict=True):
+            # codes span the weight's columns (2 a byte for MXFP4), scales one per block along each dim
+            per = full.shape[dim] // parts
+            assert_exact(got, full.narrow(dim, r * per, per), f"rank {r} of {parts}")
+
+
+def test_fp8_tensor_shards_need_the_whole_tensors_scale():
+    w = torch.randn(8, 64, generator=torch.Generator().manual_seed(1))
+    w[0, 0] = 40.0  # the amax sits in shard 0
+    q, s = quantize_fp8(w, granularity="tensor")
+    own, _ = quantize_fp8(w[4:], granularity="tensor")
+    given_, _ = quantize_fp8(w[4:], granularity="tensor", static_scale=s)
+    assert_exact(given_, q[4:], "shard quantized with the whole tensor's scale")
+    assert not torch.equal(own.view(torch.uint8), q[4:].view(torch.uint8)), "a shard's own scale differs"
+
+
+@pytest.mark.parametrize(
+    ("scheme", "shape", "dim", "parts", "message"),
+    [
+        ("fp8_block", (256, 384), 1, 2, "spans 128 along dim 1; shards of 192"),
+        ("fp8_block", (384, 256), 0, 2, "spans 128 along dim 0; shards of 192"),
+        ("mxfp4", (8, 96), 1, 2, "spans 32 along dim 1; shards of 48"),
+        ("mxfp4", (8, 96), 1, 5, "does not split into 5 equal shards"),
+    ],
+)
+def test_a_split_that_cuts_a_block_is_refused(scheme, shape, dim, parts, message):
+    with pytest.raises(ValueError, match=message):
+        check_tp_split(scheme, shape, dim, parts)
+
+
+def test_mxfp4_bytes_equal_torchao_on_every_weight_of_the_embedded_model(smollm2):
+    torchao_mx = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
+    torchao_config = pytest.importorskip("torchao.prototype.mx_formats.config")
+    model, _, config = smollm2
+    checked = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, Linear) or module.weight.dim() != 2 or name == "lm_head":
+            continue
+        w = module.weight.detach()
+        layer = Linear(w.shape[1], w.shape[0], torch.float32, "cpu", Mxfp4W4A16())
+        layer.weight_loader(layer.weight, w)
+        their_scales, their_codes = torchao_mx.to_mx(
+            w, torch.float4_e2m1fn_x2, 32, torchao_config.ScaleCalculationMode.FLOOR
+        )
+        their_codes = positive_zeros(their_codes.view(torch.uint8).reshape(layer.weight_codes.shape))
+        assert_exact(layer.weight_scales, their_scales.view(torch.uint8).reshape(layer.weight_scales.shape), name)
+        assert_exact(layer.weight_codes, their_codes, name)
+        checked += 1
+    assert checked == 4 * config.num_hidden_layers
