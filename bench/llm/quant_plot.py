@@ -1,0 +1,27 @@
+"""The quality report's figure: per-layer weight SQNR of each online quantization scheme."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Sequence
+
+
+def plot(path: pathlib.Path, layers: Sequence[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    frame = pd.DataFrame(layers)
+    fig, ax = plt.subplots(figsize=(10, 4))
+    for scheme, part in frame.groupby("scheme", sort=False):
+        ax.plot(range(len(part)), part["sqnr_db"].to_numpy(), marker=".", label=scheme)
+    ax.set_xlabel("linear layer (model order: qkv, o, gate_up, down per decoder layer)")
+    ax.set_ylabel("weight SQNR (dB)")
+    ax.set_title("Online quantization of the embedded model: per-layer weight SQNR")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
