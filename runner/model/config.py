@@ -193,6 +193,24 @@ MODELS: dict[str, RegisteredModel] = {
             eos_token_id=128001,
         )
     ),
+    # Llama-3.1-8B's shape with plain RoPE: the quantized-runner benchmarks (bench.llm.quant_decode).
+    "llama-3.1-8b-shape": RegisteredModel(
+        LlamaConfig(
+            vocab_size=128256,
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            rms_norm_eps=1e-5,
+            rope_theta=500_000.0,
+            max_position_embeddings=131072,
+            tie_word_embeddings=False,
+            bos_token_id=128000,
+            eos_token_id=128001,
+        )
+    ),
 }
 
 

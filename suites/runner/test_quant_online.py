@@ -241,3 +241,36 @@ def test_mxfp4_bytes_equal_torchao_on_every_weight_of_the_embedded_model(smollm2
         assert_exact(layer.weight_codes, their_codes, name)
         checked += 1
     assert checked == 4 * config.num_hidden_layers
+
+
+@pytest.mark.gpu_only(reason="runs the quantized GEMM kernels, eagerly and through CUDA graphs")
+@pytest.mark.parametrize("scheme", ONLINE_SCHEMES)
+def test_gpu_graph_decode_gives_the_eager_tokens_and_tracks_bf16(device, scheme):
+    """On the GPU each scheme runs its kernels (torch._scaled_mm, the block-FP8 GEMM, the W4A16 GEMM): decode
+    through CUDA graphs gives the tokens of enforce_eager, and the logits stay near the bf16 model's."""
+    from runner import LLM, SamplingParams
+    from suites.runner import tiny_llama
+
+    config = tiny_llama.SMALL_GPU
+    model = LlamaForCausalLM(config, torch.bfloat16, device, online_config(scheme))
+    model.load_weights(dummy_weights(config, seed=0, device=device, dtype=torch.bfloat16))
+    model.eval()
+    _, logits = greedy(model, PROMPTS, 1, device=device)
+    _, ref = greedy(tiny_llama.model(config, device, torch.bfloat16), PROMPTS, 1, device=device)
+    sqnr = _sqnr_db(logits.cpu(), ref.cpu())
+    assert sqnr > (10 if scheme == "mxfp4" else 18), f"{scheme}: logits SQNR {sqnr:.1f} dB vs bf16"
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    tokens = {}
+    for eager in (True, False):
+        llm = LLM(
+            device=device,
+            loaded=(model, None, config),
+            dtype=torch.bfloat16,
+            max_num_seqs=8,
+            max_model_len=128,
+            num_kv_blocks=64,
+            enforce_eager=eager,
+        )
+        tokens[eager] = [o.token_ids for o in llm.generate(PROMPTS * 3, params, use_tqdm=False)]
+        llm.close()
+    assert tokens[True] == tokens[False]

@@ -1,0 +1,140 @@
+"""The quantized runner on the GPU: `python -m bench.llm.quant_decode` (H200; Llama-3.1-8B's shape, dummy weights).
+
+For bf16 and each online scheme (`LLM(..., quantization=...)`), in one run and one process:
+- decode: B requests of 32 prompt tokens and 256 greedy output tokens (ignore_eos), B = 1, 8, 32; output tok/s
+  of the whole `generate` (decode-dominated: 256 CUDA-graph decode steps against one prefill step);
+- prefill: 8 requests of 2048 prompt tokens, 1 output token: prompt tok/s;
+- the load: peak GPU memory while the weights load and quantize (`torch.cuda.max_memory_allocated`) beside
+  the quantized model's own bytes and its largest layer's bf16 weight.
+Each scheme's figures are ratios to bf16's of the same run. Writes reports/<backend>-<slug>/quant_decode.*."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import pathlib
+import random
+import sys
+import time
+
+import torch
+
+COLUMNS = (
+    "scheme",
+    "workload",
+    "batch",
+    "tok_per_s",
+    "vs_bf16",
+    "load_peak_gib",
+    "model_gib",
+    "largest_layer_bf16_gib",
+    "device",
+    "torch",
+    "triton",
+    "git_sha",
+    "dirty",
+    "command",
+)
+SCHEMES = (None, "fp8_block", "mxfp4", "fp8")
+
+
+def _gib(n: int) -> float:
+    return n / 2**30
+
+
+def measure(model_name: str, scheme: str | None, batches: list[int], output_len: int) -> list[dict]:
+    from runner import LLM, SamplingParams
+    from runner.model import load_model
+
+    name = scheme or "bf16"
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    loaded = load_model(model_name, "dummy", torch.bfloat16, "cuda", tokenizer=False, quantization=scheme)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    model = loaded[0]
+    size = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    cfg = loaded[2]
+    largest = 2 * cfg.intermediate_size * cfg.hidden_size * 2  # gate_up in bf16
+    memory = {"load_peak_gib": _gib(peak), "model_gib": _gib(size), "largest_layer_bf16_gib": _gib(largest)}
+    print(f"  {name}: loaded, peak {_gib(peak):.2f} GiB, model {_gib(size):.2f} GiB", flush=True)
+    llm = LLM(
+        loaded=loaded, device="cuda", dtype="bfloat16", max_model_len=4096, max_num_seqs=64, kv_cache_bytes=16 << 30
+    )
+    rng = random.Random(0)
+
+    def prompts(n: int, length: int) -> list[list[int]]:
+        return [[rng.randrange(1000, 100000) for _ in range(length)] for _ in range(n)]
+
+    llm.generate(prompts(2, 32), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+    rows = []
+    for b in batches:
+        params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        llm.generate(prompts(b, 32), params, use_tqdm=False)
+        torch.cuda.synchronize()
+        rate = b * output_len / (time.perf_counter() - started)
+        rows.append({"scheme": name, "workload": "decode", "batch": b, "tok_per_s": rate, **memory})
+        print(f"  {name}: decode batch {b}: {rate:,.0f} output tok/s", flush=True)
+    one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    long = prompts(8, 2048)
+    llm.generate(long[:1], one, use_tqdm=False)
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    llm.generate(long, one, use_tqdm=False)
+    torch.cuda.synchronize()
+    rate = 8 * 2048 / (time.perf_counter() - started)
+    rows.append({"scheme": name, "workload": "prefill 8 x 2048", "batch": 8, "tok_per_s": rate, **memory})
+    print(f"  {name}: prefill 8 x 2048: {rate:,.0f} prompt tok/s", flush=True)
+    llm.close()
+    del llm, loaded, model
+    gc.collect()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.llm.quant_decode", description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="llama-3.1-8b-shape")
+    p.add_argument("--batches", default="1,8,32")
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--schemes", default="bf16,fp8_block,mxfp4,fp8")
+    p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("reports"))
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU")
+    from bench import tables
+    from bench.environment import collect
+    from bench.llm.quant_plot import plot_decode
+
+    env = collect()
+    batches = [int(b) for b in args.batches.split(",")]
+    schemes = [None if s == "bf16" else s for s in args.schemes.split(",")]
+    print(f"quant_decode: {args.model}, dummy weights; schemes {args.schemes}; batches {batches}", flush=True)
+    rows = []
+    for scheme in schemes:
+        rows += measure(args.model, scheme, batches, args.output_len)
+    bf16 = {(r["workload"], r["batch"]): r["tok_per_s"] for r in rows if r["scheme"] == "bf16"}
+    for r in rows:
+        ref = bf16.get((r["workload"], r["batch"]))
+        r["vs_bf16"] = r["tok_per_s"] / ref if ref else float("nan")
+    command = "python -m bench.llm.quant_decode " + " ".join(sys.argv[1:] if argv is None else argv)
+    pick = {(r["scheme"], r["workload"], r["batch"]): r["vs_bf16"] for r in rows}
+    headline = (
+        f"{args.model}, dummy weights: decode output tok/s vs bf16 in the same run: mxfp4 "
+        f"{pick.get(('mxfp4', 'decode', 1), float('nan')):.2f}x at batch 1 and "
+        f"{pick.get(('mxfp4', 'decode', 8), float('nan')):.2f}x at batch 8; fp8_block "
+        f"{pick.get(('fp8_block', 'decode', 1), float('nan')):.2f}x at batch 1, prefill 8 x 2048 "
+        f"{pick.get(('fp8_block', 'prefill 8 x 2048', 8), float('nan')):.2f}x."
+    )
+    common = {"command": command}
+    folder = tables.write_report(args.out, env, "quant_decode", rows, COLUMNS, COLUMNS[:8], headline, common)
+    plot_decode(folder / "quant_decode.png", rows)
+    print(headline)
+    print(f"wrote {folder}/quant_decode.csv, .md, .png", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
