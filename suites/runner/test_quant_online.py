@@ -274,3 +274,53 @@ def test_gpu_graph_decode_gives_the_eager_tokens_and_tracks_bf16(device, scheme)
         tokens[eager] = [o.token_ids for o in llm.generate(PROMPTS * 3, params, use_tqdm=False)]
         llm.close()
     assert tokens[True] == tokens[False]
+
+
+def _forced_kernels(monkeypatch, module) -> None:
+    """Take the scheme's kernel branch on CPU tensors (the Triton interpreter runs the kernels on this tier)."""
+    monkeypatch.setattr(module, "uses_kernels", lambda x: True)
+
+
+@pytest.mark.parametrize(("scheme", "k"), [("fp8_block", 320), ("mxfp4", 96)])  # K padded to the block
+def test_the_kernel_branch_agrees_with_the_references(monkeypatch, scheme, k):
+    """The GPU path of apply (the block-FP8 GEMM with its activation quantizer, the W4A16 GEMM), run by the
+    interpreter, against the same layer's mirror and the float64 product of its dequantized operands."""
+    from kernels.tolerances import assert_lossy, families
+    from reference.gemm import block_fp8, w4a16_mxfp4
+    from reference.quant.fp8 import quantize_fp8 as ref_quantize_fp8
+    from runner.model.quant import fp8_block, mxfp4
+
+    gen = torch.Generator().manual_seed(7)
+    w = torch.randn(48, k, generator=gen).to(torch.bfloat16)
+    x = torch.randn(3, k, generator=gen).to(torch.bfloat16)
+    layer = Linear(k, 48, torch.bfloat16, "cpu", online_config(scheme).make())
+    layer.weight_loader(layer.weight, w)
+    module = fp8_block if scheme == "fp8_block" else mxfp4
+    _forced_kernels(monkeypatch, module)
+    got = layer(x)
+    if scheme == "fp8_block":
+        a = zero_pad_columns(x, 128)
+        aq, a_s = ref_quantize_fp8(a, granularity="group", group_size=128)
+        mirror = block_fp8.block_fp8_gemm_mirror(aq, a_s, layer.weight_fp8, layer.weight_scale_inv, torch.bfloat16)
+        ideal = block_fp8.block_fp8_gemm_ideal(aq, a_s, layer.weight_fp8, layer.weight_scale_inv)
+        family = families.BLOCK_FP8_GEMM
+    else:
+        a = zero_pad_columns(x, 32)
+        mirror = w4a16_mxfp4.w4a16_mxfp4_gemm_mirror(a, layer.weight_codes, layer.weight_scales)
+        ideal = w4a16_mxfp4.w4a16_mxfp4_gemm_ideal(a, layer.weight_codes, layer.weight_scales)
+        family = families.W4A16_MXFP4_GEMM
+    assert_lossy(family, got, mirror, ideal, f"{scheme} layer")
+
+
+def test_fp8_scaled_mm_branch_equals_the_fp32_path(monkeypatch):
+    """torch._scaled_mm (the CUDA branch; torch runs it on the CPU too) and the fp32 path round the same fp32
+    sum of exact E4M3 products once."""
+    from runner.model.quant import fp8_tensor
+
+    gen = torch.Generator().manual_seed(3)
+    layer = Linear(64, 32, torch.bfloat16, "cpu", online_config("fp8").make())
+    layer.weight_loader(layer.weight, torch.randn(32, 64, generator=gen).to(torch.bfloat16))
+    x = torch.randn(5, 64, generator=gen).to(torch.bfloat16)
+    plain = layer(x)
+    _forced_kernels(monkeypatch, fp8_tensor)
+    assert_exact(layer(x), plain, "scaled_mm vs fp32 path")
