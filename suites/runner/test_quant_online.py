@@ -324,3 +324,25 @@ def test_fp8_scaled_mm_branch_equals_the_fp32_path(monkeypatch):
     plain = layer(x)
     _forced_kernels(monkeypatch, fp8_tensor)
     assert_exact(layer(x), plain, "scaled_mm vs fp32 path")
+
+
+def test_mxfp4_even_mode_equals_amd_quarks_quantizer_on_every_weight_of_the_embedded_model(smollm2):
+    """AMD Quark's MX emulation (`fake_quantize_mx`, scale mode "even", its default) against the online MXFP4
+    load in the same mode: the dequantized weights are equal on every decoder linear weight. Equal values with
+    the same block amax mean equal scale bytes and equal codes up to the sign of zero (normalized here)."""
+    quark = pytest.importorskip("quark.torch.kernel.hw_emulation.hw_emulation_interface")
+    model, _, config = smollm2
+    checked = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, Linear) or name == "lm_head":
+            continue
+        w = module.weight.detach()
+        layer = Linear(w.shape[1], w.shape[0], torch.float32, "cpu", Mxfp4W4A16("even"))
+        layer.weight_loader(layer.weight, w)
+        ours = dequantize_mxfp4(layer.weight_codes, layer.weight_scales, dtype=torch.float32)
+        theirs = quark.fake_quantize_mx(
+            w, axis=-1, block_size=32, scale_calculation_mode="even", mx_element_dtype="fp4"
+        )
+        assert_exact(ours, theirs, name)
+        checked += 1
+    assert checked == 4 * config.num_hidden_layers

@@ -16,7 +16,7 @@ from reference.quant.mxfp4 import MX_BLOCK_SIZE
 from runner.model.quant.online import OnlineScheme, zero_pad_columns
 from runner.model.quant.scheme import uses_kernels
 
-SCALE_MODE = "floor"  # the OCP spec's rule (torchao's to_mx default)
+SCALE_MODE = "floor"  # online default: the OCP spec's rule (torchao's to_mx default); AMD Quark uses "even"
 
 
 def positive_zeros(codes: torch.Tensor) -> torch.Tensor:
@@ -30,13 +30,16 @@ def positive_zeros(codes: torch.Tensor) -> torch.Tensor:
 class Mxfp4W4A16(OnlineScheme):
     name = "mxfp4"
 
+    def __init__(self, scale_mode: str = SCALE_MODE) -> None:
+        self.scale_mode = scale_mode  # reference.quant.mx_scale.SCALE_MODES
+
     def quantize(self, layer, w: torch.Tensor) -> None:
         w = zero_pad_columns(w, MX_BLOCK_SIZE)
         if w.is_cuda:
             from kernels.mxfp4 import quantize_mxfp4
         else:
             from reference.quant.mxfp4 import quantize_mxfp4
-        codes, scales = quantize_mxfp4(w.contiguous(), scale_mode=SCALE_MODE)
+        codes, scales = quantize_mxfp4(w.contiguous(), scale_mode=self.scale_mode)
         layer.register_buffer("weight_codes", positive_zeros(codes))
         layer.register_buffer("weight_scales", scales)
 
