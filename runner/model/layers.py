@@ -114,10 +114,14 @@ class Linear(nn.Module):
         self.processed = False
         self.scheme.create_weights(self)
 
-    def new_param(self, shape: tuple[int, ...], dtype: torch.dtype, device=None) -> nn.Parameter:
-        """A parameter of the layer (rows: the output rows) filled through `weight_loader`."""
+    def new_param(
+        self, shape: tuple[int, ...], dtype: torch.dtype, device=None, row_block: int = 1, exact_dtype: bool = False
+    ) -> nn.Parameter:
+        """A parameter of the layer filled through `weight_loader`: its row r covers output rows
+        [r * row_block, (r + 1) * row_block) (a scale per 128-row tile: row_block 128). exact_dtype: a checkpoint
+        tensor of another dtype is refused (quantized codes and scales), not converted."""
         p = nn.Parameter(torch.empty(shape, dtype=dtype, device=device or self.device), requires_grad=False)
-        p.weight_loader = self.weight_loader
+        p.weight_loader, p.row_block, p.exact_dtype = self.weight_loader, row_block, exact_dtype
         return p
 
     def weight_loader(self, param: nn.Parameter, tensor: torch.Tensor, shard_id: str | int | None = None) -> None:
@@ -125,13 +129,15 @@ class Linear(nn.Module):
         of the layer's staging weight, quantized once its last row is in)."""
         if shard_id not in self.shard_sizes:
             raise ValueError(f"shard_id: must be one of {list(self.shard_sizes)}, got {shard_id!r}")
-        rows = self.shard_sizes[shard_id]
-        if tuple(tensor.shape) != (rows, param.shape[1]):
-            want = f"[{rows}, {param.shape[1]}]"
-            what = "checkpoint tensor" if shard_id is None else f"shard {shard_id!r}"
-            raise ValueError(f"weight: {what} must be {want}, got {tuple(tensor.shape)}")
+        block = getattr(param, "row_block", 1)
+        rows, offset = -(-self.shard_sizes[shard_id] // block), self.shard_offsets[shard_id] // block
+        what = "checkpoint tensor" if shard_id is None else f"shard {shard_id!r}"
+        if tuple(tensor.shape) != (rows, *param.shape[1:]):
+            raise ValueError(f"{what} must be {[rows, *param.shape[1:]]}, got {list(tensor.shape)}")
+        if getattr(param, "exact_dtype", False) and tensor.dtype != param.dtype:
+            raise ValueError(f"{what} must be {param.dtype} for the {self.scheme.name} scheme, got {tensor.dtype}")
         if not self.scheme.online:
-            param.data.narrow(0, self.shard_offsets[shard_id], rows).copy_(tensor)
+            param.data.narrow(0, offset, rows).copy_(tensor)
             return
         if self.staging is None:
             self.staging = torch.empty(tuple(param.shape), dtype=self.dtype, device=self.device)

@@ -71,7 +71,7 @@ def test_shard_loader_refuses_bad_shard_and_shape():
     layer = QKVLinear(8, 4, 4, 2, torch.float32, "cpu")
     with pytest.raises(ValueError, match="shard_id: must be one of"):
         layer.weight.weight_loader(layer.weight, torch.zeros(8, 8), "o")
-    with pytest.raises(ValueError, match=r"shard 'k' must be \[8, 8\], got \(16, 8\)"):
+    with pytest.raises(ValueError, match=r"shard 'k' must be \[8, 8\], got \[16, 8\]"):
         layer.weight.weight_loader(layer.weight, torch.zeros(16, 8), "k")
 
 
@@ -118,7 +118,7 @@ def test_tied_model_has_no_head_and_ignores_a_stored_one():
         (lambda c: c.pop("model.norm.weight"), "not in the checkpoint, first: \\['model.norm.weight'\\]"),
         (
             lambda c: c.update({"model.layers.0.mlp.up_proj.weight": torch.zeros(40, 23)}),
-            r"'model.layers.0.mlp.up_proj.weight': weight: shard 1 must be \[40, 24\], got \(40, 23\)",
+            r"'model.layers.0.mlp.up_proj.weight': shard 1 must be \[40, 24\], got \[40, 23\]",
         ),
         (lambda c: c.update({"model.norm.weight": torch.zeros(25)}), r"'model.norm.weight'.*\(25,\).*\(24,\)"),
         (lambda c: c.update({"model.layers.0.self_attn.qkv_proj.weight": torch.zeros(40, 24)}), "is stored fused"),

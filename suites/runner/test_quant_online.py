@@ -23,7 +23,7 @@ from reference.quant.fp8 import quantize_fp8, quantize_fp8_blocks
 from reference.quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from runner.model.layers import Linear
 from runner.model.llama import LlamaForCausalLM
-from runner.model.quant import ONLINE_SCHEMES, QuantConfig, online_config
+from runner.model.quant import ONLINE_SCHEMES, QuantConfig, make_scheme, online_config
 from runner.model.quant.mxfp4 import Mxfp4W4A16, positive_zeros
 from runner.model.quant.online import zero_pad_columns
 from runner.model.quant.tp_shards import check_tp_split
@@ -157,7 +157,7 @@ def test_negative_zero_is_stored_as_positive_zero():
 
 
 def test_fused_parts_with_different_schemes_are_refused():
-    only_q = QuantConfig("fp8", online_config("fp8").make, excluded=lambda name: name.endswith("q_proj"))
+    only_q = QuantConfig("fp8", lambda name: None if name.endswith("q_proj") else "fp8", online=True)
     with pytest.raises(ValueError, match=r"qkv_proj.*different schemes.*q_proj.*unquantized"):
         LlamaForCausalLM(TINY, torch.float32, "cpu", only_q)
 
@@ -293,7 +293,7 @@ def test_the_kernel_branch_agrees_with_the_references(monkeypatch, scheme, k):
     gen = torch.Generator().manual_seed(7)
     w = torch.randn(48, k, generator=gen).to(torch.bfloat16)
     x = torch.randn(3, k, generator=gen).to(torch.bfloat16)
-    layer = Linear(k, 48, torch.bfloat16, "cpu", online_config(scheme).make())
+    layer = Linear(k, 48, torch.bfloat16, "cpu", make_scheme(scheme, online=True))
     layer.weight_loader(layer.weight, w)
     module = fp8_block if scheme == "fp8_block" else mxfp4
     _forced_kernels(monkeypatch, module)
@@ -318,7 +318,7 @@ def test_fp8_scaled_mm_branch_equals_the_fp32_path(monkeypatch):
     from runner.model.quant import fp8_tensor
 
     gen = torch.Generator().manual_seed(3)
-    layer = Linear(64, 32, torch.bfloat16, "cpu", online_config("fp8").make())
+    layer = Linear(64, 32, torch.bfloat16, "cpu", make_scheme("fp8", online=True))
     layer.weight_loader(layer.weight, torch.randn(32, 64, generator=gen).to(torch.bfloat16))
     x = torch.randn(5, 64, generator=gen).to(torch.bfloat16)
     plain = layer(x)

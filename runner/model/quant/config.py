@@ -1,7 +1,8 @@
 """Which scheme each linear layer of a model gets. Model-independent: a `QuantConfig` maps checkpoint layer
-names (HF's, e.g. "model.layers.0.self_attn.q_proj") to a scheme; the model class declares how its fused
+names (HF's, e.g. "model.layers.0.self_attn.q_proj") to a scheme name; the model class declares how its fused
 layers are made of checkpoint layers (`packed_modules_mapping`), and `scheme_for` answers for a fused layer
-only when all its parts agree."""
+only when all its parts agree. The parsers of producers' configs (runner.model.quant.checkpoint_config) and
+`online_config` build one."""
 
 from __future__ import annotations
 
@@ -10,12 +11,31 @@ from collections.abc import Callable, Mapping
 
 from runner.model.quant.scheme import LinearScheme
 
+SCHEMES = ("fp8", "fp8_block", "mxfp4")
+
+
+def make_scheme(name: str, online: bool) -> LinearScheme:
+    """A new scheme object: `online` quantizes an unquantized checkpoint while it loads, else the checkpoint
+    holds the scheme's tensors."""
+    from runner.model.quant.fp8_block import Fp8Block
+    from runner.model.quant.fp8_tensor import Fp8PerTensor
+    from runner.model.quant.mxfp4 import Mxfp4W4A16
+
+    if name == "fp8_block":
+        return Fp8Block(online=online)
+    if name == "mxfp4":
+        return Mxfp4W4A16(online=online)
+    if name == "fp8" and online:
+        return Fp8PerTensor()
+    raise ValueError(f"quantization: scheme {name!r} is not supported {'online' if online else 'in a checkpoint'}")
+
 
 @dataclasses.dataclass(frozen=True)
 class QuantConfig:
-    name: str
-    make: Callable[[], LinearScheme]  # a new scheme object for a quantized layer
-    excluded: Callable[[str], bool] = lambda layer: False  # layers left unquantized
+    name: str  # what produced it: "fp8" (online), "quark", "compressed-tensors", ...
+    scheme_of: Callable[[str], str | None]  # checkpoint layer name -> scheme name (None: unquantized)
+    online: bool = False
+    named_layers: tuple[str, ...] = ()  # layers the config names explicitly: each must exist in the model
 
     def scheme_for(self, prefix: str, packed_modules_mapping: Mapping[str, tuple[str, ...]]) -> LinearScheme:
         """The scheme of the layer named `prefix` in the model (a fused one by its parts' names); ValueError
@@ -24,20 +44,22 @@ class QuantConfig:
 
         head, _, leaf = prefix.rpartition(".")
         parts = [f"{head}.{p}" if head else p for p in packed_modules_mapping.get(leaf, (leaf,))]
-        excluded = {p: self.excluded(p) for p in parts}
-        if len(set(excluded.values())) > 1:
-            schemes = {p: "unquantized" if e else self.name for p, e in excluded.items()}
-            raise ValueError(f"quantization: the parts of fused layer {prefix!r} have different schemes: {schemes}")
-        return Unquantized() if all(excluded.values()) else self.make()
+        schemes = {p: self.scheme_of(p) for p in parts}
+        if len(set(schemes.values())) > 1:
+            named = {p: s or "unquantized" for p, s in schemes.items()}
+            raise ValueError(f"quantization: the parts of fused layer {prefix!r} have different schemes: {named}")
+        scheme = schemes[parts[0]]
+        return Unquantized() if scheme is None else make_scheme(scheme, self.online)
+
+    def check_layers(self, layer_names: set[str]) -> None:
+        """ValueError naming a layer the config names that the model does not have."""
+        for name in self.named_layers:
+            if name not in layer_names:
+                raise ValueError(f"quantization: the config names layer {name!r}, which this model does not have")
 
 
 def online_config(name: str) -> QuantConfig:
     """The config of `LLM(..., quantization=name)`: every decoder linear layer, the head excluded."""
-    from runner.model.quant.fp8_block import Fp8Block
-    from runner.model.quant.fp8_tensor import Fp8PerTensor
-    from runner.model.quant.mxfp4 import Mxfp4W4A16
-
-    schemes = {"fp8": Fp8PerTensor, "fp8_block": Fp8Block, "mxfp4": Mxfp4W4A16}
-    if name not in schemes:
-        raise ValueError(f"quantization: must be one of {sorted(schemes)}, got {name!r}")
-    return QuantConfig(name, schemes[name], excluded=lambda layer: layer == "lm_head")
+    if name not in SCHEMES:
+        raise ValueError(f"quantization: must be one of {sorted(SCHEMES)}, got {name!r}")
+    return QuantConfig(name, lambda layer: None if layer == "lm_head" else name, online=True)

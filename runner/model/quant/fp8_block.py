@@ -17,6 +17,37 @@ from runner.model.quant.scheme import uses_kernels
 class Fp8Block(OnlineScheme):
     name = "fp8_block"
 
+    def __init__(self, online: bool = True) -> None:
+        self.online = online
+
+    def create_weights(self, layer) -> None:
+        if self.online:
+            return super().create_weights(layer)
+        # A checkpoint's fused layer: each shard's scale rows are its own 128-row tiles, so a shard must start
+        # on a tile and fill its tiles (the last one may end early).
+        last = list(layer.shard_sizes)[-1]
+        for shard, size in layer.shard_sizes.items():
+            if layer.shard_offsets[shard] % BLOCK or (size % BLOCK and shard != last):
+                raise ValueError(
+                    f"quantization: fp8_block needs the shards of a fused layer on 128-row tiles; shard {shard!r} "
+                    f"has {size} rows at row {layer.shard_offsets[shard]}"
+                )
+        n, k = layer.out_features, layer.in_features
+        layer.register_parameter("weight", layer.new_param((n, k), torch.float8_e4m3fn, exact_dtype=True))
+        scales = layer.new_param((-(-n // BLOCK), -(-k // BLOCK)), torch.float32, row_block=BLOCK, exact_dtype=True)
+        layer.register_parameter("weight_scale_inv", scales)
+
+    def process_weights_after_loading(self, layer) -> None:
+        if self.online:
+            return super().process_weights_after_loading(layer)
+        w, s = layer.weight.data, layer.weight_scale_inv.data
+        del layer.weight, layer.weight_scale_inv
+        pad = -w.shape[1] % BLOCK  # K in whole blocks: zero codes (the scales already cover the last tile)
+        if pad:
+            w = torch.nn.functional.pad(w.view(torch.uint8), (0, pad)).view(torch.float8_e4m3fn)
+        layer.register_buffer("weight_fp8", w.contiguous())
+        layer.register_buffer("weight_scale_inv", s)
+
     def quantize(self, layer, w: torch.Tensor) -> None:
         from reference.quant.fp8 import quantize_fp8_blocks
 

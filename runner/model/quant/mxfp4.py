@@ -30,8 +30,27 @@ def positive_zeros(codes: torch.Tensor) -> torch.Tensor:
 class Mxfp4W4A16(OnlineScheme):
     name = "mxfp4"
 
-    def __init__(self, scale_mode: str = SCALE_MODE) -> None:
-        self.scale_mode = scale_mode  # reference.quant.mx_scale.SCALE_MODES
+    def __init__(self, scale_mode: str = SCALE_MODE, online: bool = True) -> None:
+        self.scale_mode = scale_mode  # reference.quant.mx_scale.SCALE_MODES (online only)
+        self.online = online
+
+    def create_weights(self, layer) -> None:
+        if self.online:
+            return super().create_weights(layer)
+        n, k = layer.out_features, layer.in_features
+        if k % MX_BLOCK_SIZE:
+            raise ValueError(f"quantization: mxfp4 needs in_features a multiple of {MX_BLOCK_SIZE}, got {k}")
+        layer.register_parameter("weight", layer.new_param((n, k // 2), torch.uint8, exact_dtype=True))
+        scales = layer.new_param((n, k // MX_BLOCK_SIZE), torch.uint8, exact_dtype=True)
+        layer.register_parameter("weight_scale", scales)
+
+    def process_weights_after_loading(self, layer) -> None:
+        if self.online:
+            return super().process_weights_after_loading(layer)
+        codes, scales = layer.weight.data, layer.weight_scale.data
+        del layer.weight, layer.weight_scale
+        layer.register_buffer("weight_codes", positive_zeros(codes))
+        layer.register_buffer("weight_scales", scales)
 
     def quantize(self, layer, w: torch.Tensor) -> None:
         w = zero_pad_columns(w, MX_BLOCK_SIZE)
