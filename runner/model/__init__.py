@@ -74,15 +74,36 @@ def load_model(
         weights = safetensors_weights(path) if fmt == "safetensors" else None
     if weights is None:
         weights = dummy_weights(config, seed=seed, device=device, dtype=dtype)
-    quant = None
+    quant = _checkpoint_quant(path) if path is not None and path.is_dir() else None
     if quantization is not None:
         from runner.model.quant import online_config
 
+        if quant is not None:
+            raise ValueError(f"quantization: {model} is a {quant.name} checkpoint already; leave quantization unset")
         quant = online_config(quantization)
+    if quant is not None:
+        from runner.model.weights import hf_tensor_shapes
+
+        shapes = hf_tensor_shapes(config)
+        quant.check_layers({n.removesuffix(".weight") for n, s in shapes.items() if len(s) == 2})
     net = LlamaForCausalLM(config, dtype, device, quant)
     net.load_weights(progress.tensors(weights))
     progress.close()
     return net.eval(), tokenizer, config
+
+
+def _checkpoint_quant(directory: Path):
+    """The QuantConfig of an HF directory's quantized checkpoint (config.json's quantization_config, or
+    ModelOpt's hf_quant_config.json), None for an unquantized one."""
+    import json
+
+    from runner.model.quant.checkpoint_config import from_checkpoint
+
+    config = json.loads((directory / "config.json").read_text()) if (directory / "config.json").is_file() else {}
+    if "quantization_config" in config:
+        return from_checkpoint(config["quantization_config"])
+    modelopt = directory / "hf_quant_config.json"
+    return from_checkpoint(json.loads(modelopt.read_text())) if modelopt.is_file() else None
 
 
 def load_frontend(model: str = DEFAULT_MODEL, load_format: str = "auto"):

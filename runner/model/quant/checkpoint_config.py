@@ -1,0 +1,138 @@
+"""Producers' quantization configs -> a QuantConfig (which scheme each checkpoint layer holds).
+
+Read, by each format's published description:
+- HF fine-grained FP8 (config.json `quantization_config`): {"quant_method": "fp8", "weight_block_size": [128,
+  128], "activation_scheme": "dynamic", "modules_to_not_convert": [...]}: `weight` E4M3 + `weight_scale_inv`.
+- compressed-tensors (`quant_method` "compressed-tensors"): `config_groups` (targets: "Linear" or "re:<regex>"
+  on layer names), `ignore`; parsed with the compressed-tensors library's own pydantic model. A group of 8-bit
+  float weights with strategy "block" [128, 128] and dynamic group-128 activations is fp8_block.
+- AMD Quark (`quant_method` "quark"): `global_quant_config`, `layer_quant_config` (fnmatch patterns on layer
+  names, the first match wins), `exclude`. Weight dtype "fp4", per_group 32, scale_format "e8m0", no input
+  quantization: mxfp4 (W4A16); `weight` uint8 [N, K/2] + `weight_scale` uint8 [N, K/32].
+- ModelOpt (hf_quant_config.json, {"quantization": {"quant_algo": ..., "exclude_modules": [...]}}): parsed, and
+  its algorithms (FP8 per-tensor with static input scales, NVFP4) are refused by name: the runner has no such
+  checkpoint scheme yet.
+Anything else is refused with the key that could not be read."""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Mapping
+
+from runner.model.quant.config import QuantConfig
+
+
+def _fail(key: str, why: str) -> ValueError:
+    return ValueError(f"quantization_config.{key}: {why}")
+
+
+def _explicit(names) -> tuple[str, ...]:
+    """The plain layer names among patterns (no wildcard, no regex): those must exist in the model."""
+    return tuple(n for n in names if not n.startswith("re:") and not any(c in n for c in "*?[]"))
+
+
+def from_checkpoint(config: Mapping) -> QuantConfig:
+    """The QuantConfig of a checkpoint's quantization config (HF `quantization_config`, or ModelOpt's
+    hf_quant_config.json content)."""
+    if "quantization" in config and "quant_method" not in config:
+        return _modelopt(config["quantization"])
+    method = config.get("quant_method")
+    if method == "fp8":
+        return _hf_fp8(config)
+    if method == "compressed-tensors":
+        return _compressed_tensors(config)
+    if method == "quark":
+        return _quark(config)
+    if method == "modelopt":
+        return _modelopt(config)
+    raise _fail("quant_method", f"unknown {method!r}; known: fp8, compressed-tensors, quark, modelopt")
+
+
+def _hf_fp8(config: Mapping) -> QuantConfig:
+    block = config.get("weight_block_size")
+    if block != [128, 128]:
+        raise _fail("weight_block_size", f"only [128, 128] (block FP8) is supported, got {block!r}")
+    if config.get("activation_scheme", "dynamic") != "dynamic":
+        raise _fail("activation_scheme", f"only dynamic is supported, got {config.get('activation_scheme')!r}")
+    skip = tuple(config.get("modules_to_not_convert") or ())
+
+    def scheme_of(layer: str) -> str | None:
+        skipped = any(layer == s or layer.endswith("." + s) or s in layer.split(".") for s in skip)
+        return None if skipped else "fp8_block"
+
+    return QuantConfig("fp8", scheme_of, named_layers=tuple(s for s in skip if "." in s))
+
+
+def _matches(target: str, layer: str) -> bool:
+    if target.startswith("re:"):
+        return re.match(target[3:], layer) is not None
+    return target == "Linear" or layer == target or layer.endswith("." + target)
+
+
+def _compressed_tensors(config: Mapping) -> QuantConfig:
+    from compressed_tensors.quantization import QuantizationConfig
+
+    parsed = QuantizationConfig.model_validate(dict(config))
+    groups = []
+    for key, group in parsed.config_groups.items():
+        w, a = group.weights, group.input_activations
+        if w is None:
+            raise _fail(f"config_groups.{key}.weights", "a group without weight quantization is not supported")
+        if (w.type, w.num_bits, w.strategy, list(w.block_structure or [])) != ("float", 8, "block", [128, 128]):
+            raise _fail(
+                f"config_groups.{key}.weights",
+                f"{w.type} {w.num_bits}-bit strategy {w.strategy} {w.block_structure} is not supported "
+                "(supported: float 8-bit block [128, 128])",
+            )
+        if a is None or not a.dynamic or a.strategy != "group" or a.group_size != 128:
+            raise _fail(f"config_groups.{key}.input_activations", "only dynamic group-128 activations are supported")
+        groups.append((tuple(group.targets), "fp8_block"))
+    ignore = tuple(parsed.ignore or ())
+
+    def scheme_of(layer: str) -> str | None:
+        if any(_matches(t, layer) and t != "Linear" for t in ignore):
+            return None
+        return next((scheme for targets, scheme in groups if any(_matches(t, layer) for t in targets)), None)
+
+    return QuantConfig("compressed-tensors", scheme_of, named_layers=_explicit(i for i in ignore if "." in i))
+
+
+def _quark_scheme(spec: Mapping | None, key: str) -> str | None:
+    if spec is None:
+        return None
+    weight, inputs = spec.get("weight"), spec.get("input_tensors")
+    if weight is None:
+        return None
+    if inputs is not None:
+        raise _fail(f"{key}.input_tensors", "activation quantization is not supported for Quark checkpoints yet")
+    got = (weight.get("dtype"), weight.get("qscheme"), weight.get("group_size"), weight.get("scale_format"))
+    if got == ("fp4", "per_group", 32, "e8m0"):
+        return "mxfp4"
+    raise _fail(f"{key}.weight", f"{got} is not supported (supported: fp4 per_group 32 e8m0, i.e. MXFP4)")
+
+
+def _quark(config: Mapping) -> QuantConfig:
+    default = _quark_scheme(config.get("global_quant_config"), "global_quant_config")
+    per_layer = [
+        (pattern, _quark_scheme(spec, f"layer_quant_config.{pattern}"))
+        for pattern, spec in (config.get("layer_quant_config") or {}).items()
+    ]
+    exclude = tuple(config.get("exclude") or ())
+
+    def scheme_of(layer: str) -> str | None:
+        if any(fnmatch.fnmatchcase(layer, p) for p in exclude):
+            return None
+        return next((s for p, s in per_layer if fnmatch.fnmatchcase(layer, p)), default)
+
+    named = _explicit([*exclude, *(p for p, _ in per_layer)])
+    return QuantConfig("quark", scheme_of, named_layers=tuple(n for n in named if "." in n))
+
+
+def _modelopt(config: Mapping) -> QuantConfig:
+    algo = config.get("quant_algo")
+    raise _fail(
+        "quant_algo",
+        f"ModelOpt {algo!r} checkpoints are not supported yet (FP8 with static input scales and NVFP4 have no "
+        "checkpoint scheme in the runner)",
+    )

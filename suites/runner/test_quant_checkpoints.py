@@ -1,0 +1,220 @@
+"""Quantized checkpoints in the runner (runner.model.quant.checkpoint_config, the schemes' checkpoint mode).
+
+The checkpoints are written here by each format's published description (the producers' own exporters need
+calibration pipelines this tier does not run): an HF fine-grained FP8 checkpoint (128 x 128 `weight_scale_inv`)
+and an AMD Quark MXFP4 W4A16 one (`weight` uint8 codes, `weight_scale` E8M0, scale mode "even" as Quark's
+default). Oracles: the FP8 checkpoint gives the logits of the same weights quantized online (same quantizer,
+same tiles); the Quark one the logits of the unquantized model whose weights went through AMD Quark's own MX
+emulation (exactly: W4A16 keeps the activations). Bad checkpoints are refused before any weight is used, naming
+the tensor or the config key."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from kernels.tolerances import assert_exact
+from reference.quant.fp8 import quantize_fp8_blocks
+from reference.quant.mxfp4 import quantize_mxfp4
+from runner.model import load_model
+from runner.model.config import LlamaConfig
+from runner.model.llama import LlamaForCausalLM
+from runner.model.quant import online_config
+from runner.model.quant.checkpoint_config import from_checkpoint
+from runner.model.weights import dummy_weights
+from suites.runner.model_driver import greedy
+
+# 128-row shards everywhere (q 256, k and v 128, gate and up 384): block-FP8 tiles never straddle a shard
+ALIGNED = LlamaConfig(
+    vocab_size=97,
+    hidden_size=256,
+    intermediate_size=384,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    rope_theta=10_000.0,
+    tie_word_embeddings=False,
+    max_position_embeddings=256,
+)
+PROMPTS = [[5, 17, 33, 2, 9, 41], [60, 3, 3, 71]]
+HF_FP8 = {"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
+QUARK_MXFP4 = {
+    "quant_method": "quark",
+    "global_quant_config": {
+        "weight": {"dtype": "fp4", "qscheme": "per_group", "group_size": 32, "scale_format": "e8m0", "ch_axis": -1},
+        "input_tensors": None,
+        "output_tensors": None,
+    },
+    "layer_quant_config": {},
+    "exclude": ["lm_head"],
+}
+
+
+def _hf_config(config: LlamaConfig, quantization: dict) -> dict:
+    return {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "rope_theta": config.rope_theta,
+        "rms_norm_eps": config.rms_norm_eps,
+        "max_position_embeddings": config.max_position_embeddings,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "quantization_config": quantization,
+    }
+
+
+def _write(tmp_path, config: LlamaConfig, quantization: dict, edit=None) -> str:
+    """A quantized checkpoint of the seeded dummy weights: every decoder linear weight quantized per tensor."""
+    tensors = {}
+    for name, w in dummy_weights(config, seed=5):
+        if w.dim() == 2 and ".layers." in name:
+            base = name.removesuffix(".weight")
+            if quantization["quant_method"] == "fp8":
+                q, s = quantize_fp8_blocks(w)
+                tensors[f"{base}.weight"], tensors[f"{base}.weight_scale_inv"] = q, s
+            else:
+                codes, scales = quantize_mxfp4(w, scale_mode="even")
+                tensors[f"{base}.weight"], tensors[f"{base}.weight_scale"] = codes, scales
+        else:
+            tensors[name] = w
+    if edit is not None:
+        edit(tensors)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(_hf_config(config, quantization)))
+    return str(tmp_path)
+
+
+def _load(path: str):
+    return load_model(path, dtype=torch.float32, device="cpu", tokenizer=False)[0]
+
+
+def test_hf_fp8_block_checkpoint_equals_the_same_weights_quantized_online(tmp_path):
+    model = _load(_write(tmp_path, ALIGNED, HF_FP8))
+    online = LlamaForCausalLM(ALIGNED, torch.float32, "cpu", online_config("fp8_block"))
+    online.load_weights(dummy_weights(ALIGNED, seed=5))
+    qkv = model.model.layers[0].self_attn.qkv_proj
+    assert qkv.scheme.name == "fp8_block" and not qkv.scheme.online
+    assert_exact(qkv.weight_fp8, online.model.layers[0].self_attn.qkv_proj.weight_fp8, "qkv codes")
+    tokens, logits = greedy(model, PROMPTS, 6)
+    want_tokens, want_logits = greedy(online, PROMPTS, 6)
+    assert tokens == want_tokens
+    assert_exact(logits, want_logits, "logits")
+
+
+def test_quark_mxfp4_checkpoint_equals_quarks_fake_quantized_model(tmp_path):
+    quark = pytest.importorskip("quark.torch.kernel.hw_emulation.hw_emulation_interface")
+    model = _load(_write(tmp_path, ALIGNED, QUARK_MXFP4))
+    assert model.model.layers[1].mlp.down_proj.scheme.name == "mxfp4" and model.lm_head.scheme.name == "unquantized"
+
+    def emulated():
+        for name, w in dummy_weights(ALIGNED, seed=5):
+            if w.dim() == 2 and ".layers." in name:
+                w = quark.fake_quantize_mx(
+                    w, axis=-1, block_size=32, scale_calculation_mode="even", mx_element_dtype="fp4"
+                )
+            yield name, w
+
+    oracle = LlamaForCausalLM(ALIGNED, torch.float32, "cpu")
+    oracle.load_weights(emulated())
+    tokens, logits = greedy(model, PROMPTS, 6)
+    want_tokens, want_logits = greedy(oracle, PROMPTS, 6)
+    assert tokens == want_tokens
+    assert_exact(logits, want_logits, "logits")
+
+
+def _set(name, value):
+    return lambda t: t.__setitem__(name, value(t[name]) if callable(value) else value)
+
+
+L0 = "model.layers.0.self_attn."
+
+
+@pytest.mark.parametrize(
+    ("quantization", "edit", "message"),
+    [
+        (HF_FP8, _set(L0 + "k_proj.weight", lambda t: t.float()), r"k_proj.weight.*must be torch.float8_e4m3fn"),
+        (HF_FP8, _set(L0 + "q_proj.weight_scale_inv", torch.ones(2, 3)), r"q_proj.weight_scale_inv.*must be \[2, 2\]"),
+        (HF_FP8, lambda t: t.pop(L0 + "v_proj.weight_scale_inv"), r"weight_scale_inv \(shard 'v'\)"),
+        (QUARK_MXFP4, _set(L0 + "o_proj.weight_scale", torch.zeros(256, 4, dtype=torch.uint8)), r"o_proj.*\[256, 8\]"),
+        (QUARK_MXFP4, _set(L0 + "o_proj.weight", lambda t: t.to(torch.int8)), r"o_proj.weight.*must be torch.uint8"),
+    ],
+)
+def test_a_bad_tensor_is_refused_by_name(tmp_path, quantization, edit, message):
+    with pytest.raises(ValueError, match=message):
+        _load(_write(tmp_path, ALIGNED, quantization, edit))
+
+
+@pytest.mark.parametrize(
+    ("quantization", "message"),
+    [
+        ({"quant_method": "awq"}, r"quantization_config.quant_method: unknown 'awq'"),
+        ({**HF_FP8, "weight_block_size": [64, 64]}, r"quantization_config.weight_block_size: only \[128, 128\]"),
+        (
+            {**QUARK_MXFP4, "global_quant_config": {"weight": {"dtype": "int4", "qscheme": "per_group"}}},
+            r"quantization_config.global_quant_config.weight: \('int4'",
+        ),
+        ({**QUARK_MXFP4, "exclude": ["model.layers.9.mlp.down_proj"]}, r"layer 'model.layers.9.mlp.down_proj'"),
+        ({"quantization": {"quant_algo": "NVFP4"}}, r"ModelOpt 'NVFP4' checkpoints are not supported yet"),
+    ],
+)
+def test_a_bad_config_is_refused_by_key(tmp_path, quantization, message):
+    (tmp_path / "config.json").write_text(json.dumps(_hf_config(ALIGNED, quantization)))
+    if "quantization" in quantization:  # ModelOpt's own file
+        config = _hf_config(ALIGNED, {})
+        del config["quantization_config"]
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        (tmp_path / "hf_quant_config.json").write_text(json.dumps(quantization))
+    save_file({"x": torch.zeros(1)}, str(tmp_path / "model.safetensors"))  # never read: refused first
+    with pytest.raises(ValueError, match=message):
+        _load(str(tmp_path))
+
+
+def test_fp8_block_shards_off_the_tiles_are_refused(tmp_path):
+    """SmolLM2's q (576 rows) and k (192) shards would share 128-row scale tiles in the fused qkv."""
+    odd = dataclasses.replace(ALIGNED, num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
+    with pytest.raises(ValueError, match=r"fp8_block needs the shards of a fused layer on 128-row tiles; shard 'q'"):
+        _load(_write(tmp_path, odd, HF_FP8))
+
+
+def test_compressed_tensors_block_fp8_config_maps_layers():
+    pytest.importorskip("compressed_tensors")
+    config = from_checkpoint(
+        {
+            "quant_method": "compressed-tensors",
+            "format": "float-quantized",
+            "config_groups": {
+                "group_0": {
+                    "targets": ["Linear"],
+                    "weights": {"num_bits": 8, "type": "float", "strategy": "block", "block_structure": [128, 128]},
+                    "input_activations": {
+                        "num_bits": 8,
+                        "type": "float",
+                        "strategy": "group",
+                        "group_size": 128,
+                        "dynamic": True,
+                    },
+                }
+            },
+            "ignore": ["lm_head", "re:.*layers\\.1\\.mlp\\..*"],
+        }
+    )
+    assert config.scheme_of("model.layers.0.mlp.down_proj") == "fp8_block"
+    assert config.scheme_of("model.layers.1.mlp.gate_proj") is None
+    assert config.scheme_of("lm_head") is None
+
+
+def test_fused_layer_parts_with_different_checkpoint_schemes_are_refused(tmp_path):
+    mixed = {**QUARK_MXFP4, "exclude": ["lm_head", "model.layers.0.mlp.up_proj"]}
+    with pytest.raises(ValueError, match=r"gate_up_proj.*different schemes.*up_proj': 'unquantized'"):
+        _load(_write(tmp_path, ALIGNED, mixed))
