@@ -32,6 +32,10 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     load_format: str = "auto"
     # Quantize an unquantized checkpoint while it loads (runner.model.quant): "fp8" | "fp8_block" | "mxfp4"
     quantization: str | None = None
+    # Keep this many GiB of decoder-layer weights in host memory, copied ahead of use (runner.model.offload)
+    cpu_offload_gb: float = 0.0
+    offload_backend: str = "prefetch"
+    offload_prefetch_step: int = 1
     dtype: str | None = None  # "float32" | "bfloat16" | "float16"; None: bf16 on CUDA, fp32 on the CPU
     device: str | None = None  # None: CUDA when present, else the CPU
     enable_prefix_caching: bool = True
@@ -79,6 +83,12 @@ def build_core(config: EngineConfig, loaded: tuple | None = None, tokenizer: boo
             quantization=config.quantization,
         )
     model, tok, model_config = loaded
+    from runner.model.offload import OffloadConfig, create_offloader
+
+    offload = OffloadConfig(config.cpu_offload_gb, config.offload_backend, config.offload_prefetch_step)
+    offloader = create_offloader(offload)
+    if offloader is not None:  # the weights are final; the CUDA graphs (ModelRunner) capture its copies
+        offloader.post_init(model)
     max_model_len = min(config.max_model_len, getattr(model_config, "max_position_embeddings", config.max_model_len))
     max_tokens = config.max_num_batched_tokens
     if max_tokens is None:

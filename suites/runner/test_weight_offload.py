@@ -1,0 +1,142 @@
+"""Weight offload (`LLM(..., cpu_offload_gb=N)`, runner.model.offload): outputs bit-identical with offload on and
+off; the offloaded layers hold their weights in host memory and run from shared device slots, each filled
+`prefetch_step` offloaded layers ahead; the offloader attaches once, from a registry, to one model."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from kernels.tolerances import assert_exact
+from runner.model.offload import OffloadConfig, create_offloader
+from suites.runner import tiny_llama
+from suites.runner.model_driver import greedy
+
+SIX_LAYERS = dataclasses.replace(tiny_llama.TINY, num_hidden_layers=6)
+PROMPTS = [[5, 17, 33, 2, 9, 41], [60, 3, 3, 71]]
+
+
+def _offloaded(config, gb: float, step: int = 1, device="cpu", dtype=torch.float32):
+    model = tiny_llama.model(config, device, dtype, seed=4)
+    create_offloader(OffloadConfig(gb, "prefetch", step)).post_init(model)
+    return model
+
+
+@pytest.mark.parametrize("step", [1, 2])
+@pytest.mark.parametrize("gb", [1e-9, 1.0])  # one layer; every other layer (3 of 6)
+def test_outputs_are_bit_identical_with_offload_on_and_off(gb, step):
+    plain = tiny_llama.model(SIX_LAYERS, "cpu", torch.float32, seed=4)
+    model = _offloaded(SIX_LAYERS, gb, step)
+    assert model.offloader.offloaded == ([5] if gb < 1e-6 else [1, 3, 5])
+    tokens, logits = greedy(model, PROMPTS, 8)
+    want_tokens, want_logits = greedy(plain, PROMPTS, 8)
+    assert tokens == want_tokens
+    assert_exact(logits, want_logits, "logits")
+
+
+def test_offloaded_layers_share_slots_and_keep_host_copies():
+    model = _offloaded(SIX_LAYERS, 1.0, step=1)  # layers 1, 3, 5 over 2 slots
+    layers = model.model.layers
+    down = [layers[i].mlp.down_proj.weight for i in (1, 3, 5)]
+    assert down[0].data_ptr() == down[2].data_ptr() != down[1].data_ptr()  # slots 0, 1, 0
+    assert layers[0].mlp.down_proj.weight.data_ptr() not in {d.data_ptr() for d in down}  # resident
+    host = model.offloader.host[1]["mlp.down_proj.weight"]
+    plain = tiny_llama.model(SIX_LAYERS, "cpu", torch.float32, seed=4)
+    assert_exact(host, plain.model.layers[3].mlp.down_proj.weight.detach(), "host copy of layer 3")
+
+
+def test_each_copy_is_issued_prefetch_step_offloaded_layers_ahead():
+    model = _offloaded(SIX_LAYERS, 1.0, step=1)
+    model.offloader.log = []
+    greedy(model, PROMPTS[:1], 1)
+    log = model.offloader.log
+    first = log[: log.index(("run", 5)) + 1]  # the prefill forward
+    assert first == [
+        ("copy", 1),
+        ("run", 0),
+        ("run", 1),
+        ("copy", 3),  # issued as layer 1 starts: overlaps layers 1 and 2
+        ("run", 2),
+        ("run", 3),
+        ("copy", 5),
+        ("run", 4),
+        ("run", 5),
+    ]
+
+
+def test_the_offloader_attaches_once_and_only_to_a_free_model():
+    model = tiny_llama.model(SIX_LAYERS, "cpu", torch.float32, seed=4)
+    offloader = create_offloader(OffloadConfig(1.0))
+    offloader.post_init(model)
+    with pytest.raises(RuntimeError, match="attached already"):
+        offloader.post_init(model)
+    with pytest.raises(RuntimeError, match="has an offloader already"):
+        create_offloader(OffloadConfig(1.0)).post_init(model)
+    other = tiny_llama.model(SIX_LAYERS, "cpu", torch.float32, seed=4)
+    create_offloader(OffloadConfig(1.0)).post_init(other)  # no shared state between offloaders
+    assert other.offloader is not model.offloader
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (OffloadConfig(1.0, "uva"), r"offload_backend: must be one of \['prefetch'\], got 'uva'"),
+        (OffloadConfig(-1.0), "cpu_offload_gb: must be >= 0"),
+        (OffloadConfig(1.0, prefetch_step=0), "prefetch_step: must be >= 1"),
+    ],
+)
+def test_bad_offload_settings_are_named(config, message):
+    with pytest.raises(ValueError, match=message):
+        create_offloader(config)
+
+
+def test_no_offload_is_no_offloader():
+    assert create_offloader(OffloadConfig(0.0)) is None
+
+
+def test_llm_with_offload_gives_the_tokens_without(single_thread):
+    from runner import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    outputs = {}
+    for gb in (0.0, 1.0):
+        model = tiny_llama.model(SIX_LAYERS, "cpu", torch.float32, seed=4)
+        llm = LLM(loaded=(model, None, SIX_LAYERS), device="cpu", dtype="float32", num_kv_blocks=32, cpu_offload_gb=gb)
+        outputs[gb] = [o.token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+        assert (getattr(model, "offloader", None) is not None) == (gb > 0)
+    assert outputs[0.0] == outputs[1.0]
+
+
+@pytest.mark.gpu_only(reason="copies on a side stream, captured in CUDA graphs")
+def test_gpu_offload_with_graphs_gives_the_tokens_without(device):
+    from runner import LLM, SamplingParams
+
+    config = dataclasses.replace(tiny_llama.SMALL_GPU, num_hidden_layers=6)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    outputs = {}
+    for gb, eager in ((0.0, True), (1.0, True), (1.0, False)):
+        model = tiny_llama.model(config, device, torch.bfloat16, seed=4)
+        llm = LLM(
+            loaded=(model, None, config),
+            device=device,
+            dtype=torch.bfloat16,
+            num_kv_blocks=64,
+            max_num_seqs=8,
+            max_model_len=128,
+            enforce_eager=eager,
+            cpu_offload_gb=gb,
+        )
+        outputs[(gb, eager)] = [o.token_ids for o in llm.generate(PROMPTS * 3, params, use_tqdm=False)]
+        llm.close()
+    assert outputs[(0.0, True)] == outputs[(1.0, True)] == outputs[(1.0, False)]
+
+
+def test_negative_control_a_slot_filled_from_the_wrong_layer_is_caught():
+    plain = tiny_llama.model(SIX_LAYERS, "cpu", torch.float32, seed=4)
+    model = _offloaded(SIX_LAYERS, 1.0, step=1)
+    model.offloader.host[1] = model.offloader.host[0]  # planted: layer 3 runs layer 1's weights
+    _, logits = greedy(model, PROMPTS, 1)
+    _, want = greedy(plain, PROMPTS, 1)
+    assert not torch.equal(logits, want)
