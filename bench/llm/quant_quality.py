@@ -1,14 +1,14 @@
 """Quality of online quantization on the embedded model (CPU): `python -m bench.llm.quant_quality`.
 
 For the unquantized model (fp32 on the CPU) and each online scheme (`LLM(..., quantization=...)`: fp8,
-fp8_block, mxfp4), in one run:
+fp8_block, mxfp4, nvfp4), in one run:
 - perplexity on bench/llm/data/prose.txt (public-domain prose: the Declaration of Independence's opening and
   the Gettysburg Address, ~2.8 KB), every token scored given the ones before it, in one forward;
 - top-1 agreement: the unquantized model's greedy continuation of 8 prompts x 64 tokens is fed back (teacher
   forcing) and the scheme's argmax compared with it at each of the 512 positions;
 - per-layer SQNR of the dequantized weight against the unquantized one (the layers' table and the PNG);
-- for mxfp4, the perplexity of the torchao-emulated model (weights through torchao's `to_mx` and back) beside
-  it: the bytes are equal (suites/runner/test_quant_online.py), so the perplexities are too.
+- for mxfp4 and nvfp4, the perplexity of the torchao-emulated model (weights through torchao's `to_mx` /
+  `NVFP4Tensor` and back) beside it: equal bytes give equal perplexities.
 Writes reports/cpu-<slug>/quant_quality.{csv,md,png,pytorch.json} and quant_quality_layers.csv."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ PROMPTS = [
     "To compute the area of a circle,",
     "The river flowed slowly past the",
 ]
-SCHEMES = ("fp8", "fp8_block", "mxfp4")
+SCHEMES = ("fp8", "fp8_block", "mxfp4", "nvfp4")
 TEXT = pathlib.Path(__file__).with_name("data") / "prose.txt"
 BLOCK_SIZE = 16
 COLUMNS = (
@@ -38,6 +38,7 @@ COLUMNS = (
     "perplexity",
     "perplexity_vs_unquantized",
     "torchao_emulated_perplexity",
+    "torchao_weights_differing",
     "top1_agreement",
     "weight_sqnr_db_median",
     "weight_sqnr_db_min",
@@ -74,48 +75,83 @@ def perplexity(model, ids: list[int]) -> float:
     return math.exp(float(nll))
 
 
-def layer_sqnr(reference, quantized) -> list[dict]:
-    """SQNR (dB) of each quantized linear layer's dequantized weight against the unquantized weight."""
+def dequantized_weights(quantized):
+    """(layer name, scheme, its dequantized weight [out, in] in float64) of each online-quantized layer."""
     from reference.quant.fp8 import dequantize_fp8_blocks
     from reference.quant.mxfp4 import dequantize_mxfp4
+    from reference.quant.nvfp4 import dequantize_nvfp4
+    from reference.quant.nvfp4_global_scale import DecodeScale
+    from runner.model.layers import Linear
+
+    for name, layer in quantized.named_modules():
+        if not isinstance(layer, Linear) or not layer.scheme.online:
+            continue
+        scheme, k = layer.scheme.name, layer.in_features
+        if scheme == "fp8":
+            deq = layer.weight_fp8.double() * layer.weight_scale.double()
+        elif scheme == "fp8_block":
+            deq = dequantize_fp8_blocks(layer.weight_fp8, layer.weight_scale_inv)
+        elif scheme == "mxfp4":
+            deq = dequantize_mxfp4(layer.weight_codes, layer.weight_scales, dtype=torch.float32)
+        else:
+            scale = DecodeScale(layer.weight_scale_2)
+            deq = dequantize_nvfp4(layer.weight_codes, layer.weight_scales, scale, dtype=torch.float32)
+        yield name, scheme, deq.double()[:, :k]
+
+
+def layer_sqnr(reference, quantized) -> list[dict]:
+    """SQNR (dB) of each quantized linear layer's dequantized weight against the unquantized weight."""
     from runner.model.layers import Linear
 
     ref = {n: m for n, m in reference.named_modules() if isinstance(m, Linear)}
     rows = []
-    for name, layer in quantized.named_modules():
-        if not isinstance(layer, Linear) or not layer.scheme.online:
-            continue
+    for name, scheme, deq in dequantized_weights(quantized):
         w = ref[name].weight.detach().double()
-        k = w.shape[1]
-        scheme = layer.scheme.name
-        if scheme == "fp8":
-            deq = layer.weight_fp8.double() * layer.weight_scale.double()
-        elif scheme == "fp8_block":
-            deq = dequantize_fp8_blocks(layer.weight_fp8, layer.weight_scale_inv).double()[:, :k]
-        else:
-            deq = dequantize_mxfp4(layer.weight_codes, layer.weight_scales, dtype=torch.float32).double()[:, :k]
         sqnr = 10 * math.log10(float(w.pow(2).sum() / (deq - w).pow(2).sum()))
         rows.append({"scheme": scheme, "layer": name, "sqnr_db": sqnr})
     return rows
 
 
-def torchao_emulated(base):
-    """A copy of the unquantized model with every decoder linear weight through torchao's to_mx (floor) and
-    back: the MX emulators' fake-quantized model."""
-    import copy
+def differing_fraction(quantized, emulated) -> float:
+    """Fraction of decoder linear weights whose dequantized value differs between the runner and torchao."""
+    from runner.model.layers import Linear
 
-    from torchao.prototype.mx_formats.config import ScaleCalculationMode
-    from torchao.prototype.mx_formats.mx_tensor import to_dtype, to_mx
+    theirs = {n: m for n, m in emulated.named_modules() if isinstance(m, Linear)}
+    differ = total = 0
+    for name, _, deq in dequantized_weights(quantized):
+        w = theirs[name].weight.detach().double()
+        differ += int((deq != w).sum())
+        total += w.numel()
+    return differ / total
+
+
+def torchao_emulated(base, scheme: str):
+    """A copy of the unquantized model with every decoder linear weight through torchao's quantizer and back:
+    `to_mx` (scale mode floor) for mxfp4, `NVFP4Tensor.to_nvfp4` with the tensor's own global scale for
+    nvfp4. The MX emulators' fake-quantized model."""
+    import copy
 
     from runner.model.layers import Linear
 
     model = copy.deepcopy(base)
-    fp4 = torch.float4_e2m1fn_x2
     for name, layer in model.named_modules():
         if isinstance(layer, Linear) and ".layers." in name:
-            scales, codes = to_mx(layer.weight.data, fp4, 32, ScaleCalculationMode.FLOOR)
-            layer.weight.data.copy_(to_dtype(codes, scales, fp4, 32, torch.float32))
+            layer.weight.data.copy_(_torchao_roundtrip(layer.weight.data, scheme))
     return model
+
+
+def _torchao_roundtrip(w: torch.Tensor, scheme: str) -> torch.Tensor:
+    if scheme == "mxfp4":
+        from torchao.prototype.mx_formats.config import ScaleCalculationMode
+        from torchao.prototype.mx_formats.mx_tensor import to_dtype, to_mx
+
+        fp4 = torch.float4_e2m1fn_x2
+        scales, codes = to_mx(w, fp4, 32, ScaleCalculationMode.FLOOR)
+        return to_dtype(codes, scales, fp4, 32, torch.float32)
+    from torchao.prototype.mx_formats.nvfp4_tensor import NVFP4Tensor, per_tensor_amax_to_scale
+
+    t = NVFP4Tensor.to_nvfp4(w, per_tensor_scale=per_tensor_amax_to_scale(w.abs().max()))
+    return t.dequantize(torch.float32)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,8 +205,10 @@ def main(argv: list[str] | None = None) -> int:
             "weight_sqnr_db_median": sqnrs[len(sqnrs) // 2],
             "weight_sqnr_db_min": sqnrs[0],
         }
-        if scheme == "mxfp4":
-            row["torchao_emulated_perplexity"] = perplexity(torchao_emulated(base), text_ids)
+        if scheme in ("mxfp4", "nvfp4"):
+            emulated = torchao_emulated(base, scheme)
+            row["torchao_emulated_perplexity"] = perplexity(emulated, text_ids)
+            row["torchao_weights_differing"] = differing_fraction(model, emulated)
         rows.append(row)
         print(
             f"  {scheme}: perplexity {ppl:.3f} ({ppl / base_ppl:.4f}x), top-1 agreement {agree / total:.3f}, "
@@ -197,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         headline,
         {"command": command},
         intro=[
-            "nvfp4 is not in the table: the runner has no NVFP4 scheme yet.",
+            "mxfp4 and nvfp4 run weight-only (W4A16); beside them, the torchao-emulated model's perplexity.",
             "This 135M model is sensitive to FP8 weights themselves: with the activations left unquantized, "
             "block-FP8 weights alone gave 11.63 (1.097x) and per-row E4M3 weights 11.31 (1.066x), against 10.63 "
             "for bf16 weights (1.002x), in a run at 7e6a0af.",

@@ -30,8 +30,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
 
     model: str = DEFAULT_MODEL
     load_format: str = "auto"
-    # Quantize an unquantized checkpoint while it loads (runner.model.quant): "fp8" | "fp8_block" | "mxfp4"
+    # Quantize an unquantized checkpoint while it loads (runner.model.quant): "fp8" | "fp8_block" | "mxfp4" | "nvfp4"
     quantization: str | None = None
+    nvfp4_w13_policy: str = "use_w1"  # NVFP4 checkpoints' gate/up global scales (reference.quant.nvfp4_fused_w13)
     # Keep this many GiB of decoder-layer weights in host memory, copied ahead of use (runner.model.offload)
     cpu_offload_gb: float = 0.0
     offload_backend: str = "prefetch"
@@ -81,6 +82,7 @@ def build_core(config: EngineConfig, loaded: tuple | None = None, tokenizer: boo
             config.seed,
             tokenizer=tokenizer,
             quantization=config.quantization,
+            nvfp4_w13_policy=config.nvfp4_w13_policy,
         )
     model, tok, model_config = loaded
     from runner.model.offload import OffloadConfig, create_offloader

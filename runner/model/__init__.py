@@ -26,6 +26,7 @@ def load_model(
     seed: int = 0,
     tokenizer: bool = True,
     quantization: str | None = None,
+    nvfp4_w13_policy: str = "use_w1",
 ):
     """(LlamaForCausalLM, tokenizer or None, LlamaConfig).
 
@@ -35,7 +36,8 @@ def load_model(
     The tokenizer comes from the GGUF file (or the HF directory's tokenizer files); a dummy registered shape
     gets its family's tokenizer when that file is installed, else None. tokenizer=False: never load one
     (None). quantization: quantize the linear layers while the weights load ("fp8" | "fp8_block" | "mxfp4",
-    runner.model.quant); None keeps the checkpoint's dtype.
+    runner.model.quant); None keeps the checkpoint's dtype. nvfp4_w13_policy: what an NVFP4 checkpoint's gate/up
+    parts with different global scales become ("raise" | "use_w1" | "max_requant", reference.quant.nvfp4_fused_w13).
     """
     import torch
 
@@ -82,8 +84,11 @@ def load_model(
             raise ValueError(f"quantization: {model} is a {quant.name} checkpoint already; leave quantization unset")
         quant = online_config(quantization)
     if quant is not None:
+        import dataclasses
+
         from runner.model.weights import hf_tensor_shapes
 
+        quant = dataclasses.replace(quant, w13_policy=nvfp4_w13_policy)
         shapes = hf_tensor_shapes(config)
         quant.check_layers({n.removesuffix(".weight") for n, s in shapes.items() if len(s) == 2})
     net = LlamaForCausalLM(config, dtype, device, quant)

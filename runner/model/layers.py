@@ -115,13 +115,20 @@ class Linear(nn.Module):
         self.scheme.create_weights(self)
 
     def new_param(
-        self, shape: tuple[int, ...], dtype: torch.dtype, device=None, row_block: int = 1, exact_dtype: bool = False
+        self,
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+        device=None,
+        row_block: int = 1,
+        exact_dtype: bool = False,
+        per_shard: bool = False,
     ) -> nn.Parameter:
         """A parameter of the layer filled through `weight_loader`: its row r covers output rows
-        [r * row_block, (r + 1) * row_block) (a scale per 128-row tile: row_block 128). exact_dtype: a checkpoint
-        tensor of another dtype is refused (quantized codes and scales), not converted."""
+        [r * row_block, (r + 1) * row_block) (a scale per 128-row tile: row_block 128); per_shard: one scalar
+        per shard, in shard order (a checkpoint part's own scale). exact_dtype: a checkpoint tensor of another
+        dtype is refused (quantized codes and scales), not converted."""
         p = nn.Parameter(torch.empty(shape, dtype=dtype, device=device or self.device), requires_grad=False)
-        p.weight_loader, p.row_block, p.exact_dtype = self.weight_loader, row_block, exact_dtype
+        p.weight_loader, p.row_block, p.exact_dtype, p.per_shard = self.weight_loader, row_block, exact_dtype, per_shard
         return p
 
     def weight_loader(self, param: nn.Parameter, tensor: torch.Tensor, shard_id: str | int | None = None) -> None:
@@ -129,9 +136,14 @@ class Linear(nn.Module):
         of the layer's staging weight, quantized once its last row is in)."""
         if shard_id not in self.shard_sizes:
             raise ValueError(f"shard_id: must be one of {list(self.shard_sizes)}, got {shard_id!r}")
+        what = "checkpoint tensor" if shard_id is None else f"shard {shard_id!r}"
+        if getattr(param, "per_shard", False):
+            if tensor.numel() != 1:
+                raise ValueError(f"{what} must be a scalar, got shape {list(tensor.shape)}")
+            param.data[list(self.shard_sizes).index(shard_id)] = tensor.reshape(()).to(param.dtype)
+            return
         block = getattr(param, "row_block", 1)
         rows, offset = -(-self.shard_sizes[shard_id] // block), self.shard_offsets[shard_id] // block
-        what = "checkpoint tensor" if shard_id is None else f"shard {shard_id!r}"
         if tuple(tensor.shape) != (rows, *param.shape[1:]):
             raise ValueError(f"{what} must be {[rows, *param.shape[1:]]}, got {list(tensor.shape)}")
         if getattr(param, "exact_dtype", False) and tensor.dtype != param.dtype:

@@ -43,7 +43,7 @@ def parser() -> Parser:
     p.add_argument("--load-format", default="auto", help="auto | gguf | safetensors | dummy")
     p.add_argument(
         "--quantization",
-        choices=("fp8", "fp8_block", "mxfp4"),
+        choices=("fp8", "fp8_block", "mxfp4", "nvfp4"),
         help="quantize the linear layers while the weights load (default: as stored)",
     )
     p.add_argument("--device", help="cpu | cuda | cuda:N (default: cuda when available)")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 
 import pytest
 import torch
@@ -165,7 +166,7 @@ def test_a_bad_tensor_is_refused_by_name(tmp_path, quantization, edit, message):
             r"quantization_config.global_quant_config.weight: \('int4'",
         ),
         ({**QUARK_MXFP4, "exclude": ["model.layers.9.mlp.down_proj"]}, r"layer 'model.layers.9.mlp.down_proj'"),
-        ({"quantization": {"quant_algo": "NVFP4"}}, r"ModelOpt 'NVFP4' checkpoints are not supported yet"),
+        ({"quantization": {"quant_algo": "FP8"}}, r"ModelOpt 'FP8' checkpoints are not supported yet"),
     ],
 )
 def test_a_bad_config_is_refused_by_key(tmp_path, quantization, message):
@@ -218,3 +219,104 @@ def test_fused_layer_parts_with_different_checkpoint_schemes_are_refused(tmp_pat
     mixed = {**QUARK_MXFP4, "exclude": ["lm_head", "model.layers.0.mlp.up_proj"]}
     with pytest.raises(ValueError, match=r"gate_up_proj.*different schemes.*up_proj': 'unquantized'"):
         _load(_write(tmp_path, ALIGNED, mixed))
+
+
+def _write_modelopt_nvfp4(tmp_path, config: LlamaConfig, up_factor: float = 1.0) -> str:
+    """A ModelOpt-layout NVFP4 checkpoint: every part quantized on its own (its own decode global scale);
+    `up_factor` scales the up projections' weights, so gate and up get different global scales."""
+    from reference.quant.nvfp4 import quantize_nvfp4
+    from reference.quant.nvfp4_global_scale import DecodeScale, tensor_amax
+
+    tensors = {}
+    for name, w in dummy_weights(config, seed=5):
+        if w.dim() == 2 and ".layers." in name:
+            base = name.removesuffix(".weight")
+            w = w * up_factor if "up_proj" in name else w
+            scale = DecodeScale.from_amax(tensor_amax(w))
+            codes, scales = quantize_nvfp4(w, scale)
+            tensors[f"{base}.weight"] = codes
+            tensors[f"{base}.weight_scale"] = scales.view(torch.float8_e4m3fn)
+            tensors[f"{base}.weight_scale_2"] = scale.value.reshape(())
+            tensors[f"{base}.input_scale"] = torch.tensor(1.0)
+        else:
+            tensors[name] = w
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    hf = _hf_config(config, {})
+    del hf["quantization_config"]
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    modelopt = {
+        "producer": {"name": "modelopt"},
+        "quantization": {"quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head"]},
+    }
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps(modelopt))
+    return str(tmp_path)
+
+
+def _nvfp4_parts(layer_name: str, up_factor: float):
+    from reference.quant.nvfp4 import quantize_nvfp4
+    from reference.quant.nvfp4_fused_w13 import NVFP4Tensor
+    from reference.quant.nvfp4_global_scale import DecodeScale, tensor_amax
+
+    weights = dict(dummy_weights(ALIGNED, seed=5))
+    parts = []
+    for part in layer_name:
+        w = weights[part] * (up_factor if "up_proj" in part else 1.0)
+        scale = DecodeScale.from_amax(tensor_amax(w))
+        parts.append(NVFP4Tensor(*quantize_nvfp4(w, scale), scale))
+    return parts
+
+
+@pytest.mark.parametrize("policy", ["use_w1", "max_requant"])
+def test_modelopt_nvfp4_gate_up_follows_the_w13_policy(tmp_path, policy):
+    from reference.quant.nvfp4_fused_w13 import W13ScaleMismatchWarning, fuse_w13
+
+    path = _write_modelopt_nvfp4(tmp_path, ALIGNED, up_factor=3.0)
+    with pytest.warns(W13ScaleMismatchWarning) if policy == "use_w1" else _no_warning():  # max_requant: silent
+        model = load_model(path, dtype=torch.float32, device="cpu", tokenizer=False, nvfp4_w13_policy=policy)[0]
+    gate_up = model.model.layers[0].mlp.gate_up_proj
+    assert gate_up.scheme.name == "nvfp4" and not gate_up.scheme.online
+    p = "model.layers.0.mlp."
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", W13ScaleMismatchWarning)  # the oracle's own warning: seen above
+        want = fuse_w13(*_nvfp4_parts([p + "gate_proj.weight", p + "up_proj.weight"], 3.0), policy=policy)
+    assert_exact(gate_up.weight_codes, want.codes, "gate_up codes")
+    assert_exact(gate_up.weight_scales, want.scales, "gate_up scales")
+    assert_exact(gate_up.weight_scale_2, want.global_scale.value.reshape(()), "gate_up global scale")
+
+
+def test_modelopt_nvfp4_raise_policy_refuses_mismatched_gate_up(tmp_path):
+    path = _write_modelopt_nvfp4(tmp_path, ALIGNED, up_factor=3.0)
+    with pytest.raises(ValueError, match="w1"):
+        load_model(path, dtype=torch.float32, device="cpu", tokenizer=False, nvfp4_w13_policy="raise")
+
+
+@pytest.mark.filterwarnings("ignore::reference.quant.nvfp4_fused_w13.W13ScaleMismatchWarning")
+def test_modelopt_nvfp4_checkpoint_is_the_model_of_its_dequantized_weights(tmp_path):
+    """Weight-only: the runner's logits equal those of the unquantized model whose every weight is the
+    dequantized fused NVFP4 tensor (q/k/v parts re-encoded onto their largest global scale)."""
+    from reference.quant.nvfp4 import dequantize_nvfp4
+    from reference.quant.nvfp4_global_scale import DecodeScale
+
+    model = load_model(_write_modelopt_nvfp4(tmp_path, ALIGNED), dtype=torch.float32, device="cpu", tokenizer=False)[0]
+    oracle = LlamaForCausalLM(ALIGNED, torch.float32, "cpu")
+    oracle.load_weights(dummy_weights(ALIGNED, seed=5))
+    for (_, layer), (_, plain) in zip(model.named_modules(), oracle.named_modules(), strict=True):
+        if getattr(layer, "scheme", None) is not None and layer.scheme.name == "nvfp4":
+            w = dequantize_nvfp4(
+                layer.weight_codes, layer.weight_scales, DecodeScale(layer.weight_scale_2), dtype=torch.float32
+            )
+            plain.weight.data.copy_(w)
+    tokens, logits = greedy(model, PROMPTS, 6)
+    want_tokens, want_logits = greedy(oracle, PROMPTS, 6)
+    assert tokens == want_tokens
+    assert_exact(logits, want_logits, "logits")
+
+
+class _no_warning:
+    def __enter__(self):
+        self.catcher = warnings.catch_warnings()
+        self.catcher.__enter__()
+        warnings.simplefilter("error")
+
+    def __exit__(self, *exc):
+        self.catcher.__exit__(*exc)

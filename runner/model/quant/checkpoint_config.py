@@ -9,9 +9,9 @@ Read, by each format's published description:
 - AMD Quark (`quant_method` "quark"): `global_quant_config`, `layer_quant_config` (fnmatch patterns on layer
   names, the first match wins), `exclude`. Weight dtype "fp4", per_group 32, scale_format "e8m0", no input
   quantization: mxfp4 (W4A16); `weight` uint8 [N, K/2] + `weight_scale` uint8 [N, K/32].
-- ModelOpt (hf_quant_config.json, {"quantization": {"quant_algo": ..., "exclude_modules": [...]}}): parsed, and
-  its algorithms (FP8 per-tensor with static input scales, NVFP4) are refused by name: the runner has no such
-  checkpoint scheme yet.
+- ModelOpt (hf_quant_config.json, {"quantization": {"quant_algo": ..., "exclude_modules": [...]}}): NVFP4 (run
+  weight-only: `weight` uint8, `weight_scale` E4M3 [N, K/16], `weight_scale_2` the decode global scale per
+  part, `input_scale` read and unused); FP8 (static input scales) is refused by name.
 Anything else is refused with the key that could not be read."""
 
 from __future__ import annotations
@@ -131,8 +131,17 @@ def _quark(config: Mapping) -> QuantConfig:
 
 def _modelopt(config: Mapping) -> QuantConfig:
     algo = config.get("quant_algo")
-    raise _fail(
-        "quant_algo",
-        f"ModelOpt {algo!r} checkpoints are not supported yet (FP8 with static input scales and NVFP4 have no "
-        "checkpoint scheme in the runner)",
-    )
+    if algo != "NVFP4":
+        raise _fail(
+            "quant_algo",
+            f"ModelOpt {algo!r} checkpoints are not supported yet (supported: NVFP4, run weight-only; FP8 with "
+            "static input scales has no checkpoint scheme in the runner)",
+        )
+    if config.get("group_size", 16) != 16:
+        raise _fail("group_size", f"NVFP4 blocks are 16 wide, got {config.get('group_size')!r}")
+    exclude = tuple(config.get("exclude_modules") or ())
+
+    def scheme_of(layer: str) -> str | None:
+        return None if any(fnmatch.fnmatchcase(layer, p) for p in exclude) else "nvfp4"
+
+    return QuantConfig("modelopt", scheme_of, named_layers=tuple(n for n in _explicit(exclude) if "." in n))

@@ -11,20 +11,23 @@ from collections.abc import Callable, Mapping
 
 from runner.model.quant.scheme import LinearScheme
 
-SCHEMES = ("fp8", "fp8_block", "mxfp4")
+SCHEMES = ("fp8", "fp8_block", "mxfp4", "nvfp4")
 
 
-def make_scheme(name: str, online: bool) -> LinearScheme:
+def make_scheme(name: str, online: bool, w13_policy: str = "use_w1") -> LinearScheme:
     """A new scheme object: `online` quantizes an unquantized checkpoint while it loads, else the checkpoint
     holds the scheme's tensors."""
     from runner.model.quant.fp8_block import Fp8Block
     from runner.model.quant.fp8_tensor import Fp8PerTensor
     from runner.model.quant.mxfp4 import Mxfp4W4A16
+    from runner.model.quant.nvfp4 import Nvfp4W4A16
 
     if name == "fp8_block":
         return Fp8Block(online=online)
     if name == "mxfp4":
         return Mxfp4W4A16(online=online)
+    if name == "nvfp4":
+        return Nvfp4W4A16(online=online, w13_policy=w13_policy)
     if name == "fp8" and online:
         return Fp8PerTensor()
     raise ValueError(f"quantization: scheme {name!r} is not supported {'online' if online else 'in a checkpoint'}")
@@ -36,6 +39,7 @@ class QuantConfig:
     scheme_of: Callable[[str], str | None]  # checkpoint layer name -> scheme name (None: unquantized)
     online: bool = False
     named_layers: tuple[str, ...] = ()  # layers the config names explicitly: each must exist in the model
+    w13_policy: str = "use_w1"  # NVFP4 gate/up parts with different global scales (reference.quant.nvfp4_fused_w13)
 
     def scheme_for(self, prefix: str, packed_modules_mapping: Mapping[str, tuple[str, ...]]) -> LinearScheme:
         """The scheme of the layer named `prefix` in the model (a fused one by its parts' names); ValueError
@@ -49,7 +53,7 @@ class QuantConfig:
             named = {p: s or "unquantized" for p, s in schemes.items()}
             raise ValueError(f"quantization: the parts of fused layer {prefix!r} have different schemes: {named}")
         scheme = schemes[parts[0]]
-        return Unquantized() if scheme is None else make_scheme(scheme, self.online)
+        return Unquantized() if scheme is None else make_scheme(scheme, self.online, self.w13_policy)
 
     def check_layers(self, layer_names: set[str]) -> None:
         """ValueError naming a layer the config names that the model does not have."""

@@ -7,7 +7,8 @@ along `dim` into `parts` equal shards is refused when a shard's size is not a mu
 
 from __future__ import annotations
 
-BLOCKS = {"fp8": (0, 0), "fp8_block": (128, 128), "mxfp4": (1, 32)}
+# nvfp4: blocks of 16 along K, under a global scale that is the whole tensor's (like fp8's)
+BLOCKS = {"fp8": (0, 0), "fp8_block": (128, 128), "mxfp4": (1, 32), "nvfp4": (1, 16)}
 
 
 def check_tp_split(scheme: str, shape: tuple[int, int], dim: int, parts: int) -> int:

@@ -1,0 +1,86 @@
+"""NVFP4 W4A16: E2M1 weight codes with one E4M3 scale per 16 weights along K under one fp32 global scale
+(`reference.quant.nvfp4`), activations unquantized: what an NVFP4 checkpoint becomes on Hopper, which has no
+FP4 tensor cores (vLLM runs such checkpoints weight-only there too). The weights are dequantized to the
+activation dtype and multiplied: on CUDA the dequantize kernel then a bf16 GEMM (no fused NVFP4 W4A16 kernel
+yet: two launches and a bf16 weight in flight per call), on the CPU the reference.
+
+A fused layer has one global scale (the kernels' contract). A checkpoint quantizes its parts separately (ModelOpt:
+`weight_scale_2`, the decode scale, per part); when they differ, gate/up follow the named w1/w3 policy of
+`reference.quant.nvfp4_fused_w13` ("raise", "use_w1", "max_requant"), and other fused layers (q/k/v) re-encode
+their smaller parts' block scales onto the largest decode scale (max_requant: the FP4 codes stay)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from reference.quant.nvfp4 import NVFP4_BLOCK_SIZE
+from reference.quant.nvfp4_fused_w13 import DEFAULT_W13_POLICY, NVFP4Tensor, fuse_w13, rescale_block_scales
+from reference.quant.nvfp4_global_scale import DecodeScale, tensor_amax
+from runner.model.quant.online import OnlineScheme, zero_pad_columns
+from runner.model.quant.scheme import uses_kernels
+
+
+class Nvfp4W4A16(OnlineScheme):
+    name = "nvfp4"
+
+    def __init__(self, online: bool = True, w13_policy: str = DEFAULT_W13_POLICY) -> None:
+        self.online, self.w13_policy = online, w13_policy
+
+    def quantize(self, layer, w: torch.Tensor) -> None:
+        w = zero_pad_columns(w, NVFP4_BLOCK_SIZE)
+        scale = DecodeScale.from_amax(tensor_amax(w))
+        if w.is_cuda:
+            from kernels.nvfp4 import quantize_nvfp4
+        else:
+            from reference.quant.nvfp4 import quantize_nvfp4
+        codes, scales = quantize_nvfp4(w.contiguous(), scale)
+        self._store(layer, codes, scales, scale.value)
+
+    def create_weights(self, layer) -> None:
+        if self.online:
+            return super().create_weights(layer)
+        n, k = layer.out_features, layer.in_features
+        if k % NVFP4_BLOCK_SIZE:
+            raise ValueError(f"quantization: nvfp4 needs in_features a multiple of {NVFP4_BLOCK_SIZE}, got {k}")
+        scales = (n, k // NVFP4_BLOCK_SIZE)
+        layer.register_parameter("weight", layer.new_param((n, k // 2), torch.uint8, exact_dtype=True))
+        layer.register_parameter("weight_scale", layer.new_param(scales, torch.float8_e4m3fn, exact_dtype=True))
+        parts = len(layer.shard_sizes)
+        # one scalar per checkpoint part: the decode global scale, and the activation scale W4A16 leaves unused
+        layer.register_parameter("weight_scale_2", layer.new_param((parts,), torch.float32, per_shard=True))
+        layer.register_parameter("input_scale", layer.new_param((parts,), torch.float32, per_shard=True))
+
+    def process_weights_after_loading(self, layer) -> None:
+        if self.online:
+            return super().process_weights_after_loading(layer)
+        codes, scales = layer.weight.data, layer.weight_scale.data.view(torch.uint8)
+        decode = layer.weight_scale_2.data
+        del layer.weight, layer.weight_scale, layer.weight_scale_2, layer.input_scale
+        if bool((decode == decode[0]).all()):
+            return self._store(layer, codes, scales, decode[0])
+        rows = list(layer.shard_sizes.values())
+        if list(layer.shard_sizes) == [0, 1]:  # gate / up: the named w1/w3 policy
+            halves = [
+                NVFP4Tensor(c, s, DecodeScale(d))
+                for c, s, d in zip(codes.split(rows), scales.split(rows), decode, strict=True)
+            ]
+            fused = fuse_w13(*halves, policy=self.w13_policy)
+            return self._store(layer, fused.codes, fused.scales, fused.global_scale.value)
+        top = decode.max()
+        parts = [rescale_block_scales(s, d / top) for s, d in zip(scales.split(rows), decode, strict=True)]
+        self._store(layer, codes, torch.cat(parts), top)
+
+    def _store(self, layer, codes: torch.Tensor, scales: torch.Tensor, decode: torch.Tensor) -> None:
+        layer.register_buffer("weight_codes", codes.contiguous())
+        layer.register_buffer("weight_scales", scales.contiguous())
+        layer.register_buffer("weight_scale_2", torch.as_tensor(decode, dtype=torch.float32).reshape(()))
+
+    def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
+        scale = DecodeScale(layer.weight_scale_2)
+        if uses_kernels(x):
+            from kernels.nvfp4 import dequantize_nvfp4
+        else:
+            from reference.quant.nvfp4 import dequantize_nvfp4
+        w = dequantize_nvfp4(layer.weight_codes, layer.weight_scales, scale, dtype=x.dtype)
+        return F.linear(x, w[:, : x.shape[1]])
