@@ -27,21 +27,10 @@ from runner.model.llama import LlamaForCausalLM
 from runner.model.quant import online_config
 from runner.model.quant.checkpoint_config import from_checkpoint
 from runner.model.weights import dummy_weights
+from suites.runner import quark_oracle, tiny_llama
 from suites.runner.model_driver import greedy
 
-# 128-row shards everywhere (q 256, k and v 128, gate and up 384): block-FP8 tiles never straddle a shard
-ALIGNED = LlamaConfig(
-    vocab_size=97,
-    hidden_size=256,
-    intermediate_size=384,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=64,
-    rope_theta=10_000.0,
-    tie_word_embeddings=False,
-    max_position_embeddings=256,
-)
+ALIGNED = tiny_llama.ALIGNED_128
 PROMPTS = [[5, 17, 33, 2, 9, 41], [60, 3, 3, 71]]
 HF_FP8 = {"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
 QUARK_MXFP4 = {
@@ -114,16 +103,14 @@ def test_hf_fp8_block_checkpoint_equals_the_same_weights_quantized_online(tmp_pa
 
 
 def test_quark_mxfp4_checkpoint_equals_quarks_fake_quantized_model(tmp_path):
-    quark = pytest.importorskip("quark.torch.kernel.hw_emulation.hw_emulation_interface")
+    fake_quantize_mx = quark_oracle.fake_quantize_mx()
     model = _load(_write(tmp_path, ALIGNED, QUARK_MXFP4))
     assert model.model.layers[1].mlp.down_proj.scheme.name == "mxfp4" and model.lm_head.scheme.name == "unquantized"
 
     def emulated():
         for name, w in dummy_weights(ALIGNED, seed=5):
             if w.dim() == 2 and ".layers." in name:
-                w = quark.fake_quantize_mx(
-                    w, axis=-1, block_size=32, scale_calculation_mode="even", mx_element_dtype="fp4"
-                )
+                w = fake_quantize_mx(w, axis=-1, block_size=32, scale_calculation_mode="even", mx_element_dtype="fp4")
             yield name, w
 
     oracle = LlamaForCausalLM(ALIGNED, torch.float32, "cpu")

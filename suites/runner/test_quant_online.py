@@ -30,6 +30,7 @@ from runner.model.quant.mxfp4 import Mxfp4W4A16, positive_zeros
 from runner.model.quant.online import zero_pad_columns
 from runner.model.quant.tp_shards import check_tp_split
 from runner.model.weights import dummy_weights
+from suites.runner import quark_oracle
 from suites.runner.model_driver import greedy
 from suites.runner.tiny_llama import TINY
 
@@ -339,7 +340,7 @@ def test_mxfp4_even_mode_equals_amd_quarks_quantizer_on_every_weight_of_the_embe
     """AMD Quark's MX emulation (`fake_quantize_mx`, scale mode "even", its default) against the online MXFP4
     load in the same mode: the dequantized weights are equal on every decoder linear weight. Equal values with
     the same block amax mean equal scale bytes and equal codes up to the sign of zero (normalized here)."""
-    quark = pytest.importorskip("quark.torch.kernel.hw_emulation.hw_emulation_interface")
+    fake_quantize_mx = quark_oracle.fake_quantize_mx()
     model, _, config = smollm2
     checked = 0
     for name, module in model.named_modules():
@@ -349,9 +350,7 @@ def test_mxfp4_even_mode_equals_amd_quarks_quantizer_on_every_weight_of_the_embe
         layer = Linear(w.shape[1], w.shape[0], torch.float32, "cpu", Mxfp4W4A16("even"))
         layer.weight_loader(layer.weight, w)
         ours = dequantize_mxfp4(layer.weight_codes, layer.weight_scales, dtype=torch.float32)
-        theirs = quark.fake_quantize_mx(
-            w, axis=-1, block_size=32, scale_calculation_mode="even", mx_element_dtype="fp4"
-        )
+        theirs = fake_quantize_mx(w, axis=-1, block_size=32, scale_calculation_mode="even", mx_element_dtype="fp4")
         assert_exact(ours, theirs, name)
         checked += 1
     assert checked == 4 * config.num_hidden_layers

@@ -25,6 +25,11 @@ TINY_TIED = LlamaConfig(
     max_position_embeddings=256,
 )
 TINY = dataclasses.replace(TINY_TIED, tie_word_embeddings=False)
+# Quantized checkpoints: every fused part on 128-row tiles (q 256, k and v 128, gate and up 384), so block-FP8
+# scale tiles never straddle two parts.
+ALIGNED_128 = dataclasses.replace(
+    TINY, hidden_size=256, intermediate_size=384, num_attention_heads=4, num_key_value_heads=2, head_dim=64
+)
 # GPU: head_dim 64 and bf16, shapes the Triton kernels take.
 SMALL_GPU = LlamaConfig(
     vocab_size=512,
