@@ -42,10 +42,8 @@ class Fp8Block(OnlineScheme):
             return super().process_weights_after_loading(layer)
         w, s = layer.weight.data, layer.weight_scale_inv.data
         del layer.weight, layer.weight_scale_inv
-        pad = -w.shape[1] % BLOCK  # K in whole blocks: zero codes (the scales already cover the last tile)
-        if pad:
-            w = torch.nn.functional.pad(w.view(torch.uint8), (0, pad)).view(torch.float8_e4m3fn)
-        layer.register_buffer("weight_fp8", w.contiguous())
+        # K in whole blocks: zero codes (the scales already cover the last tile)
+        layer.register_buffer("weight_fp8", zero_pad_columns(w, BLOCK).contiguous())
         layer.register_buffer("weight_scale_inv", s)
 
     def quantize(self, layer, w: torch.Tensor) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from reference.formats.nibbles import pack_nibbles, unpack_nibbles
 from reference.quant.mxfp4 import MX_BLOCK_SIZE
 from runner.model.quant.online import OnlineScheme, zero_pad_columns
 from runner.model.quant.scheme import uses_kernels
@@ -21,10 +22,8 @@ SCALE_MODE = "floor"  # online default: the OCP spec's rule (torchao's to_mx def
 
 def positive_zeros(codes: torch.Tensor) -> torch.Tensor:
     """Packed E2M1 codes with each -0 nibble (0x8) replaced by +0 (0x0)."""
-    low, high = codes & 0x0F, codes >> 4
-    low = torch.where(low == 0x8, torch.zeros_like(low), low)
-    high = torch.where(high == 0x8, torch.zeros_like(high), high)
-    return low | (high << 4)
+    nibbles = unpack_nibbles(codes)
+    return pack_nibbles(torch.where(nibbles == 0x8, torch.zeros_like(nibbles), nibbles))
 
 
 class Mxfp4W4A16(OnlineScheme):

@@ -28,7 +28,11 @@ class OnlineScheme(LinearScheme):
 
 
 def zero_pad_columns(w: torch.Tensor, multiple: int) -> torch.Tensor:
-    """w [N, K] with K rounded up to `multiple` by zero columns (zeros never change a block's amax)."""
-    k = w.shape[1]
-    pad = -k % multiple
-    return w if pad == 0 else torch.nn.functional.pad(w, (0, pad))
+    """w [N, K] with K rounded up to `multiple` by zero columns (zeros never change a block's amax). FP8 codes
+    are padded through their bytes (torch pads no float8 tensor; byte 0 is +0 in E4M3)."""
+    pad = -w.shape[1] % multiple
+    if pad == 0:
+        return w
+    if w.element_size() == 1 and w.is_floating_point():
+        return torch.nn.functional.pad(w.view(torch.uint8), (0, pad)).view(w.dtype)
+    return torch.nn.functional.pad(w, (0, pad))
