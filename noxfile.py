@@ -75,7 +75,10 @@ def tests(session: nox.Session) -> None:
     _install(session)
     _lint(session)
     session.env.update(TRITON_INTERPRET="1", HYPOTHESIS_PROFILE="dev")
-    _pytest(session, "--device", "cpu")
+    # Whole files per worker, longest first (suites/conftest.py orders them by .test_durations; xdist would
+    # reorder them by test count): a module's server or model fixture starts once, and no long file is left
+    # to run alone at the end.
+    _pytest(session, "--device", "cpu", "--dist", "loadfile", "--no-loadscope-reorder")
 
 
 @nox.session
@@ -83,7 +86,7 @@ def cpu(session: nox.Session) -> None:
     """Main job on a CPU machine: full CPU parity gate, then this machine's performance report."""
     _install(session)
     session.env.update(TRITON_INTERPRET="1", HYPOTHESIS_PROFILE="ci")
-    _pytest(session, "--device", "cpu")
+    _pytest(session, "--device", "cpu", "--dist", "loadfile", "--no-loadscope-reorder")
     session.run("touchstone", "bench", "--sizes", "small")
 
 

@@ -11,12 +11,16 @@ the CI variable is set, else `dev`. In a GPU session each xdist worker is given 
 
 from __future__ import annotations
 
+import json
 import os
+import pathlib
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from suites import gpu_workers, ledger
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 DEVICE_CHOICES = ("cpu", "cuda", "rocm", "xpu")
 _PLATFORM = pytest.StashKey()
@@ -100,6 +104,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         known = ledger.find(item.nodeid, device)
         if known is not None:
             item.add_marker(pytest.mark.xfail(strict=True, reason=f"{known.reason} ({known.tracker})"))
+    items[:] = longest_files_first(items)
+
+
+def longest_files_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The items file by file, the files in decreasing order of their measured duration (`.test_durations`,
+    pytest-split's file), each file's items in their own order. xdist's `--dist loadfile` hands files out in
+    this order, so the longest files start first and the short ones fill in at the end; a long file handed out
+    last would run alone while the other workers idle."""
+    path = ROOT / ".test_durations"
+    measured = json.loads(path.read_text()) if path.is_file() else {}
+    typical = sum(measured.values()) / len(measured) if measured else 0.0
+    files: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+    total = {name: sum(measured.get(i.nodeid, typical) for i in group) for name, group in files.items()}
+    return [item for name in sorted(files, key=lambda n: -total[n]) for item in files[name]]
 
 
 @pytest.fixture

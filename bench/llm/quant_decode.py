@@ -5,7 +5,9 @@ For bf16 and each online scheme (`LLM(..., quantization=...)`), in one run and o
   of the whole `generate` (decode-dominated: 256 CUDA-graph decode steps against one prefill step);
 - prefill: 8 requests of 2048 prompt tokens, 1 output token: prompt tok/s;
 - the load: peak GPU memory while the weights load and quantize (`torch.cuda.max_memory_allocated`) beside
-  the quantized model's own bytes and its largest layer's bf16 weight.
+  the quantized model's own bytes and its largest linear layer's bf16 weight (the LM head, which stays bf16;
+  the load holds one checkpoint tensor in flight, and the LM head's is the largest), with the largest
+  quantized layer's (gate_up) beside it.
 Each scheme's figures are ratios to bf16's of the same run. Writes reports/<backend>-<slug>/quant_decode.*."""
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ COLUMNS = (
     "load_peak_gib",
     "model_gib",
     "largest_layer_bf16_gib",
+    "peak_over_model_vs_largest",
+    "largest_quantized_layer_bf16_gib",
     "device",
     "torch",
     "triton",
@@ -56,8 +60,15 @@ def measure(model_name: str, scheme: str | None, batches: list[int], output_len:
     model = loaded[0]
     size = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     cfg = loaded[2]
-    largest = 2 * cfg.intermediate_size * cfg.hidden_size * 2  # gate_up in bf16
-    memory = {"load_peak_gib": _gib(peak), "model_gib": _gib(size), "largest_layer_bf16_gib": _gib(largest)}
+    gate_up = 2 * cfg.intermediate_size * cfg.hidden_size * 2
+    largest = max(gate_up, cfg.vocab_size * cfg.hidden_size * 2)
+    memory = {
+        "load_peak_gib": _gib(peak),
+        "model_gib": _gib(size),
+        "largest_layer_bf16_gib": _gib(largest),
+        "peak_over_model_vs_largest": (peak - size) / largest,
+        "largest_quantized_layer_bf16_gib": _gib(gate_up),
+    }
     print(f"  {name}: loaded, peak {_gib(peak):.2f} GiB, model {_gib(size):.2f} GiB", flush=True)
     llm = LLM(
         loaded=loaded, device="cuda", dtype="bfloat16", max_model_len=4096, max_num_seqs=64, kv_cache_bytes=16 << 30
@@ -126,10 +137,13 @@ def main(argv: list[str] | None = None) -> int:
         f"{pick.get(('mxfp4', 'decode', 1), float('nan')):.2f}x at batch 1 and "
         f"{pick.get(('mxfp4', 'decode', 8), float('nan')):.2f}x at batch 8; fp8_block "
         f"{pick.get(('fp8_block', 'decode', 1), float('nan')):.2f}x at batch 1, prefill 8 x 2048 "
-        f"{pick.get(('fp8_block', 'prefill 8 x 2048', 8), float('nan')):.2f}x."
+        f"{pick.get(('fp8_block', 'prefill 8 x 2048', 8), float('nan')):.2f}x. Online quantization's load peak "
+        f"above the quantized model, in units of the largest layer's bf16 weight: "
+        + ", ".join(f"{r['scheme']} {r['peak_over_model_vs_largest']:.2f}" for r in rows if r["batch"] == batches[0])
+        + "."
     )
     common = {"command": command}
-    folder = tables.write_report(args.out, env, "quant_decode", rows, COLUMNS, COLUMNS[:8], headline, common)
+    folder = tables.write_report(args.out, env, "quant_decode", rows, COLUMNS, COLUMNS[:9], headline, common)
     plot_decode(folder / "quant_decode.png", rows)
     print(headline)
     print(f"wrote {folder}/quant_decode.csv, .md, .png", flush=True)

@@ -26,7 +26,7 @@ from reference.quant.nvfp4_global_scale import DecodeScale, tensor_amax
 from runner.model.layers import Linear
 from runner.model.llama import LlamaForCausalLM
 from runner.model.quant import ONLINE_SCHEMES, QuantConfig, make_scheme, online_config
-from runner.model.quant.mxfp4 import Mxfp4W4A16, positive_zeros
+from runner.model.quant.mxfp4 import DEQUANTIZE_FROM_ROWS, Mxfp4W4A16, positive_zeros
 from runner.model.quant.online import zero_pad_columns
 from runner.model.quant.tp_shards import check_tp_split
 from runner.model.weights import dummy_weights
@@ -291,10 +291,14 @@ def _forced_kernels(monkeypatch, module) -> None:
     monkeypatch.setattr(module, "uses_kernels", lambda x: True)
 
 
-@pytest.mark.parametrize(("scheme", "k"), [("fp8_block", 320), ("mxfp4", 96)])  # K padded to the block
-def test_the_kernel_branch_agrees_with_the_references(monkeypatch, scheme, k):
-    """The GPU path of apply (the block-FP8 GEMM with its activation quantizer, the W4A16 GEMM), run by the
-    interpreter, against the same layer's mirror and the float64 product of its dequantized operands."""
+# K padded to the block; MXFP4 from DEQUANTIZE_FROM_ROWS rows on takes the dequantize kernel + bf16 GEMM branch
+@pytest.mark.parametrize(
+    ("scheme", "k", "rows"), [("fp8_block", 320, 3), ("mxfp4", 96, 3), ("mxfp4", 96, DEQUANTIZE_FROM_ROWS)]
+)
+def test_the_kernel_branch_agrees_with_the_references(monkeypatch, device, scheme, k, rows):
+    """The GPU path of apply (the block-FP8 GEMM with its activation quantizer; the W4A16 GEMM, or for many
+    rows the dequantize kernel and a bf16 GEMM), run by the interpreter on this tier and by the GPU on a GPU
+    tier, against the same layer's mirror and the float64 product of its dequantized operands."""
     from kernels.tolerances import assert_lossy, families
     from reference.gemm import block_fp8, w4a16_mxfp4
     from reference.quant.fp8 import quantize_fp8 as ref_quantize_fp8
@@ -302,12 +306,13 @@ def test_the_kernel_branch_agrees_with_the_references(monkeypatch, scheme, k):
 
     gen = torch.Generator().manual_seed(7)
     w = torch.randn(48, k, generator=gen).to(torch.bfloat16)
-    x = torch.randn(3, k, generator=gen).to(torch.bfloat16)
-    layer = Linear(k, 48, torch.bfloat16, "cpu", make_scheme(scheme, online=True))
-    layer.weight_loader(layer.weight, w)
-    module = fp8_block if scheme == "fp8_block" else mxfp4
-    _forced_kernels(monkeypatch, module)
-    got = layer(x)
+    x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+    layer = Linear(k, 48, torch.bfloat16, device, make_scheme(scheme, online=True))
+    layer.weight_loader(layer.weight, w.to(device))
+    if device == "cpu":
+        _forced_kernels(monkeypatch, fp8_block if scheme == "fp8_block" else mxfp4)
+    got = layer(x.to(device)).cpu()
+    layer.cpu()
     if scheme == "fp8_block":
         a = zero_pad_columns(x, 128)
         aq, a_s = ref_quantize_fp8(a, granularity="group", group_size=128)
@@ -322,9 +327,10 @@ def test_the_kernel_branch_agrees_with_the_references(monkeypatch, scheme, k):
     assert_lossy(family, got, mirror, ideal, f"{scheme} layer")
 
 
-def test_fp8_scaled_mm_branch_equals_the_fp32_path(monkeypatch):
-    """torch._scaled_mm (the CUDA branch; torch runs it on the CPU too) and the fp32 path round the same fp32
-    sum of exact E4M3 products once."""
+def test_fp8_scaled_mm_branch_equals_the_fp32_path(monkeypatch, device):
+    """torch._scaled_mm with row-wise scales (the CUDA branch) and the fp32 path round an fp32 sum of the same
+    exact E4M3 products once: equal on the CPU tier (torch runs _scaled_mm there too), at most one bf16 ulp
+    apart on a GPU (cuBLAS sums in another order)."""
     from runner.model.quant import fp8_tensor
 
     gen = torch.Generator().manual_seed(3)
@@ -332,8 +338,13 @@ def test_fp8_scaled_mm_branch_equals_the_fp32_path(monkeypatch):
     layer.weight_loader(layer.weight, torch.randn(32, 64, generator=gen).to(torch.bfloat16))
     x = torch.randn(5, 64, generator=gen).to(torch.bfloat16)
     plain = layer(x)
-    _forced_kernels(monkeypatch, fp8_tensor)
-    assert_exact(layer(x), plain, "scaled_mm vs fp32 path")
+    if device == "cpu":
+        _forced_kernels(monkeypatch, fp8_tensor)
+        assert_exact(layer(x), plain, "scaled_mm vs fp32 path")
+        return
+    got = layer.to(device)(x.to(device)).cpu()
+    ulps = (got.view(torch.int16).int() - plain.view(torch.int16).int()).abs().max().item()
+    assert ulps <= 1, f"scaled_mm on {device} vs the fp32 path: {ulps} bf16 ulps apart"
 
 
 def test_mxfp4_even_mode_equals_amd_quarks_quantizer_on_every_weight_of_the_embedded_model(smollm2):

@@ -1,13 +1,14 @@
-"""One lm-evaluation-harness evaluation of a task of suites/server/lm_eval_tasks, in a process of its own (lm-eval
-configures logging and, for its `hf` model, loads the weights: neither belongs in the pytest worker); writes the
-task's results and every item's responses as JSON. Used by test_lm_eval.py.
+"""lm-evaluation-harness evaluations of tasks of suites/server/lm_eval_tasks, in a process of their own
+(lm-eval configures logging and, for its `hf` model, loads the weights: neither belongs in the pytest worker);
+writes each evaluation's results and every item's responses as JSON, under the evaluation's name. Used by
+test_lm_eval.py. Evaluations with the same model and arguments share one model object (one weights load).
 
-    python -m suites.server.lm_eval_run OUT.json MODEL TASK MODEL_ARGS_JSON [--chat] [--batch-size N]
+    python -m suites.server.lm_eval_run OUT.json JOBS_JSON
+    JOBS_JSON: [{"name", "model", "model_args": {...}, "task", "chat": bool, "batch_size": int}, ...]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import pathlib
 import sys
@@ -25,32 +26,36 @@ def plain(value):
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("out")
-    p.add_argument("model")
-    p.add_argument("task")
-    p.add_argument("model_args")
-    p.add_argument("--chat", action="store_true", help="apply the chat template (chat models, generation)")
-    p.add_argument("--batch-size", type=int, default=1)
-    args = p.parse_args(argv)
+    out, jobs = pathlib.Path(argv[0]), json.loads(argv[1])
     import lm_eval
+    from lm_eval.api.registry import get_model
     from lm_eval.tasks import TaskManager
 
-    results = lm_eval.simple_evaluate(
-        model=args.model,
-        model_args=json.loads(args.model_args),
-        tasks=[args.task],
-        task_manager=TaskManager(include_path=str(TASKS)),
-        batch_size=args.batch_size,
-        apply_chat_template=args.chat,
-        log_samples=True,
-    )
-    samples = [
-        {"doc_id": s["doc_id"], "resps": plain(s["resps"]), "filtered": plain(s["filtered_resps"])}
-        for s in results["samples"][args.task]
-    ]
-    out = {"results": plain(results["results"][args.task]), "samples": sorted(samples, key=lambda s: s["doc_id"])}
-    pathlib.Path(args.out).write_text(json.dumps(out))
+    # Only this folder's tasks: indexing lm-eval's own thousands of task files took 6 s per evaluation.
+    tasks = TaskManager(include_path=str(TASKS), include_defaults=False)
+    models, written = {}, {}
+    for job in jobs:
+        key = json.dumps([job["model"], job["model_args"], job["batch_size"]], sort_keys=True)
+        if key not in models:
+            models[key] = get_model(job["model"]).create_from_arg_obj(
+                job["model_args"], {"batch_size": job["batch_size"]}
+            )
+        results = lm_eval.simple_evaluate(
+            model=models[key],
+            tasks=[job["task"]],
+            task_manager=tasks,
+            apply_chat_template=job["chat"],
+            log_samples=True,
+        )
+        samples = [
+            {"doc_id": s["doc_id"], "resps": plain(s["resps"]), "filtered": plain(s["filtered_resps"])}
+            for s in results["samples"][job["task"]]
+        ]
+        written[job["name"]] = {
+            "results": plain(results["results"][job["task"]]),
+            "samples": sorted(samples, key=lambda s: s["doc_id"]),
+        }
+    out.write_text(json.dumps(written))
     return 0
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -28,7 +29,7 @@ from suites.server.conftest import start_server
 
 MODEL = "smollm2-135m-instruct"
 LOGLIK_TOLERANCE = 1e-3
-RUN_TIMEOUT_S = 900  # a bound against hanging: an evaluation takes 15-30 s on 2 cores
+RUN_TIMEOUT_S = 900  # a bound against hanging: a process's two evaluations take 30-70 s on 2 cores
 
 
 def _require_lm_eval() -> None:
@@ -58,15 +59,57 @@ def setup(request, tmp_path_factory):
         server.stop()
 
 
-def evaluate(folder, name: str, model: str, task: str, model_args: dict, *options: str) -> dict:
+def _start(folder, name: str, jobs: list[dict]) -> tuple[subprocess.Popen, pathlib.Path]:
     out = folder / f"{name}.json"
     env = server_env(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
-    command = [sys.executable, "-m", "suites.server.lm_eval_run", str(out), model, task, json.dumps(model_args)]
-    done = subprocess.run(
-        [*command, *options], cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
+    command = [sys.executable, "-m", "suites.server.lm_eval_run", str(out), json.dumps(jobs)]
+    return subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True), out
+
+
+def _finish(started: tuple[subprocess.Popen, pathlib.Path]) -> dict:
+    process, out = started
+    try:
+        _, stderr = process.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        process.kill()
+    assert process.returncode == 0, stderr[-4000:]
     return json.loads(out.read_text())
+
+
+def _job(name: str, model: str, task: str, model_args: dict, chat: bool = False, batch_size: int = 1) -> dict:
+    return {
+        "name": name,
+        "model": model,
+        "model_args": model_args,
+        "task": task,
+        "chat": chat,
+        "batch_size": batch_size,
+    }
+
+
+@pytest.fixture(scope="module")
+def evaluations(setup) -> dict:
+    """Both tasks through the server, and both through transformers (one weights load), the two processes
+    running side by side."""
+    server, gguf, tokenizer, folder = setup
+    loglik_args = _server_args(server, "completions", tokenizer_backend="huggingface", tokenizer=str(tokenizer))
+    ours = _start(
+        folder,
+        "server",
+        [
+            _job("loglik", "local-completions", "touchstone_loglik", loglik_args),
+            _job("gen", "local-chat-completions", "touchstone_gen", _server_args(server, "chat/completions"), True),
+        ],
+    )
+    hf = _start(
+        folder,
+        "hf",
+        [
+            _job("loglik", "hf", "touchstone_loglik", _hf_args(gguf), batch_size=16),
+            _job("gen", "hf", "touchstone_gen", _hf_args(gguf), True, batch_size=16),
+        ],
+    )
+    return {"ours": _finish(ours), "hf": _finish(hf)}
 
 
 def _server_args(server, endpoint: str, **extra) -> dict:
@@ -77,11 +120,8 @@ def _hf_args(gguf) -> dict:
     return {"pretrained": str(gguf.parent), "gguf_file": gguf.name, "dtype": "float32", "device": "cpu"}
 
 
-def test_loglikelihood_server_equals_hf(setup):
-    server, gguf, tokenizer, folder = setup
-    args = _server_args(server, "completions", tokenizer_backend="huggingface", tokenizer=str(tokenizer))
-    ours = evaluate(folder, "server-loglik", "local-completions", "touchstone_loglik", args)
-    hf = evaluate(folder, "hf-loglik", "hf", "touchstone_loglik", _hf_args(gguf), "--batch-size", "16")
+def test_loglikelihood_server_equals_hf(evaluations):
+    ours, hf = evaluations["ours"]["loglik"], evaluations["hf"]["loglik"]
     assert len(ours["samples"]) == len(hf["samples"]) == 60
     worst, flags = 0.0, 0
     for a, b in zip(ours["samples"], hf["samples"], strict=True):
@@ -94,17 +134,8 @@ def test_loglikelihood_server_equals_hf(setup):
     assert ours["results"]["acc,none"] == hf["results"]["acc,none"], (ours["results"], hf["results"])
 
 
-def test_generation_chat_server_equals_hf(setup):
-    server, gguf, _, folder = setup
-    ours = evaluate(
-        folder,
-        "server-gen",
-        "local-chat-completions",
-        "touchstone_gen",
-        _server_args(server, "chat/completions"),
-        "--chat",
-    )
-    hf = evaluate(folder, "hf-gen", "hf", "touchstone_gen", _hf_args(gguf), "--chat", "--batch-size", "16")
+def test_generation_chat_server_equals_hf(evaluations):
+    ours, hf = evaluations["ours"]["gen"], evaluations["hf"]["gen"]
     answers = [s["resps"][0][0] for s in ours["samples"]]
     assert answers == [s["resps"][0][0] for s in hf["samples"]]
     score = ours["results"]["exact_match,answer"]

@@ -20,11 +20,14 @@ import importlib.util
 import subprocess
 import sys
 
+from hypothesis import settings
+
 from runner.server.process import server_env
 from suites.runner.conftest import skip_or_fail
 from suites.server.conftest import start_server
 
-MAX_EXAMPLES = 30
+# Fuzzed requests per operation: the hypothesis profile's count, at most 30 (profile dev: 10, ci: 30).
+MAX_EXAMPLES = min(30, settings().max_examples)
 REQUEST_TIMEOUT_S = 60
 RUN_TIMEOUT_S = 900  # a bound against hanging, not a speed requirement (a run takes about a minute on 2 cores)
 VOCAB = 49152  # SmolLM2's vocabulary (the GPU tier's dummy weights have its shape)
