@@ -11,6 +11,7 @@
            into reports/<target>-<device>/.
 - `bench`: benchmarks and report for the detected target, in the current environment.
 - `lint`:  ruff check and ruff format --check.
+- `sanitize`: compute-sanitizer (memcheck, racecheck, initcheck) over every kernel's named cases, on a GPU.
 `session.posargs` reach pytest (or the bench command for `bench`): `nox -s tests -- -k mxfp4 -x`. CI shards
 split the tests by their measured durations (pytest-split, `.test_durations`):
 `nox -s tests -- --splits 4 --group 1`.
@@ -88,6 +89,16 @@ def cpu(session: nox.Session) -> None:
     session.env.update(TRITON_INTERPRET="1", HYPOTHESIS_PROFILE="ci")
     _pytest(session, "--device", "cpu", "--dist", "loadfile", "--no-loadscope-reorder")
     session.run("touchstone", "bench", "--sizes", "small")
+
+
+@nox.session(venv_backend="none")
+def sanitize(session: nox.Session) -> None:
+    """compute-sanitizer's memcheck, racecheck and initcheck over every kernel's named cases and the guarded
+    calls, in the GPU image as it is; writes reports/<target>-<device>/sanitizer.{md,csv}."""
+    python = sys.executable
+    session.run(python, "-m", "kernels.platform", "--require", "cuda")
+    session.env.pop("TRITON_INTERPRET", None)
+    session.run(python, "-m", "suites.sanitize", *session.posargs)
 
 
 def _gpu_count(session: nox.Session, python: str) -> int:

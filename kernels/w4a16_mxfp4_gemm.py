@@ -51,6 +51,7 @@ FAULTS = {
     "none": 0,
     "scale_of_next_block": 1,  # block j's weights scaled by block j+1's scale (the last block keeps its own)
     "swap_nibbles": 2,  # the high nibble taken as element 2i
+    "scale_past_end": 3,  # block j's weights scaled by block j+1's scale: the last row's last block reads past the end
 }
 
 # Launch configs. Rows: (largest M, kernel, BLOCK_N, BLOCK_M, GROUPS, SPLIT_K, warps, stages); the first row
@@ -123,6 +124,8 @@ def _tile_weights(
     scale_block = block
     if FAULT == 1:
         scale_block = tl.minimum(block + 1, n_blocks - 1)
+    if FAULT == 3:
+        scale_block = block + 1
     scale_offsets = n[:, None] * scales_row_stride + scale_block[None, :]
     if EVEN_K:
         codes = tl.load(codes_ptr + code_offsets, mask=n_mask[:, None, None], other=0)
@@ -270,6 +273,8 @@ def _gemv_tile_loads(
     scale_block = block
     if FAULT == 1:
         scale_block = tl.minimum(block + 1, n_blocks - 1)
+    if FAULT == 3:
+        scale_block = block + 1
     code_offsets = block[:, None, None] * 4 + n[None, :, None] * codes_row_stride + word[None, None, :]
     scale_offsets = scale_block[:, None] + n[None, :] * scales_row_stride
     x_offsets = block[:, None, None] * 16 + word[None, :, None] * 4 + word[None, None, :]

@@ -1,0 +1,83 @@
+"""Guard bytes and poisoned memory for kernel tests: the bug class where a kernel reads or writes just past a
+tensor and gets away with it because the bytes there happen to be zeros (the Hopper MXFP4 scale read past the
+end of its buffer, which produced NaNs only when memory was not zero).
+
+- `Guards.guarded(name, t)`: a copy of t at the front of a larger buffer whose next GUARD_BYTES bytes are
+  POISON (0xFF: NaN in bf16, fp16, fp32 and E8M0, -NaN in E4M3, the largest code in the integer formats). A
+  read past the end picks up poison, so the result is NaN or far off; a write past the end changes a guard
+  byte, which `assert_intact` reports with its offset.
+- `fill_free_memory(device, POISON)`: fills memory torch's caching allocator holds but has not handed out, so
+  the outputs and workspaces a kernel allocates next start as NaN / 0xFF instead of stale zeros.
+- `assert_guarded_call_agrees(call, inputs, device)`: the call with zeroed surroundings and with poisoned
+  ones must give the same bytes and leave every guard byte as it was.
+
+Under compute-sanitizer (`python -m suites.sanitize`) the caching allocator is off
+(PYTORCH_NO_CUDA_MEMORY_CACHING=1): every tensor is its own cudaMalloc, so memcheck sees an access past a
+tensor's end as one past its allocation."""
+
+from __future__ import annotations
+
+import torch
+
+GUARD_BYTES = 256
+POISON = 0xFF
+CLEAN = 0x00
+
+
+class Guards:
+    """The guard regions after the tensors `guarded` made, all filled with `fill`, checked after the call."""
+
+    def __init__(self, fill: int = POISON) -> None:
+        self.fill = fill
+        self.regions: list[tuple[str, torch.Tensor]] = []
+
+    def guarded(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """A contiguous copy of `t` followed by GUARD_BYTES of `fill` in the same allocation."""
+        nbytes = t.numel() * t.element_size()
+        buffer = torch.full((nbytes + GUARD_BYTES,), self.fill, dtype=torch.uint8, device=t.device)
+        view = buffer[:nbytes].view(t.dtype).view(t.shape)
+        view.copy_(t)
+        self.regions.append((name, buffer[nbytes:]))
+        return view
+
+    def assert_intact(self) -> None:
+        for name, region in self.regions:
+            changed = (region != self.fill).nonzero().flatten()
+            assert changed.numel() == 0, (
+                f"{name}: {changed.numel()} of the {GUARD_BYTES} guard bytes after it changed, the first at byte "
+                f"{int(changed[0])} past its end"
+            )
+
+
+def fill_free_memory(device: torch.device | str, value: int, nbytes: int = 64 << 20) -> None:
+    """Fill `nbytes` of the caching allocator's free memory on a CUDA device with `value` (no-op elsewhere):
+    the outputs and workspaces allocated next start with those bytes."""
+    if torch.device(device).type != "cuda":
+        return
+    block = torch.full((nbytes,), value, dtype=torch.uint8, device=device)
+    torch.cuda.synchronize(device)
+    del block  # back to the allocator's free list: the next allocations reuse it
+
+
+def _bytes(out) -> list[torch.Tensor]:
+    outs = out if isinstance(out, tuple | list) else (out,)
+    return [o.detach().contiguous().view(-1).view(torch.uint8).cpu() for o in outs]
+
+
+def assert_guarded_call_agrees(call, inputs: dict[str, torch.Tensor], device: str) -> None:
+    """`call(**inputs)` twice on `device`: with zeroed guard bytes after every input and zeroed free memory,
+    then with POISON in both. The outputs must be byte-identical and every guard byte unchanged: a read past
+    an input's end, or an output element left unwritten, shows as a difference (NaN or 0xFF against zero)."""
+    runs = []
+    for fill in (CLEAN, POISON):
+        guards = Guards(fill)
+        args = {name: guards.guarded(name, t.to(device)) for name, t in inputs.items()}
+        fill_free_memory(device, fill)
+        runs.append(_bytes(call(**args)))
+        guards.assert_intact()
+    for i, (clean, poisoned) in enumerate(zip(*runs, strict=True)):
+        differ = (clean != poisoned).nonzero().flatten()
+        assert differ.numel() == 0, (
+            f"output {i}: {differ.numel()} bytes differ between zeroed and poisoned surroundings, the first at "
+            f"byte {int(differ[0])}: the kernel reads past an input or leaves part of its output unwritten"
+        )

@@ -1,0 +1,74 @@
+"""The sanitizer tier's plumbing, on the CPU: every selected case exists, error records are attributed to the
+kernel they name (not to symbols of the host backtrace), JUnit outcomes are counted per kernel, and a bad tool
+name is refused. The tier itself runs on a GPU (`nox -s sanitize`)."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from suites import sanitize
+
+# compute-sanitizer's record layout (memcheck and racecheck), with Triton kernel names
+LOG = """========= COMPUTE-SANITIZER
+========= Invalid __global__ read of size 1 bytes
+=========     at _gemv_kernel+0x1b0
+=========     by thread (3,0,0) in block (1,0,0)
+=========     Address 0x7f0000001230 is out of bounds
+=========     Saved host backtrace up to driver entry point at kernel launch time
+=========     Host Frame: _dot_kernel_launcher in launcher.so
+=========
+========= Error: Race reported between Write access at 0x1a0 in _rms_norm_kernel
+=========     and Read access at 0x1c0 in _rms_norm_kernel [128 hazards]
+=========
+========= Invalid __global__ write of size 4 bytes
+=========     at some_cuda_library_kernel+0x20
+=========
+========= ERROR SUMMARY: 3 errors
+"""
+
+
+def test_every_selected_case_exists():
+    root = sanitize.ROOT
+    for kernel, nodes in sanitize.SELECTION.items():
+        for node in nodes:
+            path, name = node.split("::")
+            assert f"def {name}(" in (root / path).read_text(), f"{kernel}: {node} does not exist"
+
+
+def test_every_kernel_module_has_cases():
+    modules = set(sanitize.kernel_modules().values())
+    assert modules - set(sanitize.SELECTION) <= {"_e2m1", "_mamba", "_tiles", "_paged"}, modules
+
+
+def test_records_are_attributed_to_the_kernel_they_name():
+    names = sanitize.kernel_modules()
+    assert names["_gemv_kernel"] == "w4a16_mxfp4_gemm"
+    errors, total = sanitize.parse_log(LOG, names)
+    assert total == 3
+    assert errors == {"w4a16_mxfp4_gemm": 1, "rms_norm": 1, "other": 1}
+
+
+def test_a_clean_log_has_no_errors():
+    assert sanitize.parse_log("========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n", {}) == ({}, 0)
+
+
+def test_junit_outcomes_are_counted_per_kernel(tmp_path: pathlib.Path):
+    junit = tmp_path / "r.xml"
+    junit.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="suites.norm.test_rms_norm" name="test_named_cases[zero-bf16]"/>'
+        '<testcase classname="suites.norm.test_rms_norm" name="test_named_cases[nan-bf16]"><failure/></testcase>'
+        '<testcase classname="suites.rotary.test_rope" name="test_special_values[inf]"><skipped/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    counts = sanitize.parse_junit(junit)
+    assert counts["rms_norm"] == (2, 1)
+    assert counts["rope"] == (0, 0)
+
+
+def test_an_unknown_tool_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        sanitize.main(["--tools", "memcheck,leakcheck"])
+    assert "--tools: unknown ['leakcheck']" in capsys.readouterr().err

@@ -1,0 +1,227 @@
+"""The sanitizer tier: every kernel's named cases under compute-sanitizer, and a report.
+
+    python -m suites.sanitize [--tools memcheck,racecheck,initcheck] [--out reports]   (`nox -s sanitize`)
+
+For each tool, one pytest process (no xdist) runs the cases of SELECTION on the GPU under
+`compute-sanitizer --tool <tool>`, with torch's caching allocator off (PYTORCH_NO_CUDA_MEMORY_CACHING=1: every
+tensor its own cudaMalloc, so an access past a tensor's end is one past its allocation). The sanitizer's error
+records are attributed to kernels by the Triton function they name (`KERNEL_MODULES`), the cases' outcomes
+come from pytest's JUnit XML. Then the negative control: under memcheck, the W4A16 GEMM with a planted read of
+one scale past the end (`--planted-read`) must be reported. Writes reports/<backend>-<slug>/sanitizer.{md,csv}
+and exits non-zero when a tool reports an error, a case fails or the control goes uncaught.
+
+The cases are the suites' named cases (hand-built inputs with expected bytes) and small fixed shapes, never the
+hypothesis sweeps: the sanitizers slow kernels by orders of magnitude."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import os
+import pathlib
+import pkgutil
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TOOLS = ("memcheck", "racecheck", "initcheck")
+RUN_TIMEOUT_S = 1800  # a bound against a hang, not a speed requirement
+GUARDED = "suites/sanitizer/test_guarded_calls.py::test_guarded_call_agrees"
+
+# kernel module -> the pytest cases that run its kernels (node ids, relative to the repository root)
+SELECTION = {
+    "mxfp4": [
+        "suites/quant/test_mxfp4.py::test_named_quantize_cases",
+        "suites/quant/test_mxfp4.py::test_named_dequantize_cases",
+    ],
+    "nvfp4": [
+        "suites/quant/test_nvfp4.py::test_named_quantize_cases",
+        "suites/quant/test_nvfp4.py::test_named_dequantize_cases",
+    ],
+    "fp8_quant": ["suites/quant/test_fp8_quant.py::test_named_cases"],
+    "block_fp8_gemm": [
+        "suites/gemm/test_block_fp8_gemm.py::test_named_cases",
+        "suites/gemm/test_block_fp8_gemm.py::test_tiny_and_empty_shapes",
+    ],
+    "w4a16_mxfp4_gemm": ["suites/gemm/test_w4a16_mxfp4_gemm.py::test_named_cases"],
+    "rms_norm": ["suites/norm/test_rms_norm.py::test_named_cases"],
+    "rope": ["suites/rotary/test_rope.py::test_special_values"],
+    "paged_decode": [
+        "suites/attention/test_paged_decode.py::test_seq_len_one_returns_its_value_row",
+        "suites/attention/test_paged_decode.py::test_one_dominant_key_takes_all_weight",
+        "suites/attention/test_paged_decode.py::test_fp8_dominant_key_by_its_scale_alone",
+    ],
+    "paged_prefill": [
+        "suites/attention/test_paged_prefill.py::test_first_position_returns_its_value_row",
+        "suites/attention/test_paged_prefill.py::test_dominant_key_is_seen_only_from_its_position",
+    ],
+    "kv_store": [
+        "suites/kv/test_store.py::test_bf16_named_slots",
+        "suites/kv/test_store.py::test_fp8_named_codes_and_scales",
+    ],
+    "kv_zeroer": [
+        "suites/kv/test_zeroer.py::test_kernel_on_dsv4_packed_geometry",
+        "suites/kv/test_zeroer.py::test_strided_block_ids",
+    ],
+    "mamba_state_update": [
+        "suites/mamba/test_state_update.py::test_a_zero_state_is_exact",
+        "suites/mamba/test_state_update.py::test_pad_slot_inside_the_pool_keeps_its_bytes",
+    ],
+    "mamba_conv1d_update": [
+        "suites/mamba/test_conv1d_update.py::test_decode_steps_equal_the_prefill_conv",
+        "suites/mamba/test_conv1d_update.py::test_pad_slot_inside_the_pool_keeps_its_bytes",
+    ],
+    # several modules' kernels with guard bytes and poisoned outputs; their errors are attributed by kernel name
+    "guarded calls": [GUARDED],
+}
+
+ERROR_START = re.compile(r"^========= (Invalid|Uninitialized|Error|Program hit|Race|Malloc|Cuda|Barrier)")
+SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error")
+
+
+def kernel_modules() -> dict[str, str]:
+    """Triton function name -> its kernels/ module (the name compute-sanitizer prints for the launch)."""
+    import inspect
+
+    import kernels
+
+    names = {}
+    for info in pkgutil.iter_modules(kernels.__path__):
+        module = importlib.import_module(f"kernels.{info.name}")
+        for obj in vars(module).values():
+            # @triton.jit objects (JITFunction, or InterpretedFunction under TRITON_INTERPRET=1) hold the
+            # Python function as .fn; only this module's own, not the helpers it imports
+            fn = getattr(obj, "fn", None)
+            if (
+                type(obj).__module__.startswith("triton.")
+                and inspect.isfunction(fn)
+                and fn.__module__ == module.__name__
+            ):
+                names[fn.__name__] = info.name
+    return names
+
+
+@dataclasses.dataclass
+class ToolRun:
+    errors: dict[str, int]  # kernels/ module (or "other") -> error records
+    total_errors: int
+    cases: dict[str, tuple[int, int]]  # SELECTION key -> (cases run, cases failed)
+    returncode: int
+
+
+def parse_log(text: str, names: dict[str, str]) -> tuple[dict[str, int], int]:
+    """Error records per kernel module, and the summary's total (records whose kernel is not a Triton
+    function of kernels/ count as "other")."""
+    errors: dict[str, int] = {}
+    record: list[str] | None = None
+    records: list[list[str]] = []
+    for line in text.splitlines():
+        if ERROR_START.match(line):
+            record = [line]
+            records.append(record)
+        elif record is not None and line.startswith("========="):
+            record.append(line)
+    for rec in records:
+        # The kernel is named in the record's first lines ("at _gemv_kernel+0x1b0", "in _dot_kernel"); the
+        # host backtrace below them is left out, its symbols could collide with helper names.
+        words = set(re.findall(r"[A-Za-z_]\w*", " ".join(rec[:3])))
+        module = next((names[w] for w in sorted(words) if w in names), "other")
+        errors[module] = errors.get(module, 0) + 1
+    totals = [int(n) for n in SUMMARY.findall(text)]
+    return errors, sum(totals) if totals else sum(errors.values())
+
+
+def parse_junit(path: pathlib.Path) -> dict[str, tuple[int, int]]:
+    """SELECTION key -> (cases run, cases failed or errored) from pytest's JUnit XML."""
+    counts = {key: [0, 0] for key in SELECTION}
+    if path.is_file():
+        for case in ET.parse(path).getroot().iter("testcase"):
+            if case.find("skipped") is not None:
+                continue
+            node = case.get("classname", "").replace(".", "/") + ".py::" + case.get("name", "").split("[")[0]
+            failed = case.find("failure") is not None or case.find("error") is not None
+            for key, nodes in SELECTION.items():
+                if node in nodes:
+                    counts[key][0] += 1
+                    counts[key][1] += failed
+    return {key: (run, failed) for key, (run, failed) in counts.items()}
+
+
+def sanitizer_command(tool: str, log: pathlib.Path) -> list[str]:
+    binary = shutil.which("compute-sanitizer")
+    if binary is None:
+        raise SystemExit("sanitize: compute-sanitizer is not on PATH (it ships with the CUDA toolkit)")
+    return [binary, "--tool", tool, "--print-limit", "100", "--log-file", str(log)]
+
+
+def run_tool(tool: str, work: pathlib.Path, names: dict[str, str]) -> ToolRun:
+    log, junit = work / f"{tool}.log", work / f"{tool}.xml"
+    nodes = sorted({node for nodes in SELECTION.values() for node in nodes})
+    pytest = [sys.executable, "-m", "pytest", *nodes, "--device", "cuda", "-q", "-p", "no:cacheprovider"]
+    pytest += ["-p", "no:xdist", "--junitxml", str(junit)]
+    env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "HYPOTHESIS_PROFILE": "dev"}
+    print(f"sanitize: {tool} over {len(nodes)} test functions ...", flush=True)
+    done = subprocess.run(sanitizer_command(tool, log) + pytest, cwd=ROOT, env=env, timeout=RUN_TIMEOUT_S)
+    errors, total = parse_log(log.read_text() if log.is_file() else "", names)
+    return ToolRun(errors, total, parse_junit(junit), done.returncode)
+
+
+def planted_read() -> int:
+    """The negative control's body (run under memcheck): the W4A16 GEMM with its scale read past the end."""
+    import torch
+
+    from kernels import w4a16_mxfp4_gemm
+    from reference.quant.mxfp4 import quantize_mxfp4
+
+    gen = torch.Generator().manual_seed(0)
+    codes, scales = quantize_mxfp4(torch.randn(19, 96, generator=gen).to(torch.bfloat16))
+    x = torch.randn(1, 96, generator=gen).to(torch.bfloat16).cuda()
+    try:
+        w4a16_mxfp4_gemm.launch(x, codes.cuda(), scales.cuda(), fault="scale_past_end")
+        torch.cuda.synchronize()
+    except RuntimeError as err:  # memcheck stops the faulting kernel: the launch fails, as it should here
+        print(f"planted read: {type(err).__name__}: {str(err).splitlines()[0]}")
+    return 0
+
+
+def run_control(work: pathlib.Path, names: dict[str, str]) -> tuple[int, int]:
+    """(error records attributed to the W4A16 GEMM, total) of memcheck on the planted read."""
+    log = work / "control.log"
+    env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    command = [*sanitizer_command("memcheck", log), sys.executable, "-m", "suites.sanitize", "--planted-read"]
+    print("sanitize: negative control (W4A16 scale read past the end) under memcheck ...", flush=True)
+    subprocess.run(command, cwd=ROOT, env=env, timeout=RUN_TIMEOUT_S)
+    errors, total = parse_log(log.read_text() if log.is_file() else "", names)
+    return errors.get("w4a16_mxfp4_gemm", 0), total
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m suites.sanitize", description=__doc__.split("\n")[0])
+    p.add_argument("--tools", default=",".join(TOOLS))
+    p.add_argument("--out", type=pathlib.Path, default=ROOT / "reports")
+    p.add_argument("--planted-read", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.planted_read:
+        return planted_read()
+    tools = args.tools.split(",")
+    if unknown := set(tools) - set(TOOLS):
+        p.error(f"--tools: unknown {sorted(unknown)}; known {', '.join(TOOLS)}")
+    from suites.sanitize_report import write_report
+
+    names = kernel_modules()
+    with tempfile.TemporaryDirectory(prefix="touchstone-sanitize-") as tmp:
+        work = pathlib.Path(tmp)
+        runs = {tool: run_tool(tool, work, names) for tool in tools}
+        control = run_control(work, names)
+    folder, ok = write_report(args.out, runs, control)
+    print(f"wrote {folder}/sanitizer.md, .csv", flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

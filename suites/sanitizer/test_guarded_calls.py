@@ -1,0 +1,87 @@
+"""Every kernel that reads per-block scales or writes packed outputs, called with guard bytes after each input
+and with its outputs and workspaces allocated from poisoned memory (suites.guard_bytes): the same bytes as
+with zeroed surroundings, every guard byte intact. Shapes have ragged edges (rows and blocks that do not fill
+a tile) so that masks at the ends are exercised. Small on purpose: `python -m suites.sanitize` runs this file
+under compute-sanitizer's memcheck, racecheck and initcheck.
+
+Negative control: the W4A16 GEMM with a planted read of one scale past the end (fault "scale_past_end") is
+caught, on the GPU and by the interpreter alike."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from kernels import block_fp8_gemm, fp8_quant, mxfp4, nvfp4, rms_norm, w4a16_mxfp4_gemm
+from reference.quant.fp8 import quantize_fp8 as ref_quantize_fp8
+from reference.quant.fp8 import quantize_fp8_blocks
+from reference.quant.mxfp4 import quantize_mxfp4
+from reference.quant.nvfp4_global_scale import DecodeScale, EncodeScale, tensor_amax
+from suites.guard_bytes import assert_guarded_call_agrees
+
+
+def _x(rows: int, cols: int, seed: int = 0, dtype=torch.bfloat16) -> torch.Tensor:
+    return (torch.randn(rows, cols, generator=torch.Generator().manual_seed(seed)) * 3).to(dtype)
+
+
+def _w4a16_inputs(m: int) -> dict[str, torch.Tensor]:
+    codes, scales = quantize_mxfp4(_x(19, 96, seed=1), scale_mode="even")
+    return {"x": _x(m, 96, seed=2), "codes": codes, "scales": scales}
+
+
+def _nvfp4_quantize(x):
+    return nvfp4.quantize_nvfp4(x, EncodeScale.from_amax(tensor_amax(x)))
+
+
+def _nvfp4_dequantize(codes, scales):
+    return nvfp4.dequantize_nvfp4(codes, scales, DecodeScale.from_amax(6.0 * 448.0).to(codes.device))
+
+
+def _block_fp8_inputs() -> dict[str, torch.Tensor]:
+    a, a_scales = ref_quantize_fp8(_x(5, 256, seed=3), granularity="group", group_size=128)
+    b, b_scales = quantize_fp8_blocks(_x(200, 256, seed=4), block=128)
+    return {"a": a, "a_scales": a_scales, "b": b, "b_scales": b_scales}
+
+
+CASES = {
+    "quantize_mxfp4": (functools.partial(mxfp4.quantize_mxfp4, scale_mode="even"), lambda: {"x": _x(7, 96)}),
+    "dequantize_mxfp4": (
+        mxfp4.dequantize_mxfp4,
+        lambda: dict(zip(("codes", "scales"), quantize_mxfp4(_x(7, 96)), strict=True)),
+    ),
+    "quantize_nvfp4": (_nvfp4_quantize, lambda: {"x": _x(7, 48)}),
+    "dequantize_nvfp4": (
+        _nvfp4_dequantize,
+        lambda: {
+            "codes": torch.randint(0, 256, (7, 24), dtype=torch.uint8),
+            "scales": torch.randint(0, 127, (7, 3), dtype=torch.uint8),
+        },
+    ),
+    "quantize_fp8 (per token)": (
+        functools.partial(fp8_quant.quantize_fp8, granularity="token"),
+        lambda: {"x": _x(7, 200)},
+    ),
+    "quantize_fp8 (groups of 128)": (
+        functools.partial(fp8_quant.quantize_fp8, granularity="group", group_size=128),
+        lambda: {"x": _x(7, 384)},
+    ),
+    "block_fp8_gemm": (functools.partial(block_fp8_gemm.block_fp8_gemm, out_dtype=torch.bfloat16), _block_fp8_inputs),
+    "w4a16_mxfp4_gemm (gemv)": (w4a16_mxfp4_gemm.w4a16_mxfp4_gemm, lambda: _w4a16_inputs(1)),
+    "w4a16_mxfp4_gemm (dot)": (w4a16_mxfp4_gemm.w4a16_mxfp4_gemm, lambda: _w4a16_inputs(17)),
+    "rms_norm": (functools.partial(rms_norm.rms_norm, eps=1e-6), lambda: {"x": _x(5, 72), "weight": _x(1, 72)[0]}),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_guarded_call_agrees(name, device):
+    call, inputs = CASES[name]
+    assert_guarded_call_agrees(call, inputs(), device)
+
+
+@pytest.mark.parametrize("m", [1, 17], ids=["gemv", "dot"])
+def test_negative_control_scale_read_past_the_end_is_caught(m, device):
+    faulty = functools.partial(w4a16_mxfp4_gemm.launch, fault="scale_past_end")
+    with pytest.raises(AssertionError, match="bytes differ between zeroed and poisoned"):
+        assert_guarded_call_agrees(faulty, _w4a16_inputs(m), device)
