@@ -345,3 +345,17 @@ def test_negative_control_kernel_page_size_as_stride(device):
         check_zeroing(groups, [1, 3], device, zero=faulty)
     fill_canaries(groups, seed=13)
     check_zeroing(groups, [1, 3], device)
+
+
+def test_the_plan_cache_follows_the_table_contents_and_the_buffers():
+    """The plan is cached per (table contents, buffer addresses and sizes): the same table and caches plan
+    once; a table edited in place, or the same table over other buffers, plans again."""
+    buffers = [torch.zeros(4096, dtype=torch.uint8), torch.zeros(4096, dtype=torch.uint8)]
+    table = torch.tensor([[0, 0, 512, 256, 8], [1, 128, 512, 256, 8]], dtype=torch.int64)
+    first = kernel.plan(buffers, table)
+    assert kernel.plan(buffers, table)[1] is first[1]  # a hit: the same words, not recomputed
+    table[1, 3] = 128  # the same tensor, edited in place: a planted stale plan would keep 256-byte rows
+    assert kernel.plan(buffers, table)[1] != first[1]
+    other = [torch.zeros(4096, dtype=torch.uint8), torch.zeros(4096, dtype=torch.uint8)]
+    base = kernel.plan(other, table)[0]
+    assert any(base is b for b in other)  # the base pointer is one of these buffers, never a cached one
