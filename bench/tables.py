@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import pathlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pandas as pd
 
@@ -71,6 +71,18 @@ def markdown(frame: pd.DataFrame, columns: Sequence[str] | None = None) -> str:
     return shown.to_markdown(index=False, disable_numparse=True, colalign=align)
 
 
+# The run's columns at the end of every report outside the op registry (values from the environment and the
+# command line).
+RUN_COLUMNS = ("device", "torch", "triton", "git_sha", "dirty", "command")
+
+
+def command_line(prog: str, argv: Sequence[str] | None) -> str:
+    """The command a report says it came from: `prog` and the arguments given (sys.argv's when None)."""
+    import sys
+
+    return " ".join([prog, *(sys.argv[1:] if argv is None else argv)])
+
+
 def write_report(
     out: pathlib.Path,
     env: Environment,
@@ -81,11 +93,12 @@ def write_report(
     headline: str,
     common: dict,
     intro: Sequence[str] = (),
+    plot: Callable[[pathlib.Path], None] | None = None,
 ) -> pathlib.Path:
     """A report outside the op registry (the runner's throughput, the serving benchmark): <name>.csv with the
     `columns` (a row's missing value comes from `common`, then the environment), <name>.md (a headline, the
-    environment, the `intro` lines, a table of the `shown` columns, then <name>.png, which the caller draws)
-    and <name>.pytorch.json. Returns the folder."""
+    environment, the `intro` lines, a table of the `shown` columns, then <name>.png, which `plot(path)` draws
+    or the caller does) and <name>.pytorch.json. Returns the folder."""
     folder = out / f"{env.backend}-{env.slug}"
     base = dict(device=env.device, torch=env.torch, triton=env.triton, git_sha=env.git_sha, dirty=env.dirty, **common)
     frame = pd.DataFrame([{col: row.get(col, base.get(col, "")) for col in columns} for row in rows], columns=columns)
@@ -99,4 +112,6 @@ def write_report(
         folder / f"{name}{oss_records.SUFFIX}",
         oss_records.table_records(name, frame, env.row_fields() | {"timestamp": timestamp()}),
     )
+    if plot is not None:
+        plot(folder / f"{name}.png")
     return folder

@@ -12,6 +12,7 @@ concatenated, one extra copy of the layer's output that a model written unfused 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import pathlib
 import sys
@@ -19,6 +20,8 @@ import time
 
 import torch
 import torch.nn.functional as F
+
+from bench import tables
 
 COLUMNS = ("measure", "shape", "tokens", "fused", "unfused", "fused_speedup", "device", "torch", "git_sha", "command")
 TOKENS = (1, 8, 32, 64, 256, 1024, 4096)
@@ -122,7 +125,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
-    from bench import tables
     from bench.environment import collect
     from bench.llm.weights_plot import plot_fused
 
@@ -141,16 +143,16 @@ def main(argv: list[str] | None = None) -> int:
             "fused_speedup": fused / unfused,
         }
     )
-    command = "python -m bench.llm.fused_projections " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = tables.command_line("python -m bench.llm.fused_projections", argv)
     at = {r["tokens"]: r["fused_speedup"] for r in rows[:-1]}
     headline = (
         f"Fused q/k/v and gate/up: {args.model} layer projections {at[1]:.2f}x faster than separate GEMMs at 1 "
         f"token, {at[64]:.2f}x at 64, {at[4096]:.2f}x at 4096; W1 {fused / unfused:.3f}x the unfused model's tok/s."
     )
+    plot = functools.partial(plot_fused, rows=rows, title=headline)
     folder = tables.write_report(
-        args.out, env, "fused_projections", rows, COLUMNS, COLUMNS[:6], headline, {"command": command}
+        args.out, env, "fused_projections", rows, COLUMNS, COLUMNS[:6], headline, {"command": command}, plot=plot
     )
-    plot_fused(folder / "fused_projections.png", rows, headline)
     print(headline)
     print(f"wrote {folder}/fused_projections.csv, .md, .png", flush=True)
     return 0

@@ -10,6 +10,7 @@ Writes reports/<backend>-<slug>/offload_decode.*."""
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import pathlib
 import random
@@ -17,6 +18,8 @@ import sys
 import time
 
 import torch
+
+from bench import tables
 
 COLUMNS = (
     "offload",
@@ -28,12 +31,7 @@ COLUMNS = (
     "h2d_gib_per_s",
     "step_ms",
     "copy_floor_ms",
-    "device",
-    "torch",
-    "triton",
-    "git_sha",
-    "dirty",
-    "command",
+    *tables.RUN_COLUMNS,
 )
 
 
@@ -86,7 +84,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
-    from bench import tables
     from bench.environment import collect
     from bench.llm.weights_plot import plot_offload
     from runner.model.config import registered
@@ -122,17 +119,17 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         r["vs_resident"] = r["tok_per_s"] / rows[0]["tok_per_s"]
     off = rows[-1]
-    command = "python -m bench.llm.offload_decode " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = tables.command_line("python -m bench.llm.offload_decode", argv)
     headline = (
         f"{args.model}, dummy weights, decode batch {args.batch}: prefetch offload of {off['offloaded_layers']} "
         f"layers ({off['offloaded_gib']:.2f} GiB) runs at {off['vs_resident']:.3f}x the resident model's tok/s; "
         f"pinned host->device {bandwidth:.1f} GiB/s in the same run puts a floor of {off['copy_floor_ms']:.0f} ms "
         f"under each offloaded step (measured {off['step_ms']:.0f} ms; resident {rows[0]['step_ms']:.1f} ms)."
     )
+    plot = functools.partial(plot_offload, rows=rows)
     folder = tables.write_report(
-        args.out, env, "offload_decode", rows, COLUMNS, COLUMNS[:9], headline, {"command": command}
+        args.out, env, "offload_decode", rows, COLUMNS, COLUMNS[:9], headline, {"command": command}, plot=plot
     )
-    plot_offload(folder / "offload_decode.png", rows)
     print(headline)
     print(f"wrote {folder}/offload_decode.csv, .md, .png", flush=True)
     return 0

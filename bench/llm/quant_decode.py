@@ -13,6 +13,7 @@ Each scheme's figures are ratios to bf16's of the same run. Writes reports/<back
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import pathlib
 import random
@@ -20,6 +21,8 @@ import sys
 import time
 
 import torch
+
+from bench import tables
 
 COLUMNS = (
     "scheme",
@@ -32,12 +35,7 @@ COLUMNS = (
     "largest_layer_bf16_gib",
     "peak_over_model_vs_largest",
     "largest_quantized_layer_bf16_gib",
-    "device",
-    "torch",
-    "triton",
-    "git_sha",
-    "dirty",
-    "command",
+    *tables.RUN_COLUMNS,
 )
 SCHEMES = (None, "fp8_block", "mxfp4", "fp8")
 
@@ -115,7 +113,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
-    from bench import tables
     from bench.environment import collect
     from bench.llm.quant_plot import plot_decode
 
@@ -130,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         ref = bf16.get((r["workload"], r["batch"]))
         r["vs_bf16"] = r["tok_per_s"] / ref if ref else float("nan")
-    command = "python -m bench.llm.quant_decode " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = tables.command_line("python -m bench.llm.quant_decode", argv)
     pick = {(r["scheme"], r["workload"], r["batch"]): r["vs_bf16"] for r in rows}
     headline = (
         f"{args.model}, dummy weights: decode output tok/s vs bf16 in the same run: mxfp4 "
@@ -142,9 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{r['scheme']} {r['peak_over_model_vs_largest']:.2f}" for r in rows if r["batch"] == batches[0])
         + "."
     )
-    common = {"command": command}
-    folder = tables.write_report(args.out, env, "quant_decode", rows, COLUMNS, COLUMNS[:9], headline, common)
-    plot_decode(folder / "quant_decode.png", rows)
+    plot = functools.partial(plot_decode, rows=rows)
+    folder = tables.write_report(
+        args.out, env, "quant_decode", rows, COLUMNS, COLUMNS[:9], headline, {"command": command}, plot=plot
+    )
     print(headline)
     print(f"wrote {folder}/quant_decode.csv, .md, .png", flush=True)
     return 0

@@ -20,6 +20,8 @@ import sys
 
 import torch
 
+from bench import tables
+
 PROMPTS = [
     "The history of the printing press",
     "In the morning the harbour was",
@@ -43,12 +45,7 @@ COLUMNS = (
     "weight_sqnr_db_median",
     "weight_sqnr_db_min",
     "scored_tokens",
-    "device",
-    "torch",
-    "triton",
-    "git_sha",
-    "dirty",
-    "command",
+    *tables.RUN_COLUMNS,
 )
 
 
@@ -166,7 +163,6 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := set(schemes) - set(SCHEMES):
         p.error(f"--schemes: unknown {sorted(unknown)}; known {', '.join(SCHEMES)}")
 
-    from bench import tables
     from bench.environment import collect
     from bench.llm.quant_plot import plot
     from runner import LLM, SamplingParams
@@ -229,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         del model
     for row in rows:
         row["scored_tokens"] = len(text_ids) - 1
-    command = "python -m bench.llm.quant_quality " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = tables.command_line("python -m bench.llm.quant_quality", argv)
     fp8 = max((r["perplexity_vs_unquantized"] for r in rows if r["scheme"] in ("fp8", "fp8_block")), default=math.nan)
     headline = (
         f"{args.model} on the CPU: perplexity of fp8 and fp8_block at most {fp8:.4f}x the unquantized model's "

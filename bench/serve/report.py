@@ -38,12 +38,7 @@ COLUMNS = (
     "e2el_p99_ms",
     "server",
     "first_error",
-    "device",
-    "torch",
-    "triton",
-    "git_sha",
-    "dirty",
-    "command",
+    *tables.RUN_COLUMNS,
 )
 
 
