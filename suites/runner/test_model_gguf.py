@@ -195,3 +195,28 @@ def test_written_gguf_reads_back_dequantized_and_unpermuted(tmp_path):
         rtol=0.02,
         atol=0.02,
     )
+
+
+def test_the_plain_array_reader_reads_what_gguf_py_reads(tmp_path):
+    """The reader behind GGUFCheckpoint (gguf-py's, through a plain ndarray view of its memory map) gives
+    gguf-py's own fields and tensors, byte for byte, for a file with metadata arrays and tensors."""
+    import numpy as np
+
+    from runner.model.gguf_file import plain_array_reader
+
+    path = tmp_path / "arrays.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_array("tokenizer.ggml.tokens", [f"tok{i}" for i in range(300)])
+    writer.add_array("tokenizer.ggml.scores", [float(i) / 7 for i in range(300)])
+    writer.add_uint32("llama.block_count", 2)
+    writer.add_tensor("token_embd.weight", np.arange(96, dtype=np.float32).reshape(8, 12))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    theirs, ours = gguf.GGUFReader(str(path)), plain_array_reader(gguf.GGUFReader)(str(path))
+    assert type(ours.data) is np.ndarray and isinstance(theirs.data, np.memmap)
+    assert list(ours.fields) == list(theirs.fields)
+    for key, field in theirs.fields.items():
+        assert [p.tobytes() for p in ours.fields[key].parts] == [p.tobytes() for p in field.parts], key
+    assert [(t.name, t.data.tobytes()) for t in ours.tensors] == [(t.name, t.data.tobytes()) for t in theirs.tensors]
