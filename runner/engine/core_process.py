@@ -28,6 +28,7 @@ import msgspec
 import zmq
 
 from runner.engine import messages as m
+from runner.engine.host_gc import freeze_startup_heap
 
 WATCH_S = 0.5  # how often the watchdog looks for the parent
 FAULT_NAMES = ("fail_at_start", "die_after_step")
@@ -150,6 +151,7 @@ def main(argv: list[str]) -> int:
         traceback.print_exc(file=sys.stderr)
         return 1
     loop = CoreLoop(core, inbox, outbox, faults)
+    freeze_startup_heap()
     outbox.send(ENCODER.encode(core.ready(config.device)))
     try:
         return loop.run()

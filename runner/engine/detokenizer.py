@@ -1,12 +1,13 @@
 """Incremental detokenization and stop strings for one request.
 
 Decoding token by token and concatenating is wrong for byte-level BPE (a character may span tokens; a
-token's text may depend on its left neighbour, e.g. a leading space). Instead two offsets into the output ids
-are kept: `prefix` (start of a short window of already-emitted tokens, decoded for context) and `read` (end
-of what has been emitted). With window = ids[prefix:read] and full = ids[prefix:], the new text is
-decode(full)[len(decode(window)):], emitted only once it does not end in U+FFFD (an incomplete UTF-8
-sequence: wait for the next token). This is the textbook method (used by TGI and vLLM), written from its
-description. Special tokens are skipped in the text.
+token's text may depend on its left neighbour, e.g. a leading space). The `tokenizers` library's
+`DecodeStream` does it right in Rust: it keeps a short window of emitted tokens for context, returns the new
+text once the tokens so far end on a whole character (None while a UTF-8 sequence is incomplete), and skips
+special tokens. It is primed with the prompt's last tokens, so the first output token decodes as it would
+inside the text. One Rust call a token: 2.1 us on the CPU tier's machine against 9.1 us for the two
+`decode` calls a token of the window method it replaced (a 128-token output of the embedded SmolLM2
+tokenizer); at 256 streams that was most of the server's time per engine step (cProfile on the H200).
 
 Stop strings: after each new piece, the text is searched for every stop string in the region a match could
 newly occupy (the new piece plus len(stop) - 1 characters before it). The first match truncates the text
@@ -21,41 +22,61 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-INCOMPLETE = "\ufffd"
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
+
+PROMPT_CONTEXT = 5  # prompt tokens the stream starts from
+
+
+def backend(tokenizer) -> Tokenizer:
+    """The `tokenizers.Tokenizer` behind a transformers tokenizer (or the tokenizer itself)."""
+    if isinstance(tokenizer, Tokenizer):
+        return tokenizer
+    found = getattr(tokenizer, "backend_tokenizer", None)
+    if not isinstance(found, Tokenizer):
+        raise TypeError(f"tokenizer: {type(tokenizer).__name__} has no `tokenizers` backend to stream-decode with")
+    return found
 
 
 class Detokenizer:
     def __init__(self, tokenizer, prompt_ids: Sequence[int], stop: Sequence[str] = ()):
-        self.tokenizer = tokenizer
+        self.tokenizer = backend(tokenizer)
+        self.stream = DecodeStream(ids=list(prompt_ids[-PROMPT_CONTEXT:]), skip_special_tokens=True)
         self.stop = tuple(s for s in stop if s)
-        # Context: the last few prompt tokens, so the first output token decodes as it would inside the text.
-        self.ids: list[int] = list(prompt_ids[-5:])
-        self.prefix = 0
-        self.read = len(self.ids)
         self.text = ""
         self.stopped_by: str | None = None
         self.emitted = 0  # characters of `text` returned so far
         self.hold = max((len(s) for s in self.stop), default=1) - 1
-
-    def _decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def add(self, token_id: int) -> str:
         """Append one output token; returns the text now safe to emit ("" while a character is incomplete,
         while held back for a possible stop string, or after a stop string matched)."""
         if self.stopped_by is not None:
             return ""
-        self.ids.append(int(token_id))
-        window = self._decode(self.ids[self.prefix : self.read])
-        full = self._decode(self.ids[self.prefix :])
-        if full.endswith(INCOMPLETE) or len(full) <= len(window):
+        piece = self.stream.step(self.tokenizer, int(token_id))
+        if not piece:
             return ""
-        piece = full[len(window) :]
-        self.prefix, self.read = self.read, len(self.ids)
         before = len(self.text)
         self.text += piece
+        if not self.stop:
+            self.emitted = len(self.text)
+            return piece
         self._check_stop(before)
         return self._emit(len(self.text) if self.stopped_by is not None else len(self.text) - self.hold)
+
+    def extend(self, token_ids: list[int]) -> str:
+        """`add` for several tokens of a request without stop strings, in one Rust call (the common delta:
+        one decode step's token, or a speculative step's few)."""
+        if self.stop:
+            return "".join(self.add(token) for token in token_ids)
+        if not token_ids:
+            return ""
+        # one id as an int: 2.3 us a call against 2.9 us as a one-element list
+        piece = self.stream.step(self.tokenizer, token_ids[0] if len(token_ids) == 1 else token_ids)
+        if piece:
+            self.text += piece
+            self.emitted = len(self.text)
+        return piece or ""
 
     def flush(self) -> str:
         """The held-back text, once the request finished (length, EOS, a stop token, an abort)."""

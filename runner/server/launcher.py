@@ -32,6 +32,8 @@ from collections.abc import Callable
 
 import uvicorn
 
+from runner.engine.host_gc import freeze_startup_heap
+
 log = logging.getLogger("touchstone.server")
 ENGINE_DIED = 1
 STARTUP_FAILURE = 3
@@ -157,6 +159,7 @@ async def serve(
             if starting.done() and starting.exception() is None:
                 loaded.limits = Limits.of(loaded.model_names, starting.result())
                 state.attach(loaded)
+                freeze_startup_heap()
             else:
                 error = starting.exception() if starting.done() else None
                 starting.cancel()

@@ -65,6 +65,19 @@ def test_incremental_text_equals_the_whole_decode(smollm2):
     assert "" in pieces  # some token ended inside a multi-byte character and waited for the next
 
 
+@pytest.mark.parametrize("per_call", [2, 3, 64])
+def test_several_tokens_a_call_give_the_same_text(smollm2, per_call):
+    """`extend` (a delta's tokens in one call: the output processor's path for requests without stop strings)
+    emits what `add` token by token does, pieces joined."""
+    tokenizer = smollm2[1]
+    ids = tokenizer.encode(" Café naïve — 東京 🚀 done.", add_special_tokens=False)
+    prompt = tokenizer.encode("Say:", add_special_tokens=False)
+    one, many = Detokenizer(tokenizer, prompt), Detokenizer(tokenizer, prompt)
+    singly = "".join(one.add(t) for t in ids)
+    pieces = [many.extend(ids[i : i + per_call]) for i in range(0, len(ids), per_call)]
+    assert "".join(pieces) == singly == many.text == one.text
+
+
 @pytest.mark.parametrize("stop", ["東京", "é n", "🚀 d", "."])
 def test_stop_string_matches_across_tokens(smollm2, stop):
     tokenizer = smollm2[1]
