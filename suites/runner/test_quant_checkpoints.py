@@ -1,12 +1,14 @@
 """Quantized checkpoints in the runner (runner.model.quant.checkpoint_config, the schemes' checkpoint mode).
 
 The checkpoints are written here by each format's published description (the producers' own exporters need
-calibration pipelines this tier does not run): an HF fine-grained FP8 checkpoint (128 x 128 `weight_scale_inv`)
-and an AMD Quark MXFP4 W4A16 one (`weight` uint8 codes, `weight_scale` E8M0, scale mode "even" as Quark's
-default). Oracles: the FP8 checkpoint gives the logits of the same weights quantized online (same quantizer,
-same tiles); the Quark one the logits of the unquantized model whose weights went through AMD Quark's own MX
-emulation (exactly: W4A16 keeps the activations). Bad checkpoints are refused before any weight is used, naming
-the tensor or the config key."""
+calibration pipelines this tier does not run): an HF fine-grained FP8 checkpoint (128 x 128 `weight_scale_inv`),
+an AMD Quark MXFP4 W4A16 one (`weight` uint8 codes, `weight_scale` E8M0, scale mode "even" as Quark's default), a
+ModelOpt NVFP4 one, and FP8 per-tensor ones with static input scales in the layouts of compressed-tensors' FP8
+preset (its own `quantize` makes the codes; its `fake_quantize` is the oracle), ModelOpt FP8 and Quark FP8.
+Oracles: the block-FP8 checkpoint gives the logits of the same weights quantized online (same quantizer, same
+tiles); the Quark one the logits of the unquantized model whose weights went through AMD Quark's own MX emulation
+(exactly: W4A16 keeps the activations). Bad checkpoints are refused before any weight is used, naming the tensor
+or the config key."""
 
 from __future__ import annotations
 
@@ -153,7 +155,7 @@ def test_a_bad_tensor_is_refused_by_name(tmp_path, quantization, edit, message):
             r"quantization_config.global_quant_config.weight: \('int4'",
         ),
         ({**QUARK_MXFP4, "exclude": ["model.layers.9.mlp.down_proj"]}, r"layer 'model.layers.9.mlp.down_proj'"),
-        ({"quantization": {"quant_algo": "FP8"}}, r"ModelOpt 'FP8' checkpoints are not supported yet"),
+        ({"quantization": {"quant_algo": "INT4_AWQ"}}, r"ModelOpt .INT4_AWQ. checkpoints are not supported"),
     ],
 )
 def test_a_bad_config_is_refused_by_key(tmp_path, quantization, message):
@@ -298,3 +300,162 @@ def test_modelopt_nvfp4_checkpoint_is_the_model_of_its_dequantized_weights(tmp_p
     want_tokens, want_logits = greedy(oracle, PROMPTS, 6)
     assert tokens == want_tokens
     assert_exact(logits, want_logits, "logits")
+
+
+# --- FP8 per-tensor with static input scales: compressed-tensors' FP8 preset, ModelOpt FP8, Quark FP8 ----------
+def _fp8_parts(config: LlamaConfig):
+    """{checkpoint weight name: (E4M3 codes, weight scale, input scale)} of every decoder linear weight, each
+    part on its own scales (so the fused q/k/v and gate/up parts differ), quantized with compressed-tensors'
+    own `quantize` under its FP8 preset's weight arguments."""
+    from compressed_tensors.quantization import preset_name_to_scheme
+    from compressed_tensors.quantization.lifecycle.forward import quantize
+
+    args = preset_name_to_scheme("FP8", ["Linear"]).weights
+    out = {}
+    for i, (name, w) in enumerate(n for n in dummy_weights(config, seed=5) if n[1].dim() == 2 and ".layers." in n[0]):
+        scale = (w.abs().amax() / 448.0).reshape(1).float()
+        zero = torch.zeros(1, dtype=torch.float8_e4m3fn)
+        codes = quantize(w.float(), scale, zero, args, dtype=torch.float8_e4m3fn)
+        out[name] = (codes, scale, torch.tensor([0.004 * (1 + i % 3)]))  # calibrated-looking, unequal per part
+    return out
+
+
+def _write_fp8_static(tmp_path, config: LlamaConfig, flavour: str, edit=None) -> str:
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    tensors = dict(dummy_weights(config, seed=5))
+    for name, (codes, scale, input_scale) in _fp8_parts(config).items():
+        base = name.removesuffix(".weight")
+        shape = () if flavour == "modelopt" else (1,)  # ModelOpt stores scalars, compressed-tensors [1]
+        tensors[name] = codes
+        tensors[f"{base}.weight_scale"], tensors[f"{base}.input_scale"] = (
+            scale.reshape(shape),
+            input_scale.reshape(shape),
+        )
+    if edit is not None:
+        edit(tensors)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    if flavour == "compressed-tensors":
+        group = preset_name_to_scheme("FP8", ["Linear"]).model_dump(mode="json", exclude_none=True)
+        quantization = {
+            "quant_method": "compressed-tensors",
+            "format": "float-quantized",
+            "config_groups": {"group_0": group},
+            "ignore": ["lm_head"],
+        }
+    elif flavour == "quark":
+        fp8 = {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False}
+        quantization = {
+            "quant_method": "quark",
+            "global_quant_config": {"weight": fp8, "input_tensors": fp8, "output_tensors": None},
+            "layer_quant_config": {},
+            "exclude": ["lm_head"],
+        }
+    else:
+        quantization = {}
+    hf = _hf_config(config, quantization)
+    if flavour == "modelopt":
+        del hf["quantization_config"]
+        modelopt = {"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": None, "exclude_modules": ["lm_head"]}}
+        (tmp_path / "hf_quant_config.json").write_text(json.dumps(modelopt))
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    return str(tmp_path)
+
+
+def test_fp8_static_checkpoint_is_compressed_tensors_fake_quantized_model(tmp_path):
+    """The oracle is compressed-tensors' own fake quantization under its FP8 preset: every decoder linear of the
+    unquantized model gets its fused weight as the library quantizes it (each part on its scale, then onto
+    the layer's largest, as the fused layer does) and its input fake-quantized with the layer's largest input
+    scale. Greedy tokens equal; logits within the fp32 difference of scaling before or after the sum."""
+    pytest.importorskip("compressed_tensors")
+    from compressed_tensors.quantization import preset_name_to_scheme
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+
+    scheme = preset_name_to_scheme("FP8", ["Linear"])
+    model = _load(_write_fp8_static(tmp_path, ALIGNED, "compressed-tensors"))
+    qkv = model.model.layers[0].self_attn.qkv_proj
+    assert qkv.scheme.name == "fp8" and qkv.scheme.static_input and model.lm_head.scheme.name == "unquantized"
+    parts, zero = _fp8_parts(ALIGNED), torch.zeros(1, dtype=torch.float8_e4m3fn)
+    oracle = LlamaForCausalLM(ALIGNED, torch.float32, "cpu")
+    oracle.load_weights(dummy_weights(ALIGNED, seed=5))
+    mapping = LlamaForCausalLM.packed_modules_mapping
+    for name, layer in oracle.named_modules():
+        leaf = name.rpartition(".")[2]
+        if ".layers." not in name or not hasattr(layer, "weight") or layer.weight.dim() != 2:
+            continue
+        names = [f"{name.rpartition('.')[0]}.{p}.weight" for p in mapping.get(leaf, (leaf,))]
+        top = max(parts[n][1] for n in names)
+        inputs = max(parts[n][2] for n in names)
+        dequant = [fake_quantize(parts[n][0].float() * parts[n][1], top, zero, scheme.weights) for n in names]
+        layer.weight.data.copy_(torch.cat(dequant))
+        layer.register_forward_pre_hook(
+            lambda _, args, s=inputs: (fake_quantize(args[0], s, zero, scheme.input_activations), *args[1:])
+        )
+    tokens, logits = greedy(model, PROMPTS, 6)
+    want_tokens, want_logits = greedy(oracle, PROMPTS, 6)
+    assert tokens == want_tokens
+    assert torch.allclose(logits, want_logits, rtol=1e-4, atol=1e-4 * float(want_logits.abs().max()))
+
+
+def test_fp8_static_fused_parts_take_the_largest_scales(tmp_path):
+    pytest.importorskip("compressed_tensors")
+    model = _load(_write_fp8_static(tmp_path, ALIGNED, "compressed-tensors"))
+    parts = _fp8_parts(ALIGNED)
+    names = [f"{L0}{p}_proj.weight" for p in "qkv"]
+    qkv = model.model.layers[0].self_attn.qkv_proj
+    scales = torch.stack([parts[n][1] for n in names]).flatten()
+    assert len(set(scales.tolist())) == 3  # the parts really differ: the re-encoding runs
+    assert_exact(qkv.weight_scale, scales.max().reshape(()), "qkv weight scale")
+    assert_exact(qkv.input_scale, torch.stack([parts[n][2] for n in names]).max().reshape(1), "qkv input scale")
+    from runner.model.quant.fp8_tensor import requantize
+
+    want = torch.cat([requantize(parts[n][0], parts[n][1], scales.max()) for n in names])
+    assert_exact(qkv.weight_fp8.view(torch.uint8), want.view(torch.uint8), "qkv codes")
+
+
+@pytest.mark.parametrize("flavour", ["modelopt", "quark"])
+def test_fp8_static_checkpoints_of_other_producers_load_the_same_model(tmp_path, flavour):
+    pytest.importorskip("compressed_tensors")
+    want = _load(_write_fp8_static(tmp_path / "ct", ALIGNED, "compressed-tensors"))
+    got = _load(_write_fp8_static(tmp_path / flavour, ALIGNED, flavour))
+    assert got.model.layers[1].mlp.down_proj.scheme.describe() == "fp8 (static activations)"
+    assert_exact(greedy(got, PROMPTS, 6)[1], greedy(want, PROMPTS, 6)[1], f"{flavour} logits")
+
+
+def test_quark_mixes_fp8_and_mxfp4_layers(tmp_path):
+    fp8 = {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False}
+    mixed = {
+        **QUARK_MXFP4,
+        "layer_quant_config": {"*self_attn*": {"weight": fp8, "input_tensors": fp8, "output_tensors": None}},
+    }
+    config = from_checkpoint(mixed)
+    assert config.scheme_of(L0 + "q_proj") == "fp8_static" and config.scheme_of("model.layers.0.mlp.up_proj") == "mxfp4"
+    assert config.scheme_of("lm_head") is None
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda t: t.pop(L0 + "k_proj.input_scale"), r"input_scale \(shard 'k'\)"),
+        (_set(L0 + "o_proj.input_scale", torch.tensor([0.0])), r"input_scale: must be finite and > 0"),
+        (_set(L0 + "o_proj.weight_scale", torch.ones(2)), r"must be a scalar"),
+        (_set(L0 + "o_proj.weight", lambda t: t.float()), r"o_proj.weight.*must be torch.float8_e4m3fn"),
+    ],
+)
+def test_a_bad_fp8_static_tensor_is_refused_by_name(tmp_path, edit, message):
+    pytest.importorskip("compressed_tensors")
+    with pytest.raises(ValueError, match=message):
+        _load(_write_fp8_static(tmp_path, ALIGNED, "compressed-tensors", edit))
+
+
+def test_fp8_weight_only_and_fp8_kv_cache_configs_are_refused_by_key(tmp_path):
+    pytest.importorskip("compressed_tensors")
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    group = preset_name_to_scheme("FP8", ["Linear"]).model_dump(mode="json", exclude_none=True)
+    del group["input_activations"]
+    with pytest.raises(ValueError, match=r"config_groups.group_0.input_activations: None is not supported"):
+        from_checkpoint({"quant_method": "compressed-tensors", "config_groups": {"group_0": group}})
+    with pytest.raises(ValueError, match=r"kv_cache_quant_algo: a quantized KV cache \('FP8'\)"):
+        from_checkpoint({"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}})

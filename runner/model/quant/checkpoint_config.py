@@ -5,13 +5,17 @@ Read, by each format's published description:
   128], "activation_scheme": "dynamic", "modules_to_not_convert": [...]}: `weight` E4M3 + `weight_scale_inv`.
 - compressed-tensors (`quant_method` "compressed-tensors"): `config_groups` (targets: "Linear" or "re:<regex>"
   on layer names), `ignore`; parsed with the compressed-tensors library's own pydantic model. A group of 8-bit
-  float weights with strategy "block" [128, 128] and dynamic group-128 activations is fp8_block.
+  float weights with strategy "block" [128, 128] and dynamic group-128 activations is fp8_block; per-tensor
+  8-bit float weights with static per-tensor activations (its FP8 preset) are fp8_static (`weight`,
+  `weight_scale`, `input_scale`), with dynamic per-token activations fp8.
 - AMD Quark (`quant_method` "quark"): `global_quant_config`, `layer_quant_config` (fnmatch patterns on layer
   names, the first match wins), `exclude`. Weight dtype "fp4", per_group 32, scale_format "e8m0", no input
-  quantization: mxfp4 (W4A16); `weight` uint8 [N, K/2] + `weight_scale` uint8 [N, K/32].
+  quantization: mxfp4 (W4A16); `weight` uint8 [N, K/2] + `weight_scale` uint8 [N, K/32]. Weight "fp8_e4m3"
+  per_tensor with static per_tensor "fp8_e4m3" input tensors: fp8_static; layers of both kinds may mix.
 - ModelOpt (hf_quant_config.json, {"quantization": {"quant_algo": ..., "exclude_modules": [...]}}): NVFP4 (run
   weight-only: `weight` uint8, `weight_scale` E4M3 [N, K/16], `weight_scale_2` the decode global scale per
-  part, `input_scale` read and unused); FP8 (static input scales) is refused by name.
+  part, `input_scale` read and unused); FP8: fp8_static (`weight` E4M3, `weight_scale`, `input_scale` per
+  part). A quantized KV cache (`kv_cache_quant_algo`) is refused by name.
 Anything else is refused with the key that could not be read."""
 
 from __future__ import annotations
@@ -70,6 +74,30 @@ def _matches(target: str, layer: str) -> bool:
     return target == "Linear" or layer == target or layer.endswith("." + target)
 
 
+def _compressed_tensors_scheme(key: str, w, a) -> str:
+    weights = (w.type, w.num_bits, str(getattr(w.strategy, "value", w.strategy)), list(w.block_structure or []))
+    if weights == ("float", 8, "block", [128, 128]):
+        if a is None or not a.dynamic or a.strategy != "group" or a.group_size != 128:
+            raise _fail(f"config_groups.{key}.input_activations", "block FP8 needs dynamic group-128 activations")
+        return "fp8_block"
+    if weights[:3] == ("float", 8, "tensor"):
+        acts = None if a is None else (a.type, a.num_bits, str(getattr(a.strategy, "value", a.strategy)), a.dynamic)
+        if acts == ("float", 8, "tensor", False):
+            return "fp8_static"
+        if acts == ("float", 8, "token", True):
+            return "fp8"
+        raise _fail(
+            f"config_groups.{key}.input_activations",
+            f"{acts} is not supported with per-tensor FP8 weights (supported: float 8-bit static per tensor, "
+            "dynamic per token)",
+        )
+    raise _fail(
+        f"config_groups.{key}.weights",
+        f"{w.type} {w.num_bits}-bit strategy {weights[2]} {w.block_structure} is not supported "
+        "(supported: float 8-bit block [128, 128], float 8-bit tensor)",
+    )
+
+
 def _compressed_tensors(config: Mapping) -> QuantConfig:
     from compressed_tensors.quantization import QuantizationConfig
 
@@ -79,15 +107,7 @@ def _compressed_tensors(config: Mapping) -> QuantConfig:
         w, a = group.weights, group.input_activations
         if w is None:
             raise _fail(f"config_groups.{key}.weights", "a group without weight quantization is not supported")
-        if (w.type, w.num_bits, w.strategy, list(w.block_structure or [])) != ("float", 8, "block", [128, 128]):
-            raise _fail(
-                f"config_groups.{key}.weights",
-                f"{w.type} {w.num_bits}-bit strategy {w.strategy} {w.block_structure} is not supported "
-                "(supported: float 8-bit block [128, 128])",
-            )
-        if a is None or not a.dynamic or a.strategy != "group" or a.group_size != 128:
-            raise _fail(f"config_groups.{key}.input_activations", "only dynamic group-128 activations are supported")
-        groups.append((tuple(group.targets), "fp8_block"))
+        groups.append((tuple(group.targets), _compressed_tensors_scheme(key, w, a)))
     ignore = tuple(parsed.ignore or ())
 
     def scheme_of(layer: str) -> str | None:
@@ -104,12 +124,20 @@ def _quark_scheme(spec: Mapping | None, key: str) -> str | None:
     weight, inputs = spec.get("weight"), spec.get("input_tensors")
     if weight is None:
         return None
+    if weight.get("dtype") == "fp8_e4m3" and weight.get("qscheme") == "per_tensor":
+        got = None if inputs is None else (inputs.get("dtype"), inputs.get("qscheme"), inputs.get("is_dynamic"))
+        if got == ("fp8_e4m3", "per_tensor", False):
+            return "fp8_static"
+        raise _fail(f"{key}.input_tensors", f"{got} is not supported with FP8 weights (supported: static per_tensor)")
     if inputs is not None:
-        raise _fail(f"{key}.input_tensors", "activation quantization is not supported for Quark checkpoints yet")
+        raise _fail(f"{key}.input_tensors", "activation quantization is only supported with FP8 per-tensor weights")
     got = (weight.get("dtype"), weight.get("qscheme"), weight.get("group_size"), weight.get("scale_format"))
     if got == ("fp4", "per_group", 32, "e8m0"):
         return "mxfp4"
-    raise _fail(f"{key}.weight", f"{got} is not supported (supported: fp4 per_group 32 e8m0, i.e. MXFP4)")
+    raise _fail(
+        f"{key}.weight",
+        f"{got} is not supported (supported: fp4 per_group 32 e8m0, i.e. MXFP4; fp8_e4m3 per_tensor)",
+    )
 
 
 def _quark(config: Mapping) -> QuantConfig:
@@ -131,17 +159,16 @@ def _quark(config: Mapping) -> QuantConfig:
 
 def _modelopt(config: Mapping) -> QuantConfig:
     algo = config.get("quant_algo")
-    if algo != "NVFP4":
-        raise _fail(
-            "quant_algo",
-            f"ModelOpt {algo!r} checkpoints are not supported yet (supported: NVFP4, run weight-only; FP8 with "
-            "static input scales has no checkpoint scheme in the runner)",
-        )
-    if config.get("group_size", 16) != 16:
+    schemes = {"NVFP4": "nvfp4", "FP8": "fp8_static"}
+    if algo not in schemes:
+        raise _fail("quant_algo", f"ModelOpt {algo!r} checkpoints are not supported (supported: {sorted(schemes)})")
+    if config.get("kv_cache_quant_algo") is not None:
+        raise _fail("kv_cache_quant_algo", f"a quantized KV cache ({config['kv_cache_quant_algo']!r}) is not supported")
+    if algo == "NVFP4" and config.get("group_size", 16) != 16:
         raise _fail("group_size", f"NVFP4 blocks are 16 wide, got {config.get('group_size')!r}")
-    exclude = tuple(config.get("exclude_modules") or ())
+    exclude, scheme = tuple(config.get("exclude_modules") or ()), schemes[algo]
 
     def scheme_of(layer: str) -> str | None:
-        return None if any(fnmatch.fnmatchcase(layer, p) for p in exclude) else "nvfp4"
+        return None if any(fnmatch.fnmatchcase(layer, p) for p in exclude) else scheme
 
     return QuantConfig("modelopt", scheme_of, named_layers=tuple(n for n in _explicit(exclude) if "." in n))

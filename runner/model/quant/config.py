@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 
 from runner.model.quant.scheme import LinearScheme
 
-SCHEMES = ("fp8", "fp8_block", "mxfp4", "nvfp4")
+SCHEMES = ("fp8", "fp8_block", "mxfp4", "nvfp4")  # online (quantization=...) and in checkpoints
 
 
 def make_scheme(name: str, online: bool, w13_policy: str = "use_w1") -> LinearScheme:
@@ -28,8 +28,10 @@ def make_scheme(name: str, online: bool, w13_policy: str = "use_w1") -> LinearSc
         return Mxfp4W4A16(online=online)
     if name == "nvfp4":
         return Nvfp4W4A16(online=online, w13_policy=w13_policy)
-    if name == "fp8" and online:
-        return Fp8PerTensor()
+    if name == "fp8":
+        return Fp8PerTensor(online=online)
+    if name == "fp8_static" and not online:  # checkpoints only: a calibrated input scale per layer
+        return Fp8PerTensor(online=False, static_input=True)
     raise ValueError(f"quantization: scheme {name!r} is not supported {'online' if online else 'in a checkpoint'}")
 
 

@@ -1,11 +1,18 @@
-"""FP8 per-tensor weights: E4M3 weight with one fp32 scale; activations quantized per token at run time (dynamic).
-
-Per token, not per tensor: a per-tensor activation scale is the amax of the whole batch, so one request's
-output would depend on which others share its step, and on the padding rows a CUDA graph replays with (the
-tokens of a graph decode then differ from eager decode's).
+"""FP8 per-tensor weights: E4M3 weight with one fp32 scale. Activations are quantized to E4M3 at run time:
+- dynamic (quantization="fp8" at load, or a checkpoint without input scales): one scale per token. Not per
+  tensor: a per-tensor dynamic scale is the amax of the whole batch, so one request's output would depend on
+  which others share its step, and on the padding rows a CUDA graph replays with (the tokens of a graph decode
+  then differ from eager decode's).
+- static (a checkpoint's calibrated `input_scale`: compressed-tensors' FP8 preset, ModelOpt FP8, AMD Quark
+  FP8 with static input tensors): one fixed scale, so a token's codes never depend on its neighbours either.
 y = (x_q W_q^T) * (s_x[m] * s_w), summed in fp32, rounded once to the activation dtype: on CUDA
-`torch._scaled_mm` with row-wise scales (cuBLAS), elsewhere the same arithmetic in fp32 (exact products of
-E4M3 values)."""
+`torch._scaled_mm` with row-wise scales (cuBLAS; a static scale is repeated per row), elsewhere the same
+arithmetic in fp32 (exact products of E4M3 values).
+
+A checkpoint stores each part of a fused layer (q/k/v, gate/up) with its own weight scale and input scale. The
+fused layer takes the largest of each, as vLLM does: the parts with a smaller weight scale are re-encoded onto
+it (their dequantized values divided by the largest scale, rounded to E4M3 again: `requantize`), and the
+activations of the one input are quantized with the largest calibrated input scale (no part saturates)."""
 
 from __future__ import annotations
 
@@ -18,16 +25,61 @@ from runner.model.quant.scheme import uses_kernels
 class Fp8PerTensor(OnlineScheme):
     name = "fp8"
 
+    def __init__(self, online: bool = True, static_input: bool = False) -> None:
+        if online and static_input:
+            raise ValueError("quantization: static input scales come from a checkpoint; online fp8 is dynamic")
+        self.online, self.static_input = online, static_input
+
+    def describe(self) -> str:
+        return f"{self.name} ({'static' if self.static_input else 'dynamic per-token'} activations)"
+
+    def create_weights(self, layer) -> None:
+        if self.online:
+            return super().create_weights(layer)
+        parts = len(layer.shard_sizes)  # one scalar per checkpoint part
+        shape = (layer.out_features, layer.in_features)
+        layer.register_parameter("weight", layer.new_param(shape, torch.float8_e4m3fn, exact_dtype=True))
+        layer.register_parameter("weight_scale", layer.new_param((parts,), torch.float32, per_shard=True))
+        if self.static_input:
+            layer.register_parameter("input_scale", layer.new_param((parts,), torch.float32, per_shard=True))
+
+    def process_weights_after_loading(self, layer) -> None:
+        if self.online:
+            return super().process_weights_after_loading(layer)
+        codes, scales = layer.weight.data, layer.weight_scale.data
+        inputs = layer.input_scale.data if self.static_input else None
+        del layer.weight, layer.weight_scale
+        if inputs is not None:
+            del layer.input_scale
+            if not bool(torch.isfinite(inputs).all() and (inputs > 0).all()):
+                raise ValueError(f"input_scale: must be finite and > 0, got {inputs.tolist()}")
+        if not bool(torch.isfinite(scales).all() and (scales > 0).all()):
+            raise ValueError(f"weight_scale: must be finite and > 0, got {scales.tolist()}")
+        top = scales.max()
+        if not bool((scales == top).all()):
+            rows = list(layer.shard_sizes.values())
+            codes = torch.cat([requantize(c, s, top) for c, s in zip(codes.split(rows), scales, strict=True)])
+        self._store(layer, codes, top, None if inputs is None else inputs.max())
+
     def quantize(self, layer, w: torch.Tensor) -> None:
         q, s = _quantize(w.contiguous())
-        layer.register_buffer("weight_fp8", q)
-        layer.register_buffer("weight_scale", s.reshape(()))
+        self._store(layer, q, s)
+
+    def _store(self, layer, q: torch.Tensor, scale: torch.Tensor, input_scale: torch.Tensor | None = None) -> None:
+        layer.register_buffer("weight_fp8", q.contiguous())
+        layer.register_buffer("weight_scale", scale.reshape(()).to(torch.float32))
         # Row-wise _scaled_mm takes one scale per output column: the weight's one scale, repeated (contiguous;
         # cuBLAS refuses a broadcast view).
-        layer.register_buffer("weight_scale_cols", s.reshape(1, 1).repeat(1, q.shape[0]))
+        layer.register_buffer("weight_scale_cols", scale.reshape(1, 1).to(torch.float32).repeat(1, q.shape[0]))
+        if input_scale is not None:
+            layer.register_buffer("input_scale", input_scale.reshape(1).to(torch.float32))
 
     def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
-        xq, xs = _quantize(x, "token")
+        if self.static_input:
+            xq, s = _quantize(x, "tensor", layer.input_scale)
+            xs = s.reshape(1, 1).expand(x.shape[0], 1).contiguous()
+        else:
+            xq, xs = _quantize(x, "token")
         if uses_kernels(x):
             return torch._scaled_mm(
                 xq, layer.weight_fp8.t(), scale_a=xs, scale_b=layer.weight_scale_cols, out_dtype=x.dtype
@@ -36,9 +88,18 @@ class Fp8PerTensor(OnlineScheme):
         return (acc * (xs * layer.weight_scale)).to(x.dtype)
 
 
-def _quantize(t: torch.Tensor, granularity: str = "tensor") -> tuple[torch.Tensor, torch.Tensor]:
+def requantize(codes: torch.Tensor, scale: torch.Tensor, new_scale: torch.Tensor) -> torch.Tensor:
+    """E4M3 codes of scale `scale` re-encoded with the larger `new_scale`: fp32(codes) * scale / new_scale,
+    rounded to E4M3 (the reference quantizer with a static scale)."""
+    from reference.quant.fp8 import quantize_fp8
+
+    values = codes.to(torch.float32) * scale.to(torch.float32)
+    return quantize_fp8(values, granularity="tensor", static_scale=new_scale.reshape(1).to(torch.float32))[0]
+
+
+def _quantize(t: torch.Tensor, granularity: str = "tensor", static_scale: torch.Tensor | None = None):
     if t.is_cuda:
         from kernels.fp8_quant import quantize_fp8
     else:
         from reference.quant.fp8 import quantize_fp8
-    return quantize_fp8(t, granularity=granularity)
+    return quantize_fp8(t, granularity=granularity, static_scale=static_scale)
