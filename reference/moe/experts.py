@@ -88,23 +88,43 @@ def _assignments(topk_ids: torch.Tensor, experts: int, expert_map):
             yield local, rows, slots
 
 
+def combine_ideal(topk_weights, topk_ids, experts: int, expert_map, hidden: int, expert_out) -> torch.Tensor:
+    """float64 [T, H]: sum_j w[t, j] * expert_out(local expert, token rows)[row], no rounding."""
+    out = torch.zeros(topk_ids.shape[0], hidden, dtype=torch.float64)
+    wd = topk_weights.cpu().double()
+    for e, rows, slots in _assignments(topk_ids, experts, expert_map):
+        out.index_add_(0, rows, expert_out(e, rows).double() * wd[rows, slots, None])
+    return out
+
+
+def combine_mirror(topk_weights, topk_ids, experts: int, expert_map, hidden: int, dtype, expert_out) -> torch.Tensor:
+    """dtype [T, H]: each (token, slot) product expert_out(...) * w rounded to dtype once, the k of a token summed
+    in fp32, rounded once (expert_out returns the second GEMM's fp32 result, bias included)."""
+    tokens, k = topk_ids.shape
+    per_slot = torch.zeros(tokens, k, hidden, dtype=torch.float32)
+    wf = topk_weights.cpu().float()
+    for e, rows, slots in _assignments(topk_ids, experts, expert_map):
+        per_slot[rows, slots] = (expert_out(e, rows).float() * wf[rows, slots, None]).to(dtype).float()
+    return per_slot.sum(dim=1).to(dtype)
+
+
+def bias_of(b, e: int, dtype) -> torch.Tensor | float:
+    """Expert e's bias row in `dtype` (0 without a bias)."""
+    return 0.0 if b is None else b[e].cpu().to(dtype)
+
+
 def fused_moe_ideal(
     x, w13, w2, topk_weights, topk_ids, activation="silu", w13_bias=None, w2_bias=None, expert_map=None
 ):
     """float64 [T, H]: the layer without rounding."""
     experts = check_moe_args(x, w13, w2, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map)
-    act = ACTIVATIONS[activation]
-    out = torch.zeros(x.shape, dtype=torch.float64)
-    xd, wd = x.cpu().double(), topk_weights.cpu().double()
-    for e, rows, slots in _assignments(topk_ids, experts, expert_map):
-        h = xd[rows] @ w13[e].cpu().double().T
-        if w13_bias is not None:
-            h = h + w13_bias[e].cpu().double()
-        y = act(h) @ w2[e].cpu().double().T
-        if w2_bias is not None:
-            y = y + w2_bias[e].cpu().double()
-        out.index_add_(0, rows, y * wd[rows, slots, None])
-    return out
+    act, xd = ACTIVATIONS[activation], x.cpu().double()
+
+    def expert_out(e, rows):
+        h = act(xd[rows] @ w13[e].cpu().double().T + bias_of(w13_bias, e, torch.float64))
+        return h @ w2[e].cpu().double().T + bias_of(w2_bias, e, torch.float64)
+
+    return combine_ideal(topk_weights, topk_ids, experts, expert_map, x.shape[1], expert_out)
 
 
 def fused_moe_mirror(
@@ -112,17 +132,10 @@ def fused_moe_mirror(
 ):
     """x.dtype [T, H]: the kernels' roundings (module docstring)."""
     experts = check_moe_args(x, w13, w2, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map)
-    act, dtype = ACTIVATIONS[activation], x.dtype
-    tokens, k = topk_ids.shape
-    per_slot = torch.zeros(tokens, k, x.shape[1], dtype=torch.float32)  # rounded to dtype, kept in fp32
-    xf, wf = x.cpu().float(), topk_weights.cpu().float()
-    for e, rows, slots in _assignments(topk_ids, experts, expert_map):
-        h = xf[rows] @ w13[e].cpu().float().T
-        if w13_bias is not None:
-            h = h + w13_bias[e].cpu().float()
-        h = act(h).to(dtype).float()
-        y = h @ w2[e].cpu().float().T
-        if w2_bias is not None:
-            y = y + w2_bias[e].cpu().float()
-        per_slot[rows, slots] = (y * wf[rows, slots, None]).to(dtype).float()
-    return per_slot.sum(dim=1).to(dtype)
+    act, dtype, xf = ACTIVATIONS[activation], x.dtype, x.cpu().float()
+
+    def expert_out(e, rows):
+        h = act(xf[rows] @ w13[e].cpu().float().T + bias_of(w13_bias, e, torch.float32)).to(dtype).float()
+        return h @ w2[e].cpu().float().T + bias_of(w2_bias, e, torch.float32)
+
+    return combine_mirror(topk_weights, topk_ids, experts, expert_map, x.shape[1], dtype, expert_out)
