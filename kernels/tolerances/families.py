@@ -13,6 +13,7 @@ MAMBA_STATE_UPDATE_OUT = "mamba_state_update"  # out, keyed by x's dtype
 MAMBA_STATE_UPDATE_STATE = "mamba_state_update.state"  # the updated slots, keyed by the state's dtype
 MAMBA_CONV1D_UPDATE = "mamba_conv1d_update"
 RMS_NORM = "rms_norm"
+FUSED_MOE = "fused_moe"
 
 # Two evaluation orders of the same math (no kernel, no quantization).
 SSD_ORDERS = "ssd_orders"

@@ -1,0 +1,75 @@
+"""The MoE layer's experts as one op: alignment, the first grouped GEMM with the activation fused, the second
+with the routing weight fused, and the combine; bf16/fp16, no host synchronization (CUDA-graph safe).
+
+Op: `touchstone::fused_moe(x, w13, w2, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map) ->
+out [T, H]`; call it through `fused_moe` below, which has `reference.moe.experts.fused_moe_mirror`'s
+signature and conventions (w13 [E, 2I, H] gate rows then up rows, or interleaved for "swiglu_oai"; w2 [E, H, I];
+expert ids global, `expert_map` to local experts or -1).
+
+Launches: `kernels.moe_align` (4), `kernels.moe_gemm` twice, and the combine: the k per-assignment rows of a
+token, each rounded to the activation dtype by the second GEMM, summed in fp32 and rounded once (torch's
+reduction: a sum of k <= 8 values). The per-assignment workspace starts zeroed, so an assignment the
+alignment dropped (an expert id outside [0, E), which only a caller's bug makes) adds nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels import moe_align
+from kernels._boundary import check_device
+from kernels.moe_gemm import block_rows, launch_moe_gemm
+from reference.moe.experts import check_moe_args
+
+
+def launch(
+    x, w13, w2, topk_weights, topk_ids, activation="silu", w13_bias=None, w2_bias=None, expert_map=None,
+    fault: str = "none",
+):  # fmt: skip
+    """Validate (shapes and dtypes only), allocate and launch. `fault` plants a named bug of either kernel."""
+    experts = check_moe_args(x, w13, w2, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map, False)
+    if x.dtype not in (torch.bfloat16, torch.float16) or w13.dtype != x.dtype or w2.dtype != x.dtype:
+        raise TypeError(f"x, w13, w2: must share one dtype of bf16/fp16, got {x.dtype}, {w13.dtype}, {w2.dtype}")
+    tensors = {"x": x, "w13": w13, "w2": w2, "topk_weights": topk_weights, "topk_ids": topk_ids}
+    tensors.update({k: v for k, v in (("w13_bias", w13_bias), ("w2_bias", w2_bias)) if v is not None})
+    device = check_device(**tensors)
+    for name, t in (("x", x), ("w13", w13), ("w2", w2)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name}: last dim must have stride 1, got strides {t.stride()}")
+    tokens, top_k = topk_ids.shape
+    hidden, inter = x.shape[1], w13.shape[1] // 2
+    align_fault = fault if fault in moe_align.FAULTS else "none"
+    gemm_fault = fault if fault not in moe_align.FAULTS else "none"
+    sorted_ids, expert_ids, post = moe_align.launch(topk_ids, experts, block_rows(device), expert_map, align_fault)
+    weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    h = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=device)
+    launch_moe_gemm(x, w13, w13_bias, h, sorted_ids, expert_ids, post, weights, top_k, activation, False, gemm_fault)
+    per_slot = torch.zeros(tokens * top_k, hidden, dtype=x.dtype, device=device)
+    launch_moe_gemm(h, w2, w2_bias, per_slot, sorted_ids, expert_ids, post, weights, 1, "none", True, gemm_fault)
+    return per_slot.view(tokens, top_k, hidden).sum(dim=1, dtype=torch.float32).to(x.dtype)
+
+
+@torch.library.custom_op("touchstone::fused_moe", mutates_args=())
+def _fused_moe_op(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: str,
+    w13_bias: torch.Tensor | None,
+    w2_bias: torch.Tensor | None,
+    expert_map: torch.Tensor | None,
+) -> torch.Tensor:
+    return launch(x, w13, w2, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map)
+
+
+@_fused_moe_op.register_fake
+def _(x, w13, w2, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map):
+    check_moe_args(x, w13, w2, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map, False)
+    return x.new_empty(x.shape)
+
+
+def fused_moe(x, w13, w2, topk_weights, topk_ids, activation="silu", w13_bias=None, w2_bias=None, expert_map=None):
+    """Kernel twin of `reference.moe.experts.fused_moe_mirror` (same arguments; within the "fused_moe" row)."""
+    return torch.ops.touchstone.fused_moe(x, w13, w2, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map)

@@ -1,0 +1,190 @@
+"""Token -> expert alignment in Triton: `reference.moe.align`'s contract (sorted flat assignments padded per
+expert to the grouped GEMM's row blocks, each block's expert, the padded row count), with no host
+synchronization, so it runs inside CUDA graphs.
+
+Op: `touchstone::moe_align_block_size(topk_ids, num_experts, block_size, expert_map) -> (sorted_token_ids,
+expert_ids, num_tokens_post_padded)`; call it through `moe_align_block_size` below.
+
+Four launches, a counting sort:
+1. `_count_kernel`, one program per CHUNK assignments: counts[p, e] for its chunk (its own row of a
+   [programs, E] table; a scalar walk in flat order).
+2. `_offsets_kernel`, one program: for each expert the exclusive prefix of counts over programs (written back
+   in place: the program's first rank in the expert's run), the expert's total, its run padded to whole
+   blocks, the runs' ends (inclusive cumsum over experts); num_tokens_post_padded = the padded sum.
+3. `_scatter_kernel`, one program per chunk: walks its chunk in flat order; assignment f of expert e lands at
+   run start + its rank, which it then bumps: every run ascending in flat order, as the reference's.
+4. `_blocks_kernel`: a block's expert is the first whose run ends after the block's first row (the number of
+   runs ending at or before it), mapped through expert_map; blocks past num_tokens_post_padded get -1.
+Ids outside [0, E) are dropped (counted and scattered nowhere): checking values would need a host sync.
+An expert map's values are checked on the host (one sync) except while a CUDA graph is being captured.
+Launch sizes are not tuned: CHUNK 256 assignments a program on a GPU (not measured), 8 in the interpreter,
+which runs programs one by one.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._boundary import check_device, runs_interpreted
+from reference.moe.align import capacity
+
+GPU_CHUNK, INTERPRETER_CHUNK = 256, 8
+BLOCKS = 64  # expert_ids entries a program of `_blocks_kernel` fills
+
+# Planted bugs for the suite's negative controls; FAULT is a constexpr, so fault 0 compiles them away.
+FAULTS = {
+    "none": 0,
+    "padded_count_plus_one": 1,  # num_tokens_post_padded one row too many
+    "neighbour_expert_block": 2,  # every block labelled with the next expert's id
+}
+
+
+@triton.jit
+def _count_kernel(ids_ptr, counts_ptr, n, E, CHUNK: tl.constexpr):
+    p = tl.program_id(0)
+    for i in range(CHUNK):
+        f = p * CHUNK + i
+        if f < n:
+            e = tl.load(ids_ptr + f).to(tl.int32)
+            if (e >= 0) & (e < E):
+                c = tl.load(counts_ptr + p * E + e)
+                tl.store(counts_ptr + p * E + e, c + 1)
+
+
+@triton.jit
+def _offsets_kernel(
+    counts_ptr, ends_ptr, post_ptr, programs, E, block_size, BLOCK_E: tl.constexpr, FAULT: tl.constexpr
+):
+    e = tl.arange(0, BLOCK_E)
+    live = e < E
+    running = tl.zeros([BLOCK_E], tl.int32)
+    for p in range(programs):
+        c = tl.load(counts_ptr + p * E + e, mask=live, other=0)
+        tl.store(counts_ptr + p * E + e, running, mask=live)
+        running += c
+    padded = (running + block_size - 1) // block_size * block_size
+    tl.store(ends_ptr + e, tl.cumsum(padded, 0), mask=live)
+    post = tl.sum(padded, 0)
+    if FAULT == 1:
+        post += 1
+    tl.store(post_ptr, post)
+
+
+@triton.jit
+def _run_start(ends_ptr, e):
+    """Where expert e's run starts: the previous expert's end (0 for the first)."""
+    return tl.load(ends_ptr + e - 1, mask=e > 0, other=0)
+
+
+@triton.jit
+def _scatter_kernel(ids_ptr, counts_ptr, ends_ptr, sorted_ptr, n, E, CHUNK: tl.constexpr):
+    p = tl.program_id(0)
+    for i in range(CHUNK):
+        f = p * CHUNK + i
+        if f < n:
+            e = tl.load(ids_ptr + f).to(tl.int32)
+            if (e >= 0) & (e < E):
+                rank = tl.load(counts_ptr + p * E + e)
+                tl.store(sorted_ptr + _run_start(ends_ptr, e) + rank, f.to(tl.int32))
+                tl.store(counts_ptr + p * E + e, rank + 1)
+
+
+@triton.jit
+def _blocks_kernel(
+    ends_ptr, post_ptr, map_ptr, expert_ids_ptr, num_blocks, E, block_size,
+    HAS_MAP: tl.constexpr, BLOCK_E: tl.constexpr, BLOCKS: tl.constexpr, FAULT: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0) * BLOCKS + tl.arange(0, BLOCKS)
+    e = tl.arange(0, BLOCK_E)
+    ends = tl.load(ends_ptr + e, mask=e < E, other=0)
+    row = b * block_size
+    ended = (ends[None, :] <= row[:, None]) & (e[None, :] < E)
+    expert = tl.sum(ended.to(tl.int32), axis=1)
+    used = row < tl.load(post_ptr)
+    if FAULT == 2:
+        expert = (expert + 1) % E
+    if HAS_MAP:
+        expert = tl.load(map_ptr + expert, mask=used & (expert < E), other=-1).to(tl.int32)
+    tl.store(expert_ids_ptr + b, tl.where(used, expert, -1), mask=b < num_blocks)
+
+
+def check_moe_align_args(topk_ids, num_experts: int, block_size: int, expert_map) -> None:
+    """Shapes and dtypes, naming the argument (values are not read: no host sync)."""
+    if not isinstance(topk_ids, torch.Tensor) or topk_ids.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"topk_ids: must be an int32/int64 tensor, got {getattr(topk_ids, 'dtype', type(topk_ids))}")
+    if topk_ids.dim() != 2:
+        raise ValueError(f"topk_ids: must be [tokens, top_k], got shape {tuple(topk_ids.shape)}")
+    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
+        raise ValueError(f"num_experts: must be an int >= 1, got {num_experts!r}")
+    if topk_ids.shape[1] > num_experts:
+        raise ValueError(f"topk_ids: top_k {topk_ids.shape[1]} is larger than the {num_experts} experts")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size: must be an int >= 1, got {block_size!r}")
+    if expert_map is not None:
+        if expert_map.dtype != torch.int32 or tuple(expert_map.shape) != (num_experts,):
+            raise ValueError(
+                f"expert_map: must be int32 [{num_experts}], got {expert_map.dtype} {tuple(expert_map.shape)}"
+            )
+
+
+def _check_map_values(expert_map: torch.Tensor, num_experts: int) -> None:
+    if expert_map.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    if bool(((expert_map < -1) | (expert_map >= num_experts)).any()):
+        raise ValueError(f"expert_map: entries must be -1 (another rank's expert) or a local id in [0, {num_experts})")
+
+
+def launch(topk_ids, num_experts: int, block_size: int, expert_map=None, fault: str = "none"):
+    """Validate, allocate and launch; returns (sorted_token_ids, expert_ids, num_tokens_post_padded)."""
+    check_moe_align_args(topk_ids, num_experts, block_size, expert_map)
+    device = (
+        check_device(topk_ids=topk_ids)
+        if expert_map is None
+        else check_device(topk_ids=topk_ids, expert_map=expert_map)
+    )
+    if expert_map is not None:
+        _check_map_values(expert_map, num_experts)
+    ids = topk_ids.reshape(-1).contiguous()
+    n = ids.numel()
+    cap = capacity(n, num_experts, block_size)
+    chunk = INTERPRETER_CHUNK if runs_interpreted(device) else GPU_CHUNK
+    programs = max(1, triton.cdiv(n, chunk))
+    sorted_ids = torch.full((cap,), n, dtype=torch.int32, device=device)
+    expert_ids = torch.empty(cap // block_size, dtype=torch.int32, device=device)
+    post = torch.empty(1, dtype=torch.int32, device=device)
+    counts = torch.zeros(programs, num_experts, dtype=torch.int32, device=device)
+    ends = torch.empty(num_experts, dtype=torch.int32, device=device)
+    block_e = triton.next_power_of_2(num_experts)
+    code = FAULTS[fault]
+    _count_kernel[(programs,)](ids, counts, n, num_experts, CHUNK=chunk)
+    _offsets_kernel[(1,)](counts, ends, post, programs, num_experts, block_size, BLOCK_E=block_e, FAULT=code)
+    _scatter_kernel[(programs,)](ids, counts, ends, sorted_ids, n, num_experts, CHUNK=chunk)
+    if expert_ids.numel():
+        mapping = expert_map if expert_map is not None else ends  # any int32 pointer when HAS_MAP is off
+        _blocks_kernel[(triton.cdiv(expert_ids.numel(), BLOCKS),)](
+            ends, post, mapping, expert_ids, expert_ids.numel(), num_experts, block_size,
+            HAS_MAP=expert_map is not None, BLOCK_E=block_e, BLOCKS=BLOCKS, FAULT=code,
+        )  # fmt: skip
+    return sorted_ids, expert_ids, post
+
+
+@torch.library.custom_op("touchstone::moe_align_block_size", mutates_args=())
+def _align_op(
+    topk_ids: torch.Tensor, num_experts: int, block_size: int, expert_map: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return launch(topk_ids, num_experts, block_size, expert_map)
+
+
+@_align_op.register_fake
+def _(topk_ids, num_experts, block_size, expert_map):
+    check_moe_align_args(topk_ids, num_experts, block_size, expert_map)
+    cap = capacity(topk_ids.numel(), num_experts, block_size)
+    new = topk_ids.new_empty
+    return new(cap, dtype=torch.int32), new(cap // block_size, dtype=torch.int32), new(1, dtype=torch.int32)
+
+
+def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_size: int, expert_map=None):
+    """Kernel twin of `reference.moe.align.align_block_size` (its three tensors, as a tuple)."""
+    return torch.ops.touchstone.moe_align_block_size(topk_ids, num_experts, block_size, expert_map)
