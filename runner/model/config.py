@@ -39,6 +39,10 @@ class LlamaConfig:
     tie_word_embeddings: bool = False
     bos_token_id: int | None = None
     eos_token_id: int | None = None
+    # Mixtral's sparse MLP (runner.model.moe): experts per layer (0: the dense SiLU-gated MLP) and experts per
+    # token; intermediate_size is then one expert's
+    num_local_experts: int = 0
+    num_experts_per_tok: int = 0
 
     def __post_init__(self) -> None:
         for name in (
@@ -66,6 +70,13 @@ class LlamaConfig:
                 f"num_key_value_heads: {self.num_key_value_heads} must divide num_attention_heads "
                 f"{self.num_attention_heads}"
             )
+        if self.num_local_experts:
+            _positive_int("num_local_experts", self.num_local_experts)
+            if not 1 <= self.num_experts_per_tok <= self.num_local_experts:
+                raise ValueError(
+                    f"num_experts_per_tok: must be in [1, num_local_experts = {self.num_local_experts}], "
+                    f"got {self.num_experts_per_tok!r}"
+                )
         _positive_float("rms_norm_eps", self.rms_norm_eps)
         _positive_float("rope_theta", self.rope_theta)
         if not isinstance(self.tie_word_embeddings, bool):
@@ -89,8 +100,12 @@ class LlamaConfig:
     def from_hf(cls, hf: Mapping) -> LlamaConfig:
         """From an HF `config.json` dict (transformers 4.x `rope_theta` or 5.x `rope_parameters`)."""
         model_type = hf.get("model_type", "llama")
-        if model_type != "llama":
-            raise ValueError(f"model_type: only 'llama' is implemented, got {model_type!r}")
+        if model_type not in ("llama", "mixtral"):
+            raise ValueError(f"model_type: only 'llama' and 'mixtral' are implemented, got {model_type!r}")
+        if hf.get("sliding_window") is not None:
+            raise ValueError(
+                f"sliding_window: sliding-window attention is not implemented, got {hf['sliding_window']!r}"
+            )
         if hf.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act: only 'silu' is implemented, got {hf['hidden_act']!r}")
         for name in ("attention_bias", "mlp_bias"):
@@ -119,6 +134,8 @@ class LlamaConfig:
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             bos_token_id=hf.get("bos_token_id"),
             eos_token_id=eos,
+            num_local_experts=hf["num_local_experts"] if model_type == "mixtral" else 0,
+            num_experts_per_tok=hf["num_experts_per_tok"] if model_type == "mixtral" else 0,
         )
 
 

@@ -26,6 +26,7 @@ from torch import nn
 from runner.model.attention import AttentionBatch, paged_attention
 from runner.model.config import LlamaConfig
 from runner.model.layers import Embedding, GateUpLinear, Linear, QKVLinear, RMSNorm, RotaryEmbedding, SiluAndMul
+from runner.model.moe import EXPERT_TENSOR, MixtralMoE
 
 # (fused parameter's name part, checkpoint name part, shard id)
 STACKED_PARAMS = (
@@ -99,7 +100,17 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         self.self_attn = LlamaAttention(config, dtype, device, quant, f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
-        self.mlp = LlamaMLP(config, dtype, device, quant, f"{prefix}.mlp")
+        if config.num_local_experts:  # Mixtral: HF's module name, so checkpoint names map one to one
+            self.block_sparse_moe = MixtralMoE(
+                config.hidden_size,
+                config.intermediate_size,
+                config.num_local_experts,
+                config.num_experts_per_tok,
+                dtype,
+                device,
+            )
+        else:
+            self.mlp = LlamaMLP(config, dtype, device, quant, f"{prefix}.mlp")
 
     def forward(
         self, rotary_emb, positions, x: torch.Tensor, residual: torch.Tensor | None, batch, kv_cache
@@ -113,7 +124,8 @@ class LlamaDecoderLayer(nn.Module):
             x, residual = self.input_layernorm(x, residual)
         x = self.self_attn(rotary_emb, positions, x, batch, kv_cache)
         x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+        mlp = self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
+        return mlp(x), residual
 
 
 class LlamaModel(nn.Module):
@@ -180,9 +192,15 @@ class LlamaForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Fill every parameter from HF-named tensors; ValueError naming an unknown, duplicate or missing one."""
         params = dict(self.named_parameters())
-        # Everything that must be loaded: plain parameters whole, fused ones shard by shard.
-        pending = {(name, None) for name in params if ".qkv_proj." not in name and ".gate_up_proj." not in name}
-        for name in params:
+        # Everything that must be loaded: plain parameters whole, fused ones shard by shard (MoE experts: one
+        # shard per expert and part).
+        pending = {
+            (name, None)
+            for name, p in params.items()
+            if ".qkv_proj." not in name and ".gate_up_proj." not in name and not hasattr(p, "expert_shards")
+        }
+        for name, p in params.items():
+            pending.update((name, shard) for shard in getattr(p, "expert_shards", ()))
             for fused, _, shard in STACKED_PARAMS:
                 if fused in name:
                     pending.add((name, shard))
@@ -190,12 +208,17 @@ class LlamaForCausalLM(nn.Module):
             if name.endswith("rotary_emb.inv_freq") or (name == "lm_head.weight" and self.lm_head is None):
                 continue  # recomputed from the config / the tied embedding
             target, shard = name, None
+            if expert := EXPERT_TENSOR.match(name):
+                prefix, e, part = expert.groups()
+                target, shard = f"{prefix}.{'w2' if part == 'w2' else 'w13'}", (int(e), part)
             for fused, part, shard_id in STACKED_PARAMS:
                 if part in name:
                     target, shard = name.replace(part, fused), shard_id
                     break
             if target not in params:
                 raise ValueError(f"weights: checkpoint tensor {name!r} has no parameter in this model")
+            if expert and shard not in params[target].expert_shards:
+                raise ValueError(f"weights: checkpoint tensor {name!r}: expert {shard[0]} does not exist in this model")
             if (target, shard) not in pending:
                 fused_on_disk = shard is None and any(f in target for f, _, _ in STACKED_PARAMS)
                 raise ValueError(

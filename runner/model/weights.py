@@ -19,7 +19,7 @@ from runner.model.config import LlamaConfig
 
 
 def hf_tensor_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor an HF Llama checkpoint of `config` holds, by name (lm_head only when untied)."""
+    """Every tensor an HF Llama (or Mixtral) checkpoint of `config` holds, by name (lm_head only when untied)."""
     h, kv, inter = config.hidden_size, config.kv_size, config.intermediate_size
     shapes = {"model.embed_tokens.weight": (config.vocab_size, h)}
     for i in range(config.num_hidden_layers):
@@ -32,11 +32,22 @@ def hf_tensor_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
                 p + "self_attn.k_proj.weight": (kv, h),
                 p + "self_attn.v_proj.weight": (kv, h),
                 p + "self_attn.o_proj.weight": (h, config.q_size),
-                p + "mlp.gate_proj.weight": (inter, h),
-                p + "mlp.up_proj.weight": (inter, h),
-                p + "mlp.down_proj.weight": (h, inter),
             }
         )
+        if config.num_local_experts:  # Mixtral: the router, then each expert's w1 (gate), w2 (down), w3 (up)
+            moe = p + "block_sparse_moe."
+            shapes[moe + "gate.weight"] = (config.num_local_experts, h)
+            for e in range(config.num_local_experts):
+                for part, shape in (("w1", (inter, h)), ("w2", (h, inter)), ("w3", (inter, h))):
+                    shapes[f"{moe}experts.{e}.{part}.weight"] = shape
+        else:
+            shapes.update(
+                {
+                    p + "mlp.gate_proj.weight": (inter, h),
+                    p + "mlp.up_proj.weight": (inter, h),
+                    p + "mlp.down_proj.weight": (h, inter),
+                }
+            )
     shapes["model.norm.weight"] = (h,)
     if not config.tie_word_embeddings:
         shapes["lm_head.weight"] = (config.vocab_size, h)

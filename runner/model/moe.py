@@ -1,0 +1,68 @@
+"""The sparse mixture-of-experts MLP of a Mixtral-architecture decoder layer (HF `block_sparse_moe`).
+
+    logits = x @ gate^T;  (w, ids) = the top-k of softmax(logits) in fp32, renormalized (Mixtral's routing)
+    out[t] = sum_j w[t, j] * down_e(silu(gate_e x[t]) * up_e x[t]),  e = ids[t, j]
+
+Weights: the experts' gate and up projections (checkpoint `experts.<e>.w1` and `.w3`) fused into `w13`
+[E, 2I, H], gate rows first, and the down projections (`.w2`) stacked in `w2` [E, H, I]: the layout of
+`reference.moe.experts` and `kernels.fused_moe`. A checkpoint gives each expert's matrix on its own;
+`weight_loader` copies it into its slice, with the shard id (expert, "w1" | "w2" | "w3").
+On CUDA in bf16/fp16 the experts run as `kernels.fused_moe` (through its launcher, as the runner's other
+kernels: runner.model.attention); elsewhere as `reference.moe.experts.fused_moe_mirror` (fp32 on the CPU:
+fp32 GEMMs, a fp32 sum over the k experts).
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from reference.moe import experts as moe_reference
+from reference.moe.routing import softmax_topk
+
+# checkpoint name of one expert's matrix -> (module prefix, expert, part)
+EXPERT_TENSOR = re.compile(r"^(.*)\.experts\.(\d+)\.(w1|w2|w3)\.weight$")
+
+
+class MixtralMoE(nn.Module):
+    def __init__(self, hidden: int, inter: int, experts: int, top_k: int, dtype: torch.dtype, device) -> None:
+        super().__init__()
+        self.hidden, self.inter, self.num_experts, self.top_k = hidden, inter, experts, top_k
+        self.gate = nn.Module()  # HF's name: `block_sparse_moe.gate.weight`, the router
+        self.gate.weight = self._param((experts, hidden), dtype, device)
+        self.w13 = self._param((experts, 2 * inter, hidden), dtype, device, experts=True)
+        self.w2 = self._param((experts, hidden, inter), dtype, device, experts=True)
+
+    def _param(self, shape, dtype, device, experts: bool = False) -> nn.Parameter:
+        p = nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+        p.weight_loader = self.weight_loader
+        if experts:  # the shard ids load_weights must see before the parameter is complete
+            parts = ("w1", "w3") if shape[1] == 2 * self.inter else ("w2",)
+            p.expert_shards = [(e, part) for e in range(self.num_experts) for part in parts]
+        return p
+
+    def weight_loader(self, param: nn.Parameter, tensor: torch.Tensor, shard_id=None) -> None:
+        if shard_id is None:
+            if tuple(tensor.shape) != tuple(param.shape):
+                raise ValueError(f"checkpoint tensor must be {list(param.shape)}, got {list(tensor.shape)}")
+            param.data.copy_(tensor)
+            return
+        expert, part = shard_id
+        if not 0 <= expert < self.num_experts:
+            raise ValueError(f"expert {expert} does not exist: this layer has {self.num_experts}")
+        rows = {"w1": slice(0, self.inter), "w3": slice(self.inter, 2 * self.inter)}.get(part, slice(None))
+        target = param.data[expert, rows]
+        if tuple(tensor.shape) != tuple(target.shape):
+            raise ValueError(f"expert {expert} {part} must be {list(target.shape)}, got {list(tensor.shape)}")
+        target.copy_(tensor)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = softmax_topk(F.linear(x, self.gate.weight), self.top_k, renormalize=True)
+        if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
+            from kernels.fused_moe import launch as fused_moe
+
+            return fused_moe(x, self.w13, self.w2, weights, ids)
+        return moe_reference.fused_moe_mirror(x, self.w13, self.w2, weights, ids).to(x.device)
