@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from kernels._boundary import check_device, runs_interpreted
-from reference.moe.align import capacity
+from reference.moe.align import capacity, check_align_args, check_expert_map_values
 
 GPU_CHUNK, INTERPRETER_CHUNK = 256, 8
 BLOCKS = 64  # expert_ids entries a program of `_blocks_kernel` fills
@@ -42,15 +42,19 @@ FAULTS = {
 
 
 @triton.jit
+def _expert_of(ids_ptr, f, n, E):
+    """Assignment f's expert; -1 past the end or out of [0, E) (dropped)."""
+    e = tl.load(ids_ptr + f, mask=f < n, other=-1).to(tl.int32)
+    return tl.where((e >= 0) & (e < E), e, -1)
+
+
+@triton.jit
 def _count_kernel(ids_ptr, counts_ptr, n, E, CHUNK: tl.constexpr):
     p = tl.program_id(0)
     for i in range(CHUNK):
-        f = p * CHUNK + i
-        if f < n:
-            e = tl.load(ids_ptr + f).to(tl.int32)
-            if (e >= 0) & (e < E):
-                c = tl.load(counts_ptr + p * E + e)
-                tl.store(counts_ptr + p * E + e, c + 1)
+        e = _expert_of(ids_ptr, p * CHUNK + i, n, E)
+        if e >= 0:
+            tl.store(counts_ptr + p * E + e, tl.load(counts_ptr + p * E + e) + 1)
 
 
 @triton.jit
@@ -83,12 +87,11 @@ def _scatter_kernel(ids_ptr, counts_ptr, ends_ptr, sorted_ptr, n, E, CHUNK: tl.c
     p = tl.program_id(0)
     for i in range(CHUNK):
         f = p * CHUNK + i
-        if f < n:
-            e = tl.load(ids_ptr + f).to(tl.int32)
-            if (e >= 0) & (e < E):
-                rank = tl.load(counts_ptr + p * E + e)
-                tl.store(sorted_ptr + _run_start(ends_ptr, e) + rank, f.to(tl.int32))
-                tl.store(counts_ptr + p * E + e, rank + 1)
+        e = _expert_of(ids_ptr, f, n, E)
+        if e >= 0:
+            rank = tl.load(counts_ptr + p * E + e)
+            tl.store(sorted_ptr + _run_start(ends_ptr, e) + rank, f.to(tl.int32))
+            tl.store(counts_ptr + p * E + e, rank + 1)
 
 
 @triton.jit
@@ -111,29 +114,10 @@ def _blocks_kernel(
 
 
 def check_moe_align_args(topk_ids, num_experts: int, block_size: int, expert_map) -> None:
-    """Shapes and dtypes, naming the argument (values are not read: no host sync)."""
-    if not isinstance(topk_ids, torch.Tensor) or topk_ids.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"topk_ids: must be an int32/int64 tensor, got {getattr(topk_ids, 'dtype', type(topk_ids))}")
-    if topk_ids.dim() != 2:
-        raise ValueError(f"topk_ids: must be [tokens, top_k], got shape {tuple(topk_ids.shape)}")
-    if isinstance(num_experts, bool) or not isinstance(num_experts, int) or num_experts < 1:
-        raise ValueError(f"num_experts: must be an int >= 1, got {num_experts!r}")
-    if topk_ids.shape[1] > num_experts:
-        raise ValueError(f"topk_ids: top_k {topk_ids.shape[1]} is larger than the {num_experts} experts")
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size: must be an int >= 1, got {block_size!r}")
-    if expert_map is not None:
-        if expert_map.dtype != torch.int32 or tuple(expert_map.shape) != (num_experts,):
-            raise ValueError(
-                f"expert_map: must be int32 [{num_experts}], got {expert_map.dtype} {tuple(expert_map.shape)}"
-            )
-
-
-def _check_map_values(expert_map: torch.Tensor, num_experts: int) -> None:
-    if expert_map.is_cuda and torch.cuda.is_current_stream_capturing():
-        return
-    if bool(((expert_map < -1) | (expert_map >= num_experts)).any()):
-        raise ValueError(f"expert_map: entries must be -1 (another rank's expert) or a local id in [0, {num_experts})")
+    """The reference's checks without reading values (no host sync), and the kernel's int32 expert map."""
+    check_align_args(topk_ids, num_experts, block_size, expert_map, values=False)
+    if expert_map is not None and expert_map.dtype != torch.int32:
+        raise ValueError(f"expert_map: the kernel reads int32, got {expert_map.dtype}")
 
 
 def launch(topk_ids, num_experts: int, block_size: int, expert_map=None, fault: str = "none"):
@@ -144,8 +128,8 @@ def launch(topk_ids, num_experts: int, block_size: int, expert_map=None, fault: 
         if expert_map is None
         else check_device(topk_ids=topk_ids, expert_map=expert_map)
     )
-    if expert_map is not None:
-        _check_map_values(expert_map, num_experts)
+    if expert_map is not None and not (expert_map.is_cuda and torch.cuda.is_current_stream_capturing()):
+        check_expert_map_values(expert_map, num_experts)
     ids = topk_ids.reshape(-1).contiguous()
     n = ids.numel()
     cap = capacity(n, num_experts, block_size)

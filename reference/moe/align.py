@@ -35,8 +35,11 @@ def capacity(num_assignments: int, num_experts: int, block_size: int) -> int:
     return -(-most // block_size) * block_size
 
 
-def check_align_args(topk_ids: torch.Tensor, num_experts: int, block_size: int, expert_map=None) -> None:
-    """TypeError/ValueError naming the argument."""
+def check_align_args(
+    topk_ids: torch.Tensor, num_experts: int, block_size: int, expert_map=None, values: bool = True
+) -> None:
+    """TypeError/ValueError naming the argument. values=False skips the checks that read tensor values (a
+    kernel launcher's, which must not sync; it checks an expert map's values itself outside graph capture)."""
     if not isinstance(topk_ids, torch.Tensor) or topk_ids.dtype not in (torch.int32, torch.int64):
         raise TypeError(f"topk_ids: must be an int32/int64 tensor, got {getattr(topk_ids, 'dtype', type(topk_ids))}")
     if topk_ids.dim() != 2:
@@ -45,18 +48,24 @@ def check_align_args(topk_ids: torch.Tensor, num_experts: int, block_size: int, 
         raise ValueError(f"num_experts: must be an int >= 1, got {num_experts!r}")
     if topk_ids.shape[1] > num_experts:
         raise ValueError(f"topk_ids: top_k {topk_ids.shape[1]} is larger than the {num_experts} experts")
-    if topk_ids.numel() and (int(topk_ids.min()) < 0 or int(topk_ids.max()) >= num_experts):
+    if values and topk_ids.numel() and (int(topk_ids.min()) < 0 or int(topk_ids.max()) >= num_experts):
         raise ValueError(f"topk_ids: expert ids must be in [0, {num_experts})")
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size: must be an int >= 1, got {block_size!r}")
     if expert_map is not None:
         if tuple(expert_map.shape) != (num_experts,) or expert_map.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"expert_map: must be int [{num_experts}] (local id or -1 per global expert)")
-        local = expert_map[expert_map >= 0]
-        if bool((expert_map < -1).any()) or (local.numel() and int(local.max()) >= num_experts):
-            raise ValueError("expert_map: ids must be -1 (another rank's expert) or a local id in [0, experts)")
-        if local.numel() != local.unique().numel():
-            raise ValueError("expert_map: two global experts map to one local id")
+        if values:
+            check_expert_map_values(expert_map, num_experts)
+
+
+def check_expert_map_values(expert_map: torch.Tensor, num_experts: int) -> None:
+    """ValueError unless every entry is -1 or a local id in [0, num_experts), no local id used twice."""
+    local = expert_map[expert_map >= 0]
+    if bool((expert_map < -1).any()) or (local.numel() and int(local.max()) >= num_experts):
+        raise ValueError("expert_map: ids must be -1 (another rank's expert) or a local id in [0, experts)")
+    if local.numel() != local.unique().numel():
+        raise ValueError("expert_map: two global experts map to one local id")
 
 
 def align_block_size(
