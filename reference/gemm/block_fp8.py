@@ -101,14 +101,22 @@ def block_fp8_gemm_mirror(
     return acc.to(out_dtype)
 
 
+def dequantize_activations(a: torch.Tensor, a_scales: torch.Tensor) -> torch.Tensor:
+    """float64 A * a_scales: each element times the scale of its 1 x 128 group (exact)."""
+    return a.to(torch.float64) * a_scales.to(torch.float64).repeat_interleave(BLOCK, dim=1)
+
+
+def dequantize_weights(b: torch.Tensor, b_scales: torch.Tensor) -> torch.Tensor:
+    """float64 B * b_scales: each element times the scale of its 128 x 128 tile (exact)."""
+    rows = weight_scales_per_row(b_scales, b.shape[0]).to(torch.float64)
+    return b.to(torch.float64) * rows.repeat_interleave(BLOCK, dim=1)
+
+
 def dequantize_operands(
     a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scales: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 A * a_scales and B * b_scales, each element times the scale of its group or tile (exact)."""
-    n = b.shape[0]
-    a64 = a.to(torch.float64) * a_scales.to(torch.float64).repeat_interleave(BLOCK, dim=1)
-    b64 = b.to(torch.float64) * weight_scales_per_row(b_scales, n).to(torch.float64).repeat_interleave(BLOCK, dim=1)
-    return a64, b64
+    return dequantize_activations(a, a_scales), dequantize_weights(b, b_scales)
 
 
 def block_fp8_gemm_ideal(

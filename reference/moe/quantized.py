@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from reference.gemm.block_fp8 import BLOCK, block_fp8_gemm_mirror
+from reference.gemm.block_fp8 import BLOCK, block_fp8_gemm_mirror, dequantize_activations, dequantize_weights
 from reference.gemm.w4a16_mxfp4 import dequantize_exact
 from reference.moe.experts import ACTIVATIONS, bias_of, check_moe_args, combine_mirror, fused_moe_ideal
 from reference.quant.fp8 import quantize_fp8
@@ -37,10 +37,9 @@ def _check_blocks(name: str, codes: torch.Tensor, scales: torch.Tensor) -> None:
                          f"{scales.dtype} {tuple(scales.shape)}")  # fmt: skip
 
 
-def _dequantize_blocks(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """float64 [E, N, K]: every code times its tile's scale (exact)."""
-    rows = scales.repeat_interleave(BLOCK, dim=1)[:, : codes.shape[1]].repeat_interleave(BLOCK, dim=2)
-    return codes.to(torch.float64) * rows.to(torch.float64)
+def _dequantize_experts(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """float64 [E, N, K]: every expert's codes times their tiles' scales (exact)."""
+    return torch.stack([dequantize_weights(c, s) for c, s in zip(codes.cpu(), scales.cpu(), strict=True)])
 
 
 def _group_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,8 +65,8 @@ def block_fp8_moe_ideal(x, w13, w13_scales, w2, w2_scales, topk_weights, topk_id
     _check_blocks("w13", w13, w13_scales)
     _check_blocks("w2", w2, w2_scales)
     xq, xs = _group_quantize(x.cpu())
-    x64 = xq.to(torch.float64) * xs.to(torch.float64).repeat_interleave(BLOCK, dim=1)
-    w13_64, w2_64 = _dequantize_blocks(w13.cpu(), w13_scales.cpu()), _dequantize_blocks(w2.cpu(), w2_scales.cpu())
+    w13_64, w2_64 = _dequantize_experts(w13, w13_scales), _dequantize_experts(w2, w2_scales)
+    x64 = dequantize_activations(xq, xs)
     return fused_moe_ideal(x64, w13_64, w2_64, topk_weights, topk_ids, activation, expert_map=expert_map)
 
 
