@@ -43,6 +43,7 @@ FAMILY_MODULES = (
     "bench.rotary.rope",
     "bench.attention.paged_decode",
     "bench.attention.paged_prefill",
+    "bench.moe.fused_moe",
     "bench.gemm.block_fp8",
 )
 

@@ -18,15 +18,16 @@ import torch
 
 from kernels import moe_align
 from kernels._boundary import check_device
-from kernels.moe_gemm import block_rows, launch_moe_gemm
+from kernels.moe_gemm import Tiles, choose_tiles, launch_moe_gemm
 from reference.moe.experts import check_moe_args
 
 
 def launch(
     x, w13, w2, topk_weights, topk_ids, activation="silu", w13_bias=None, w2_bias=None, expert_map=None,
-    fault: str = "none",
+    fault: str = "none", tiles: tuple[Tiles, Tiles] | None = None,
 ):  # fmt: skip
-    """Validate (shapes and dtypes only), allocate and launch. `fault` plants a named bug of either kernel."""
+    """Validate (shapes and dtypes only), allocate and launch. `fault` plants a named bug of either kernel;
+    `tiles` (both GEMMs', one BM) replaces `choose_tiles`' launch sizes (the bench's tuning sweep)."""
     experts = check_moe_args(x, w13, w2, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map, False)
     if x.dtype not in (torch.bfloat16, torch.float16) or w13.dtype != x.dtype or w2.dtype != x.dtype:
         raise TypeError(f"x, w13, w2: must share one dtype of bf16/fp16, got {x.dtype}, {w13.dtype}, {w2.dtype}")
@@ -40,12 +41,19 @@ def launch(
     hidden, inter = x.shape[1], w13.shape[1] // 2
     align_fault = fault if fault in moe_align.FAULTS else "none"
     gemm_fault = fault if fault not in moe_align.FAULTS else "none"
-    sorted_ids, expert_ids, post = moe_align.launch(topk_ids, experts, block_rows(device), expert_map, align_fault)
+    first, second = tiles or choose_tiles(device, tokens * top_k, experts, hidden, inter)
+    if first.bm != second.bm:
+        raise ValueError(f"tiles: both GEMMs must share BM (the alignment's block), got {first.bm} and {second.bm}")
+    sorted_ids, expert_ids, post = moe_align.launch(topk_ids, experts, first.bm, expert_map, align_fault)
     weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
     h = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=device)
-    launch_moe_gemm(x, w13, w13_bias, h, sorted_ids, expert_ids, post, weights, top_k, activation, False, gemm_fault)
+    launch_moe_gemm(
+        x, w13, w13_bias, h, sorted_ids, expert_ids, post, weights, top_k, activation, False, first, gemm_fault
+    )
     per_slot = torch.zeros(tokens * top_k, hidden, dtype=x.dtype, device=device)
-    launch_moe_gemm(h, w2, w2_bias, per_slot, sorted_ids, expert_ids, post, weights, 1, "none", True, gemm_fault)
+    launch_moe_gemm(
+        h, w2, w2_bias, per_slot, sorted_ids, expert_ids, post, weights, 1, "none", True, second, gemm_fault
+    )
     return per_slot.view(tokens, top_k, hidden).sum(dim=1, dtype=torch.float32).to(x.dtype)
 
 

@@ -81,9 +81,9 @@ def check_moe_args(
 
 
 def _assignments(topk_ids: torch.Tensor, experts: int, expert_map):
-    """(local expert, token rows, slots) for each expert present on this rank."""
+    """(local expert, token rows, slots) for each expert present on this rank; rows and slots on topk_ids' device."""
     mapping = expert_map.cpu().to(torch.int64) if expert_map is not None else torch.arange(experts)
-    ids = topk_ids.cpu().to(torch.int64)
+    ids = topk_ids.to(torch.int64)
     for e in ids.unique().tolist():
         local = int(mapping[e])
         if local >= 0:
@@ -92,53 +92,54 @@ def _assignments(topk_ids: torch.Tensor, experts: int, expert_map):
 
 
 def combine_ideal(topk_weights, topk_ids, experts: int, expert_map, hidden: int, expert_out) -> torch.Tensor:
-    """float64 [T, H]: sum_j w[t, j] * expert_out(local expert, token rows)[row], no rounding."""
-    out = torch.zeros(topk_ids.shape[0], hidden, dtype=torch.float64)
-    wd = topk_weights.cpu().double()
+    """float64 [T, H] on topk_ids' device: sum_j w[t, j] * expert_out(local expert, token rows)[row], no rounding."""
+    out = torch.zeros(topk_ids.shape[0], hidden, dtype=torch.float64, device=topk_ids.device)
+    wd = topk_weights.to(topk_ids.device, torch.float64)
     for e, rows, slots in _assignments(topk_ids, experts, expert_map):
         out.index_add_(0, rows, expert_out(e, rows).double() * wd[rows, slots, None])
     return out
 
 
 def combine_mirror(topk_weights, topk_ids, experts: int, expert_map, hidden: int, dtype, expert_out) -> torch.Tensor:
-    """dtype [T, H]: each (token, slot) product expert_out(...) * w rounded to dtype once, the k of a token summed
-    in fp32, rounded once (expert_out returns the second GEMM's fp32 result, bias included)."""
+    """dtype [T, H] on topk_ids' device: each (token, slot) product expert_out(...) * w rounded to dtype once, the
+    k of a token summed in fp32, rounded once (expert_out returns the second GEMM's fp32 result, bias included)."""
     tokens, k = topk_ids.shape
-    per_slot = torch.zeros(tokens, k, hidden, dtype=torch.float32)
-    wf = topk_weights.cpu().float()
+    per_slot = torch.zeros(tokens, k, hidden, dtype=torch.float32, device=topk_ids.device)
+    wf = topk_weights.to(topk_ids.device, torch.float32)
     for e, rows, slots in _assignments(topk_ids, experts, expert_map):
         per_slot[rows, slots] = (expert_out(e, rows).float() * wf[rows, slots, None]).to(dtype).float()
     return per_slot.sum(dim=1).to(dtype)
 
 
-def bias_of(b, e: int, dtype) -> torch.Tensor | float:
-    """Expert e's bias row in `dtype` (0 without a bias)."""
-    return 0.0 if b is None else b[e].cpu().to(dtype)
+def bias_of(b, e: int, dtype, device="cpu") -> torch.Tensor | float:
+    """Expert e's bias row in `dtype` on `device` (0 without a bias)."""
+    return 0.0 if b is None else b[e].to(device, dtype)
 
 
 def fused_moe_ideal(
     x, w13, w2, topk_weights, topk_ids, activation="silu", w13_bias=None, w2_bias=None, expert_map=None
 ):
-    """float64 [T, H]: the layer without rounding."""
+    """float64 [T, H] on x's device: the layer without rounding."""
     experts = check_moe_args(x, w13, w2, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map)
-    act, xd = ACTIVATIONS[activation], x.cpu().double()
+    act, xd, device = ACTIVATIONS[activation], x.double(), x.device
 
     def expert_out(e, rows):
-        h = act(xd[rows] @ w13[e].cpu().double().T + bias_of(w13_bias, e, torch.float64))
-        return h @ w2[e].cpu().double().T + bias_of(w2_bias, e, torch.float64)
+        h = act(xd[rows] @ w13[e].to(device, torch.float64).T + bias_of(w13_bias, e, torch.float64, device))
+        return h @ w2[e].to(device, torch.float64).T + bias_of(w2_bias, e, torch.float64, device)
 
-    return combine_ideal(topk_weights, topk_ids, experts, expert_map, x.shape[1], expert_out)
+    return combine_ideal(topk_weights, topk_ids.to(device), experts, expert_map, x.shape[1], expert_out)
 
 
 def fused_moe_mirror(
     x, w13, w2, topk_weights, topk_ids, activation="silu", w13_bias=None, w2_bias=None, expert_map=None
 ):
-    """x.dtype [T, H]: the kernels' roundings (module docstring)."""
+    """x.dtype [T, H] on x's device: the kernels' roundings (module docstring). On a GPU its fp32 matmuls follow
+    torch's TF32 setting, which is off by default (torch.backends.cuda.matmul.allow_tf32)."""
     experts = check_moe_args(x, w13, w2, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map)
-    act, dtype, xf = ACTIVATIONS[activation], x.dtype, x.cpu().float()
+    act, dtype, xf, device = ACTIVATIONS[activation], x.dtype, x.float(), x.device
 
     def expert_out(e, rows):
-        h = act(xf[rows] @ w13[e].cpu().float().T + bias_of(w13_bias, e, torch.float32)).to(dtype).float()
-        return h @ w2[e].cpu().float().T + bias_of(w2_bias, e, torch.float32)
+        h = act(xf[rows] @ w13[e].to(device, torch.float32).T + bias_of(w13_bias, e, torch.float32, device))
+        return h.to(dtype).float() @ w2[e].to(device, torch.float32).T + bias_of(w2_bias, e, torch.float32, device)
 
-    return combine_mirror(topk_weights, topk_ids, experts, expert_map, x.shape[1], dtype, expert_out)
+    return combine_mirror(topk_weights, topk_ids.to(device), experts, expert_map, x.shape[1], dtype, expert_out)

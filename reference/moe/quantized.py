@@ -58,7 +58,7 @@ def block_fp8_moe_mirror(x, w13, w13_scales, w2, w2_scales, topk_weights, topk_i
         hq, hs = _group_quantize(act(h).to(dtype))
         return block_fp8_gemm_mirror(hq, hs, w2[e].cpu(), w2_scales[e].cpu(), torch.float32)
 
-    return combine_mirror(topk_weights, topk_ids, experts, expert_map, x.shape[1], dtype, expert_out)
+    return combine_mirror(topk_weights, topk_ids.cpu(), experts, expert_map, x.shape[1], dtype, expert_out)
 
 
 def block_fp8_moe_ideal(x, w13, w13_scales, w2, w2_scales, topk_weights, topk_ids, activation="silu", expert_map=None):
@@ -94,7 +94,7 @@ def mxfp4_moe_mirror(
         h = act(xf[rows] @ w13_16[e].float().T + bias_of(w13_bias, e, torch.float32)).to(dtype).float()
         return h @ w2_16[e].float().T + bias_of(w2_bias, e, torch.float32)
 
-    return combine_mirror(topk_weights, topk_ids, experts, expert_map, x.shape[1], dtype, expert_out)
+    return combine_mirror(topk_weights, topk_ids.cpu(), experts, expert_map, x.shape[1], dtype, expert_out)
 
 
 def mxfp4_moe_ideal(

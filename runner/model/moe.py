@@ -8,7 +8,7 @@ Weights: the experts' gate and up projections (checkpoint `experts.<e>.w1` and `
 `reference.moe.experts` and `kernels.fused_moe`. A checkpoint gives each expert's matrix on its own;
 `weight_loader` copies it into its slice, with the shard id (expert, "w1" | "w2" | "w3").
 On CUDA in bf16/fp16 the experts run as `kernels.fused_moe` (through its launcher, as the runner's other
-kernels: runner.model.attention); elsewhere as `reference.moe.experts.fused_moe_mirror` (fp32 on the CPU:
+kernels: runner.model.attention); elsewhere as `reference.moe.experts.fused_moe_mirror` (on the input's device:
 fp32 GEMMs, a fp32 sum over the k experts).
 """
 
@@ -65,4 +65,4 @@ class MixtralMoE(nn.Module):
             from kernels.fused_moe import launch as fused_moe
 
             return fused_moe(x, self.w13, self.w2, weights, ids)
-        return moe_reference.fused_moe_mirror(x, self.w13, self.w2, weights, ids).to(x.device)
+        return moe_reference.fused_moe_mirror(x, self.w13, self.w2, weights, ids)

@@ -81,3 +81,20 @@ def test_the_engine_serves_it(checkpoint):
     llm = LLM(str(path), device="cpu")
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True), use_tqdm=False)
     assert [o.token_ids for o in outs] == [_hf_greedy(hf, p)[0] for p in PROMPTS]
+
+
+@pytest.mark.gpu_only(reason="runs the experts as kernels.fused_moe inside captured decode graphs")
+def test_cuda_graphs_and_eager_agree_in_bf16(checkpoint):
+    """bf16 on CUDA: the engine with decode CUDA graphs (the fused MoE kernel captured) gives the eager engine's
+    greedy tokens, and both stay within greedy reach of the fp32 CPU tokens for the first step."""
+    from runner import LLM, SamplingParams
+
+    path, hf = checkpoint
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    runs = [
+        [o.token_ids for o in LLM(str(path), device="cuda", dtype=torch.bfloat16, enforce_eager=eager).generate(
+            PROMPTS, params, use_tqdm=False)]
+        for eager in (True, False)
+    ]  # fmt: skip
+    assert runs[0] == runs[1]
+    assert [tokens[0] for tokens in runs[0]] == [_hf_greedy(hf, p)[0][0] for p in PROMPTS]
