@@ -44,6 +44,7 @@ FAMILY_MODULES = (
     "bench.attention.paged_decode",
     "bench.attention.paged_prefill",
     "bench.moe.fused_moe",
+    "bench.moe.block_fp8_moe",
     "bench.gemm.block_fp8",
 )
 

@@ -18,7 +18,7 @@ import torch
 
 from kernels import moe_align
 from kernels._boundary import check_device
-from kernels.moe_gemm import Tiles, choose_tiles, launch_moe_gemm
+from kernels.moe_gemm import SCALE_BLOCK, Tiles, choose_tiles, launch_moe_gemm
 from reference.moe.experts import check_moe_args
 
 
@@ -33,27 +33,45 @@ def launch(
         raise TypeError(f"x, w13, w2: must share one dtype of bf16/fp16, got {x.dtype}, {w13.dtype}, {w2.dtype}")
     tensors = {"x": x, "w13": w13, "w2": w2, "topk_weights": topk_weights, "topk_ids": topk_ids}
     tensors.update({k: v for k, v in (("w13_bias", w13_bias), ("w2_bias", w2_bias)) if v is not None})
-    device = check_device(**tensors)
+    check_device(**tensors)
     for name, t in (("x", x), ("w13", w13), ("w2", w2)):
         if t.stride(-1) != 1:
             raise ValueError(f"{name}: last dim must have stride 1, got strides {t.stride()}")
+    return run_layer(
+        x, w13, w2, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map, experts, fault, tiles
+    )
+
+
+def run_layer(
+    x, w13, w2, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map, experts: int, fault: str,
+    tiles: tuple[Tiles, Tiles] | None, quantize=None, w13_scales=None, w2_scales=None,
+):  # fmt: skip
+    """The layer on validated arguments. Block FP8 (`quantize` given: x -> (E4M3 codes, group scales)): x and
+    the intermediate are quantized by it before each GEMM, the weights carry their tile scales."""
+    device = x.device
     tokens, top_k = topk_ids.shape
     hidden, inter = x.shape[1], w13.shape[1] // 2
     align_fault = fault if fault in moe_align.FAULTS else "none"
     gemm_fault = fault if fault not in moe_align.FAULTS else "none"
     first, second = tiles or choose_tiles(device, tokens * top_k, experts, hidden, inter)
+    if quantize is not None:
+        first, second = first._replace(bk=SCALE_BLOCK), second._replace(bk=SCALE_BLOCK)
     if first.bm != second.bm:
         raise ValueError(f"tiles: both GEMMs must share BM (the alignment's block), got {first.bm} and {second.bm}")
     sorted_ids, expert_ids, post = moe_align.launch(topk_ids, experts, first.bm, expert_map, align_fault)
     weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    a, a_scales = quantize(x) if quantize is not None else (x, None)
     h = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=device)
     launch_moe_gemm(
-        x, w13, w13_bias, h, sorted_ids, expert_ids, post, weights, top_k, activation, False, first, gemm_fault
-    )
+        a, w13, w13_bias, h, sorted_ids, expert_ids, post, weights, top_k, activation, False, first, gemm_fault,
+        a_scales, w13_scales,
+    )  # fmt: skip
+    a, a_scales = quantize(h) if quantize is not None else (h, None)
     per_slot = torch.zeros(tokens * top_k, hidden, dtype=x.dtype, device=device)
     launch_moe_gemm(
-        h, w2, w2_bias, per_slot, sorted_ids, expert_ids, post, weights, 1, "none", True, second, gemm_fault
-    )
+        a, w2, w2_bias, per_slot, sorted_ids, expert_ids, post, weights, 1, "none", True, second, gemm_fault,
+        a_scales, w2_scales,
+    )  # fmt: skip
     return per_slot.view(tokens, top_k, hidden).sum(dim=1, dtype=torch.float32).to(x.dtype)
 
 

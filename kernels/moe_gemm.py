@@ -1,4 +1,5 @@
-"""The grouped GEMM of a MoE layer over sorted assignments (`kernels.moe_align`'s layout), bf16/fp16, in Triton.
+"""The grouped GEMM of a MoE layer over sorted assignments (`kernels.moe_align`'s layout), in Triton: bf16/fp16
+operands, or block-FP8 W8A8 (E4M3 operands, 1 x 128 activation-group and 128 x 128 weight-tile scales).
 
 One program computes a [BM, BN] tile: BM consecutive rows of `sorted_token_ids` (one block: one expert) by BN
 output columns. Row r holds flat assignment f (token f // top_k, slot f % top_k); its input row is
@@ -15,6 +16,9 @@ Epilogues, in fp32 on the accumulator (the mirror's order, `reference.moe.expert
 - bias (gpt-oss) added before the activation, or before the routing weight;
 - MUL_WEIGHT: times the assignment's routing weight (the second GEMM).
 One rounding to the output dtype at the store.
+Block FP8 (SCALED): each 128-deep K step is a fresh `tl.dot` of the E4M3 tiles, added to the fp32 accumulator
+times (activation scale x weight scale), `reference.gemm.block_fp8`'s order (its docstring tells what the
+Hopper FP8 dot's own accumulation is).
 
 Launch sizes (`choose_tiles`) depend on the rows an expert gets on average, tokens x top_k / experts: decode
 (a few rows) streams weights with BM 16 and long K steps; prefill runs BM 128 tiles. Both GEMMs share BM (the
@@ -41,6 +45,7 @@ FAULTS = {
     "none": 0,
     "gate_up_swapped": 1,  # the up columns taken as the gate
     "neighbour_expert": 2,  # each block multiplies the next expert's weights (the last its own)
+    "weight_scale_next_k_block": 3,  # block FP8: K block kb scaled by the weight scale of kb + 1 (wrapping)
 }
 
 
@@ -73,6 +78,7 @@ GPU_TILES = (
     (None, Tiles(128, 128, 64, 8, 4, 16), Tiles(128, 256, 64, 8, 4, 16)),
 )
 INTERPRETER_TILES = Tiles(16, 16, 16, 1, 1, 2)  # a small program group: the suites cover the grouping
+SCALE_BLOCK = 128  # block FP8's activation group and weight tile (DeepSeek-V3)
 
 
 def _fit_k(tiles: Tiles, k: int) -> Tiles:
@@ -95,7 +101,8 @@ def choose_tiles(device: torch.device, assignments: int, experts: int, hidden: i
 def _moe_gemm_kernel(
     a_ptr, w_ptr, bias_ptr, out_ptr, sorted_ptr, expert_ids_ptr, post_ptr, weights_ptr,
     n_assign, N, K, A_DIV, num_experts, stride_am, stride_we, stride_wn, stride_be, stride_om,
-    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_WEIGHT: tl.constexpr,
+    as_ptr, ws_ptr, stride_asm, stride_wse, stride_wsn,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_WEIGHT: tl.constexpr, SCALED: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, FAULT: tl.constexpr,
 ):  # fmt: skip
     # Program order: GROUP_M row blocks x every column tile, row blocks fastest, then the next GROUP_M row
@@ -128,6 +135,7 @@ def _moe_gemm_kernel(
             gate_rows, up_rows = up_rows, gate_rows
     a_rows = (f // A_DIV).to(tl.int64)
     w_base = w_ptr + e * stride_we
+    ws_base = ws_ptr + e * stride_wse
     acc = tl.zeros([BM, BN], tl.float32)
     acc_up = tl.zeros([BM, BN], tl.float32)
     for k0 in range(0, K, BK):
@@ -136,10 +144,23 @@ def _moe_gemm_kernel(
         a = tl.load(a_ptr + a_rows[:, None] * stride_am + kk[None, :], mask=valid[:, None] & kmask[None, :], other=0.0)
         wmask = kmask[:, None] & cmask[None, :]
         w = tl.load(w_base + gate_rows[None, :].to(tl.int64) * stride_wn + kk[:, None], mask=wmask, other=0.0)
-        acc = tl.dot(a, w, acc)
+        if SCALED:  # block FP8: BK = 128, one activation scale per row and one weight scale per 128 rows
+            kb = k0 // BK
+            kb_w = kb
+            if FAULT == 3:
+                kb_w = (kb + 1) % tl.cdiv(K, BK)
+            a_s = tl.load(as_ptr + a_rows * stride_asm + kb, mask=valid, other=0.0)
+            w_s = tl.load(ws_base + (gate_rows // BK) * stride_wsn + kb_w, mask=cmask, other=0.0)
+            acc += tl.dot(a, w) * (a_s[:, None] * w_s[None, :])
+        else:
+            acc = tl.dot(a, w, acc)
         if ACT != 0:
             wu = tl.load(w_base + up_rows[None, :].to(tl.int64) * stride_wn + kk[:, None], mask=wmask, other=0.0)
-            acc_up = tl.dot(a, wu, acc_up)
+            if SCALED:
+                w_s = tl.load(ws_base + (up_rows // BK) * stride_wsn + kb_w, mask=cmask, other=0.0)
+                acc_up += tl.dot(a, wu) * (a_s[:, None] * w_s[None, :])
+            else:
+                acc_up = tl.dot(a, wu, acc_up)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + e * stride_be + gate_rows, mask=cmask, other=0.0).to(tl.float32)[None, :]
         if ACT != 0:
@@ -157,14 +178,18 @@ def _moe_gemm_kernel(
 
 def launch_moe_gemm(
     a, w, bias, out, sorted_ids, expert_ids, post, weights, a_div: int, activation: str, mul_weight: bool,
-    tiles: Tiles, fault: str = "none",
+    tiles: Tiles, fault: str = "none", a_scales=None, w_scales=None,
 ):  # fmt: skip
     """out[f] = epilogue(a[f // a_div] @ w[expert]^T) for every sorted assignment f (the module docstring).
     a [rows, K], w [E, N_w, K] contiguous in K, out [T * k, N] (N = N_w / 2 with an activation); `tiles.bm` must
-    be the alignment's block size."""
+    be the alignment's block size. Block FP8: a and w E4M3, a_scales [rows, K / 128] and w_scales [E, ceil(N_w /
+    128), K / 128] fp32, contiguous in K, and tiles.bk = 128."""
     n_assign, n = out.shape
     k = a.shape[1]
     bm, bn, bk, warps, stages, group_m = tiles
+    scaled = a_scales is not None
+    if scaled and (bk != SCALE_BLOCK or a_scales.stride(1) != 1 or w_scales.stride(2) != 1):
+        raise ValueError(f"tiles: block FP8 needs BK = {SCALE_BLOCK} and scales contiguous in K, got BK = {bk}")
     if not expert_ids.numel() or not n:
         return out
     grid = (expert_ids.numel() * triton.cdiv(n, bn),)
@@ -172,7 +197,9 @@ def launch_moe_gemm(
         a, w, bias if bias is not None else w, out, sorted_ids, expert_ids, post, weights,
         n_assign, n, k, a_div, w.shape[0], a.stride(0), w.stride(0), w.stride(1),
         bias.stride(0) if bias is not None else 0, out.stride(0),
-        ACT=ACTIVATIONS[activation], HAS_BIAS=bias is not None, MUL_WEIGHT=mul_weight,
+        a_scales if scaled else weights, w_scales if scaled else weights,
+        a_scales.stride(0) if scaled else 0, w_scales.stride(0) if scaled else 0, w_scales.stride(1) if scaled else 0,
+        ACT=ACTIVATIONS[activation], HAS_BIAS=bias is not None, MUL_WEIGHT=mul_weight, SCALED=scaled,
         BM=bm, BN=bn, BK=bk, GROUP_M=group_m, FAULT=FAULTS[fault], num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out

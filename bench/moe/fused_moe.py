@@ -47,7 +47,7 @@ TINY = Shape(4, 2, 64, 96)  # the CPU sweep exercises the harness only
 DECODE_T, PREFILL_T = (1, 4, 16, 64), (256, 1024, 4096)
 
 
-def _cases(shape: Shape, tokens: tuple[int, ...]) -> list[Case]:
+def cases(shape: Shape, tokens: tuple[int, ...]) -> list[Case]:
     return [Case(f"T{t}", float(t), (t, shape.experts, shape.top_k, shape.hidden, shape.inter)) for t in tokens]
 
 
@@ -137,8 +137,8 @@ OPS = tuple(
     op
     for label, shape in SHAPES.items()
     for op in (
-        _op(f"fused_moe_decode_{label}", _cases(shape, DECODE_T), _cases(TINY, (1, 5)), "memcpy"),
-        _op(f"fused_moe_prefill_{label}", _cases(shape, PREFILL_T), _cases(TINY, (33,)), "gemm"),
+        _op(f"fused_moe_decode_{label}", cases(shape, DECODE_T), cases(TINY, (1, 5)), "memcpy"),
+        _op(f"fused_moe_prefill_{label}", cases(shape, PREFILL_T), cases(TINY, (33,)), "gemm"),
     )
 )
 
@@ -152,7 +152,7 @@ def accuracy_rows() -> list[dict]:
     fused = kernel("kernels.fused_moe", "fused_moe") if device == "cuda" else None
     rows = []
     for label, shape in shapes.items():
-        for case in _cases(shape, ACCURACY_T if device == "cuda" else (5,)):
+        for case in cases(shape, ACCURACY_T if device == "cuda" else (5,)):
             args = inputs(case, device)
             mirror, ideal = fused_moe_mirror(*args), fused_moe_ideal(*args)
             got = fused(*args) if fused else None

@@ -14,6 +14,7 @@ MAMBA_STATE_UPDATE_STATE = "mamba_state_update.state"  # the updated slots, keye
 MAMBA_CONV1D_UPDATE = "mamba_conv1d_update"
 RMS_NORM = "rms_norm"
 FUSED_MOE = "fused_moe"
+BLOCK_FP8_MOE = "block_fp8_moe"
 
 # Two evaluation orders of the same math (no kernel, no quantization).
 SSD_ORDERS = "ssd_orders"

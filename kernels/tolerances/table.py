@@ -14,6 +14,7 @@ import torch
 
 from kernels.tolerances.families import (
     BLOCK_FP8_GEMM,
+    BLOCK_FP8_MOE,
     FUSED_MOE,
     LLAMA_KERNELS,
     LLAMA_ORDERS,
@@ -148,7 +149,18 @@ _FUSED_MOE_WHY = (
     "over suites/moe's draws; the planted faults give 2.7 dB (gate/up swapped), -3.7 dB (the next expert's "
     "weights) and -4.2 dB (blocks labelled with the next expert), interpreter, 33 tokens, 8 experts, top 2."
 )
+_BLOCK_FP8_MOE_WHY = (
+    "block_fp8_moe (kernels.block_fp8_moe) vs reference.moe.quantized.block_fp8_moe_mirror: the same FP8 codes "
+    "of x (kernels.fp8_quant is the reference quantizer bit for bit), the GEMMs as block_fp8_gemm's contract. "
+    "Interpreter: bit-identical (suites/moe draws and seeds 0-2 of H 256, I 128, 8 experts, top 2). On the GPU "
+    "the FP8 dot's in-block accumulation keeps fewer bits than fp32 (the block_fp8_gemm row), and an "
+    "intermediate one bf16 ulp off can move its FP8 code, which the second GEMM carries: bounds ~2x the "
+    "block_fp8_gemm row's, to be checked on the H200. SQNR vs the fp64 ideal (no intermediate quantization): "
+    "the mirror's own 32.5-33.1 dB; the planted faults give 15.7-17.1 dB (the next K block's weight scale, "
+    "rms_rel 0.14-0.17), 1.7-2.4 dB (gate/up swapped), -1.9 to -2.9 dB (the next expert's weights)."
+)
 LOSSY: dict[tuple[str, torch.dtype], LossyBound] = {
+    (BLOCK_FP8_MOE, torch.bfloat16): LossyBound(0.06, 8e-3, 28.0, _BLOCK_FP8_MOE_WHY),
     (FUSED_MOE, torch.bfloat16): LossyBound(2.0**-5, 2.0**-9, 40.0, _FUSED_MOE_WHY),
     (FUSED_MOE, torch.float16): LossyBound(2.0**-8, 2.0**-12, 55.0, _FUSED_MOE_WHY),
     # max_rel: one bf16 ulp of the peak (2**-7) plus 2.2e-3 for the accumulator; rms_rel: 3x the model.

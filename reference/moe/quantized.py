@@ -1,4 +1,5 @@
-"""Paired references of the quantized MoE paths, built on the dense GEMM references, one expert at a time.
+"""Paired references of the quantized MoE paths, built on the dense GEMM references, one expert at a time, on
+x's device (the MXFP4 mirror dequantizes on the CPU).
 
 Block-FP8 W8A8 (DeepSeek-V3): expert weights as `reference.quant.fp8.quantize_fp8_blocks` makes them, `w13`
 E4M3 [E, 2I, H] with scales [E, ceil(2I / 128), H / 128], `w2` E4M3 [E, H, I] with [E, ceil(H / 128), I / 128]
@@ -27,7 +28,7 @@ from reference.quant.fp8 import quantize_fp8
 from reference.quant.mxfp4 import MX_BLOCK_SIZE, dequantize_mxfp4
 
 
-def _check_blocks(name: str, codes: torch.Tensor, scales: torch.Tensor) -> None:
+def check_expert_blocks(name: str, codes: torch.Tensor, scales: torch.Tensor) -> None:
     if codes.dtype != torch.float8_e4m3fn or codes.dim() != 3:
         raise TypeError(f"{name}: must be float8_e4m3fn [experts, N, K], got {codes.dtype} {tuple(codes.shape)}")
     e, n, k = codes.shape
@@ -37,9 +38,9 @@ def _check_blocks(name: str, codes: torch.Tensor, scales: torch.Tensor) -> None:
                          f"{scales.dtype} {tuple(scales.shape)}")  # fmt: skip
 
 
-def _dequantize_experts(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """float64 [E, N, K]: every expert's codes times their tiles' scales (exact)."""
-    return torch.stack([dequantize_weights(c, s) for c, s in zip(codes.cpu(), scales.cpu(), strict=True)])
+def _dequantize_experts(codes: torch.Tensor, scales: torch.Tensor, device) -> torch.Tensor:
+    """float64 [E, N, K] on `device`: every expert's codes times their tiles' scales (exact)."""
+    return torch.stack([dequantize_weights(c.to(device), s.to(device)) for c, s in zip(codes, scales, strict=True)])
 
 
 def _group_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,25 +48,25 @@ def _group_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def block_fp8_moe_mirror(x, w13, w13_scales, w2, w2_scales, topk_weights, topk_ids, activation="silu", expert_map=None):
-    _check_blocks("w13", w13, w13_scales)
-    _check_blocks("w2", w2, w2_scales)
+    check_expert_blocks("w13", w13, w13_scales)
+    check_expert_blocks("w2", w2, w2_scales)
     experts = check_moe_args(x, w13, w2, topk_weights, topk_ids, activation, expert_map=expert_map)  # E4M3 is a float
-    act, dtype = ACTIVATIONS[activation], x.dtype
-    xq, xs = _group_quantize(x.cpu())
+    act, dtype, device = ACTIVATIONS[activation], x.dtype, x.device
+    xq, xs = _group_quantize(x)
 
     def expert_out(e, rows):
-        h = block_fp8_gemm_mirror(xq[rows], xs[rows], w13[e].cpu(), w13_scales[e].cpu(), torch.float32)
+        h = block_fp8_gemm_mirror(xq[rows], xs[rows], w13[e].to(device), w13_scales[e].to(device), torch.float32)
         hq, hs = _group_quantize(act(h).to(dtype))
-        return block_fp8_gemm_mirror(hq, hs, w2[e].cpu(), w2_scales[e].cpu(), torch.float32)
+        return block_fp8_gemm_mirror(hq, hs, w2[e].to(device), w2_scales[e].to(device), torch.float32)
 
-    return combine_mirror(topk_weights, topk_ids.cpu(), experts, expert_map, x.shape[1], dtype, expert_out)
+    return combine_mirror(topk_weights, topk_ids.to(device), experts, expert_map, x.shape[1], dtype, expert_out)
 
 
 def block_fp8_moe_ideal(x, w13, w13_scales, w2, w2_scales, topk_weights, topk_ids, activation="silu", expert_map=None):
-    _check_blocks("w13", w13, w13_scales)
-    _check_blocks("w2", w2, w2_scales)
-    xq, xs = _group_quantize(x.cpu())
-    w13_64, w2_64 = _dequantize_experts(w13, w13_scales), _dequantize_experts(w2, w2_scales)
+    check_expert_blocks("w13", w13, w13_scales)
+    check_expert_blocks("w2", w2, w2_scales)
+    xq, xs = _group_quantize(x)
+    w13_64, w2_64 = _dequantize_experts(w13, w13_scales, x.device), _dequantize_experts(w2, w2_scales, x.device)
     x64 = dequantize_activations(xq, xs)
     return fused_moe_ideal(x64, w13_64, w2_64, topk_weights, topk_ids, activation, expert_map=expert_map)
 
