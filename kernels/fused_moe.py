@@ -18,7 +18,7 @@ import torch
 
 from kernels import moe_align
 from kernels._boundary import check_device
-from kernels.moe_gemm import SCALE_BLOCK, Tiles, choose_tiles, launch_moe_gemm
+from kernels.moe_gemm import Tiles, choose_tiles, fp8_tiles, launch_moe_gemm
 from reference.moe.experts import check_moe_args
 
 
@@ -54,8 +54,8 @@ def run_layer(
     align_fault = fault if fault in moe_align.FAULTS else "none"
     gemm_fault = fault if fault not in moe_align.FAULTS else "none"
     first, second = tiles or choose_tiles(device, tokens * top_k, experts, hidden, inter)
-    if quantize is not None:
-        first, second = first._replace(bk=SCALE_BLOCK), second._replace(bk=SCALE_BLOCK)
+    if quantize is not None and tiles is None:
+        first, second = fp8_tiles(first, second)
     if first.bm != second.bm:
         raise ValueError(f"tiles: both GEMMs must share BM (the alignment's block), got {first.bm} and {second.bm}")
     sorted_ids, expert_ids, post = moe_align.launch(topk_ids, experts, first.bm, expert_map, align_fault)

@@ -97,6 +97,15 @@ def choose_tiles(device: torch.device, assignments: int, experts: int, hidden: i
     return _fit_k(first, hidden), _fit_k(second, inter)
 
 
+def fp8_tiles(first: Tiles, second: Tiles) -> tuple[Tiles, Tiles]:
+    """Block FP8's launch sizes from the bf16 ones: BK 128 (one scale step), and BN small enough that the
+    per-step partial products fit in registers beside the accumulators. With the bf16 prefill tiles (BN 128 x
+    2 accumulators) the DeepSeek-V3-shaped layer ran at 105 TFLOP/s at 4,096 tokens on the H200 (register
+    spills); the first GEMM at BM >= 64 now uses BN 64, the second at most 128."""
+    bn1 = min(first.bn, 64) if first.bm >= 64 else first.bn
+    return first._replace(bk=SCALE_BLOCK, bn=bn1), second._replace(bk=SCALE_BLOCK, bn=min(second.bn, 128))
+
+
 @triton.jit
 def _moe_gemm_kernel(
     a_ptr, w_ptr, bias_ptr, out_ptr, sorted_ptr, expert_ids_ptr, post_ptr, weights_ptr,
