@@ -1,9 +1,11 @@
-"""Llama-family model shapes: `LlamaConfig`, read from an HF config.json or a GGUF file's metadata, and the
-registry of named shapes the runner knows (the default model and the shapes the dummy format can build).
+"""Llama-family model shapes (Llama, Mixtral, Qwen3-MoE): `LlamaConfig`, read from an HF config.json or a GGUF
+file's metadata, and the registry of named shapes the runner knows (the default model and the shapes the dummy
+format can build).
 
 What the model implements (runner.model.llama) and so what a config may ask for: pre-norm decoder blocks,
-RMSNorm, rotary embedding with the plain frequencies base^(-2i/d) (no rope scaling), SiLU-gated MLP, grouped
-KV heads, no biases, optionally tied input/output embeddings. A config asking for anything else (an
+RMSNorm, rotary embedding with the plain frequencies base^(-2i/d) (no rope scaling), SiLU-gated MLP or sparse
+experts (Mixtral, Qwen3-MoE), Qwen3's per-head q/k RMSNorm, grouped KV heads, no biases, optionally tied
+input/output embeddings. A config asking for anything else (an
 activation other than SiLU, attention or MLP biases, a rope scaling type) is refused with a ValueError
 naming the field, rather than silently run as something it is not.
 """
@@ -12,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+
+MODEL_TYPES = ("llama", "mixtral", "qwen3_moe")
 
 
 def _positive_int(name: str, value: object) -> None:
@@ -39,10 +43,19 @@ class LlamaConfig:
     tie_word_embeddings: bool = False
     bos_token_id: int | None = None
     eos_token_id: int | None = None
-    # Mixtral's sparse MLP (runner.model.moe): experts per layer (0: the dense SiLU-gated MLP) and experts per
-    # token; intermediate_size is then one expert's
+    # Sparse MLPs (runner.model.moe): experts per layer (0: the dense SiLU-gated MLP) and experts per token.
+    # Mixtral: every layer sparse, intermediate_size is one expert's, top-k weights renormalized.
     num_local_experts: int = 0
     num_experts_per_tok: int = 0
+    # Qwen3-MoE: one expert's intermediate size (0: intermediate_size, which dense layers keep), whether the
+    # top-k weights are renormalized, which layers are sparse (every decoder_sparse_step-th, except
+    # mlp_only_layers), and RMSNorm over each head of q and k before the rotary embedding.
+    model_type: str = "llama"
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    qk_norm: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -77,6 +90,11 @@ class LlamaConfig:
                     f"num_experts_per_tok: must be in [1, num_local_experts = {self.num_local_experts}], "
                     f"got {self.num_experts_per_tok!r}"
                 )
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(f"model_type: must be one of {MODEL_TYPES}, got {self.model_type!r}")
+        _positive_int("decoder_sparse_step", self.decoder_sparse_step)
+        if self.moe_intermediate_size:
+            _positive_int("moe_intermediate_size", self.moe_intermediate_size)
         _positive_float("rms_norm_eps", self.rms_norm_eps)
         _positive_float("rope_theta", self.rope_theta)
         if not isinstance(self.tie_word_embeddings, bool):
@@ -87,6 +105,18 @@ class LlamaConfig:
                 isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < self.vocab_size
             ):
                 raise ValueError(f"{name}: must be None or a token id in [0, {self.vocab_size}), got {value!r}")
+
+    @property
+    def expert_intermediate_size(self) -> int:
+        return self.moe_intermediate_size or self.intermediate_size
+
+    def is_sparse_layer(self, layer: int) -> bool:
+        """Whether decoder layer `layer` has the sparse MLP (HF's Qwen3-MoE rule; Mixtral: every layer)."""
+        return (
+            bool(self.num_local_experts)
+            and layer not in self.mlp_only_layers
+            and (layer + 1) % self.decoder_sparse_step == 0
+        )
 
     @property
     def q_size(self) -> int:
@@ -100,9 +130,11 @@ class LlamaConfig:
     def from_hf(cls, hf: Mapping) -> LlamaConfig:
         """From an HF `config.json` dict (transformers 4.x `rope_theta` or 5.x `rope_parameters`)."""
         model_type = hf.get("model_type", "llama")
-        if model_type not in ("llama", "mixtral"):
-            raise ValueError(f"model_type: only 'llama' and 'mixtral' are implemented, got {model_type!r}")
-        if hf.get("sliding_window") is not None:
+        if model_type not in MODEL_TYPES:
+            raise ValueError(
+                f"model_type: only {', '.join(map(repr, MODEL_TYPES))} are implemented, got {model_type!r}"
+            )
+        if hf.get("sliding_window") is not None and hf.get("use_sliding_window", True):
             raise ValueError(
                 f"sliding_window: sliding-window attention is not implemented, got {hf['sliding_window']!r}"
             )
@@ -134,9 +166,27 @@ class LlamaConfig:
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             bos_token_id=hf.get("bos_token_id"),
             eos_token_id=eos,
-            num_local_experts=hf["num_local_experts"] if model_type == "mixtral" else 0,
-            num_experts_per_tok=hf["num_experts_per_tok"] if model_type == "mixtral" else 0,
+            **(_sparse_fields(hf, model_type) if model_type != "llama" else {}),
         )
+
+
+def _sparse_fields(hf: Mapping, model_type: str) -> dict:
+    """The MoE fields of a Mixtral or Qwen3-MoE config.json (Qwen3 checkpoints say num_experts; transformers 5.x
+    saves num_local_experts)."""
+    fields = dict(
+        model_type=model_type,
+        num_local_experts=hf.get("num_local_experts") or hf.get("num_experts"),
+        num_experts_per_tok=hf["num_experts_per_tok"],
+    )
+    if model_type == "qwen3_moe":
+        fields.update(
+            moe_intermediate_size=hf["moe_intermediate_size"],
+            norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+            decoder_sparse_step=hf.get("decoder_sparse_step", 1),
+            mlp_only_layers=tuple(hf.get("mlp_only_layers") or ()),
+            qk_norm=True,
+        )
+    return fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,6 +276,31 @@ MODELS: dict[str, RegisteredModel] = {
             tie_word_embeddings=False,
             bos_token_id=128000,
             eos_token_id=128001,
+        )
+    ),
+    # Qwen3-30B-A3B's published shape: 128 experts of intermediate 768, 8 a token, renormalized; the MoE
+    # runner's throughput bench (dummy weights, ~61 GB in bf16).
+    "qwen3-30b-a3b-shape": RegisteredModel(
+        LlamaConfig(
+            vocab_size=151936,
+            hidden_size=2048,
+            intermediate_size=6144,
+            num_hidden_layers=48,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+            head_dim=128,
+            rms_norm_eps=1e-6,
+            rope_theta=1_000_000.0,
+            max_position_embeddings=40960,
+            tie_word_embeddings=False,
+            bos_token_id=151643,
+            eos_token_id=151645,
+            model_type="qwen3_moe",
+            num_local_experts=128,
+            num_experts_per_tok=8,
+            moe_intermediate_size=768,
+            norm_topk_prob=True,
+            qk_norm=True,
         )
     ),
 }

@@ -26,7 +26,7 @@ from torch import nn
 from runner.model.attention import AttentionBatch, paged_attention
 from runner.model.config import LlamaConfig
 from runner.model.layers import Embedding, GateUpLinear, Linear, QKVLinear, RMSNorm, RotaryEmbedding, SiluAndMul
-from runner.model.moe import EXPERT_TENSOR, MixtralMoE
+from runner.model.moe import EXPERT_PART, EXPERT_TENSOR, SparseMoE
 
 # (fused parameter's name part, checkpoint name part, shard id)
 STACKED_PARAMS = (
@@ -62,6 +62,9 @@ class LlamaAttention(nn.Module):
             _scheme(quant, f"{prefix}.qkv_proj"),
         )
         self.o_proj = Linear(config.q_size, config.hidden_size, dtype, device, _scheme(quant, f"{prefix}.o_proj"))
+        if config.qk_norm:  # Qwen3: RMSNorm over each head's q and k, before the rotary embedding
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype, device)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype, device)
 
     def forward(
         self,
@@ -77,6 +80,9 @@ class LlamaAttention(nn.Module):
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        if hasattr(self, "q_norm"):
+            q = self.q_norm(q.reshape(-1, self.head_dim)).view(tokens, self.num_heads, self.head_dim)
+            k = self.k_norm(k.reshape(-1, self.head_dim)).view(tokens, self.num_kv_heads, self.head_dim)
         q, k = rotary_emb(positions, q, k)
         out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], batch, self.scale)
         return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
@@ -95,20 +101,25 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: LlamaConfig, dtype: torch.dtype, device, quant=None, prefix: str = "") -> None:
+    def __init__(
+        self, config: LlamaConfig, dtype: torch.dtype, device, quant=None, prefix: str = "", index: int = 0
+    ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         self.self_attn = LlamaAttention(config, dtype, device, quant, f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
-        if config.num_local_experts:  # Mixtral: HF's module name, so checkpoint names map one to one
-            self.block_sparse_moe = MixtralMoE(
+        if config.is_sparse_layer(index):
+            moe = SparseMoE(
                 config.hidden_size,
-                config.intermediate_size,
+                config.expert_intermediate_size,
                 config.num_local_experts,
                 config.num_experts_per_tok,
+                config.norm_topk_prob,
                 dtype,
                 device,
             )
+            # HF's module name (Mixtral `block_sparse_moe`, Qwen3-MoE `mlp`): checkpoint names map one to one
+            setattr(self, "block_sparse_moe" if config.model_type == "mixtral" else "mlp", moe)
         else:
             self.mlp = LlamaMLP(config, dtype, device, quant, f"{prefix}.mlp")
 
@@ -133,7 +144,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype, device)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, dtype, device, quant, f"model.layers.{i}")
+            LlamaDecoderLayer(config, dtype, device, quant, f"model.layers.{i}", i)
             for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
@@ -210,11 +221,13 @@ class LlamaForCausalLM(nn.Module):
             target, shard = name, None
             if expert := EXPERT_TENSOR.match(name):
                 prefix, e, part = expert.groups()
+                part = EXPERT_PART[part]
                 target, shard = f"{prefix}.{'w2' if part == 'w2' else 'w13'}", (int(e), part)
-            for fused, part, shard_id in STACKED_PARAMS:
-                if part in name:
-                    target, shard = name.replace(part, fused), shard_id
-                    break
+            else:
+                for fused, part, shard_id in STACKED_PARAMS:
+                    if part in name:
+                        target, shard = name.replace(part, fused), shard_id
+                        break
             if target not in params:
                 raise ValueError(f"weights: checkpoint tensor {name!r} has no parameter in this model")
             if expert and shard not in params[target].expert_shards:

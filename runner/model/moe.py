@@ -1,10 +1,12 @@
-"""The sparse mixture-of-experts MLP of a Mixtral-architecture decoder layer (HF `block_sparse_moe`).
+"""The sparse mixture-of-experts MLP of a Mixtral or Qwen3-MoE decoder layer (HF `block_sparse_moe` / `mlp`).
 
-    logits = x @ gate^T;  (w, ids) = the top-k of softmax(logits) in fp32, renormalized (Mixtral's routing)
+    logits = x @ gate^T;  (w, ids) = the top-k of softmax(logits) in fp32, renormalized for Mixtral and for
+    Qwen3-MoE with norm_topk_prob (`reference.moe.routing.softmax_topk`)
     out[t] = sum_j w[t, j] * down_e(silu(gate_e x[t]) * up_e x[t]),  e = ids[t, j]
 
-Weights: the experts' gate and up projections (checkpoint `experts.<e>.w1` and `.w3`) fused into `w13`
-[E, 2I, H], gate rows first, and the down projections (`.w2`) stacked in `w2` [E, H, I]: the layout of
+Weights: the experts' gate and up projections (checkpoint `experts.<e>.w1` and `.w3`, Qwen3's `.gate_proj` and
+`.up_proj`) fused into `w13` [E, 2I, H], gate rows first, and the down projections (`.w2`, `.down_proj`)
+stacked in `w2` [E, H, I]: the layout of
 `reference.moe.experts` and `kernels.fused_moe`. A checkpoint gives each expert's matrix on its own;
 `weight_loader` copies it into its slice, with the shard id (expert, "w1" | "w2" | "w3").
 On CUDA in bf16/fp16 the experts run as `kernels.fused_moe` (through its launcher, as the runner's other
@@ -23,14 +25,19 @@ from torch import nn
 from reference.moe import experts as moe_reference
 from reference.moe.routing import softmax_topk
 
-# checkpoint name of one expert's matrix -> (module prefix, expert, part)
-EXPERT_TENSOR = re.compile(r"^(.*)\.experts\.(\d+)\.(w1|w2|w3)\.weight$")
+# checkpoint name of one expert's matrix -> (module prefix, expert, part): Mixtral's w1/w2/w3, Qwen3-MoE's
+# gate_proj/down_proj/up_proj (EXPERT_PART gives the part as w1/w2/w3)
+EXPERT_TENSOR = re.compile(r"^(.*)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
+EXPERT_PART = {"w1": "w1", "w2": "w2", "w3": "w3", "gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
 
 
-class MixtralMoE(nn.Module):
-    def __init__(self, hidden: int, inter: int, experts: int, top_k: int, dtype: torch.dtype, device) -> None:
+class SparseMoE(nn.Module):
+    def __init__(
+        self, hidden: int, inter: int, experts: int, top_k: int, renormalize: bool, dtype: torch.dtype, device
+    ) -> None:
         super().__init__()
         self.hidden, self.inter, self.num_experts, self.top_k = hidden, inter, experts, top_k
+        self.renormalize = renormalize
         self.gate = nn.Module()  # HF's name: `block_sparse_moe.gate.weight`, the router
         self.gate.weight = self._param((experts, hidden), dtype, device)
         self.w13 = self._param((experts, 2 * inter, hidden), dtype, device, experts=True)
@@ -60,7 +67,7 @@ class MixtralMoE(nn.Module):
         target.copy_(tensor)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = softmax_topk(F.linear(x, self.gate.weight), self.top_k, renormalize=True)
+        weights, ids = softmax_topk(F.linear(x, self.gate.weight), self.top_k, renormalize=self.renormalize)
         if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
             from kernels.fused_moe import launch as fused_moe
 

@@ -34,11 +34,17 @@ def hf_tensor_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
                 p + "self_attn.o_proj.weight": (h, config.q_size),
             }
         )
-        if config.num_local_experts:  # Mixtral: the router, then each expert's w1 (gate), w2 (down), w3 (up)
-            moe = p + "block_sparse_moe."
+        if config.qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (config.head_dim,)
+            shapes[p + "self_attn.k_norm.weight"] = (config.head_dim,)
+        if config.is_sparse_layer(i):  # the router, then each expert's gate, down and up projections
+            mixtral = config.model_type == "mixtral"
+            moe = p + ("block_sparse_moe." if mixtral else "mlp.")
             shapes[moe + "gate.weight"] = (config.num_local_experts, h)
+            ei = config.expert_intermediate_size
+            names = ("w1", "w2", "w3") if mixtral else ("gate_proj", "down_proj", "up_proj")
             for e in range(config.num_local_experts):
-                for part, shape in (("w1", (inter, h)), ("w2", (h, inter)), ("w3", (inter, h))):
+                for part, shape in zip(names, ((ei, h), (h, ei), (ei, h)), strict=True):
                     shapes[f"{moe}experts.{e}.{part}.weight"] = shape
         else:
             shapes.update(

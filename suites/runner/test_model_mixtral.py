@@ -10,11 +10,10 @@ import torch
 
 from kernels.tolerances import assert_agree, families
 from runner.model import load_model
+from suites.runner.hf_moe import NEW_TOKENS, PROMPTS, hf_greedy, save_tiny
 from suites.runner.model_driver import greedy
 
 transformers = pytest.importorskip("transformers")
-PROMPTS = [[5, 17, 33, 2, 9, 41], [60, 3, 3, 71], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19]]
-NEW_TOKENS = 8
 
 
 @pytest.fixture(scope="module")
@@ -26,22 +25,7 @@ def checkpoint(tmp_path_factory):
         num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2, max_position_embeddings=128,
         rms_norm_eps=1e-5, tie_word_embeddings=False,
     )  # fmt: skip
-    torch.manual_seed(0)
-    hf = MixtralForCausalLM(config).float().eval()
-    with torch.no_grad():  # transformers' init (std 0.02) makes every logit ~0: larger weights separate tokens
-        for p in hf.parameters():
-            if p.dim() >= 2:
-                p.normal_(0, p.shape[-1] ** -0.5)
-    path = tmp_path_factory.mktemp("mixtral")
-    hf.save_pretrained(path)
-    return path, hf
-
-
-def _hf_greedy(hf, prompt):
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False)
-        first = hf(torch.tensor([prompt])).logits[0, -1]
-    return out[0, len(prompt) :].tolist(), first
+    return save_tiny(MixtralForCausalLM, config, tmp_path_factory.mktemp("mixtral"))
 
 
 def test_greedy_tokens_and_logits_equal_transformers(checkpoint):
@@ -50,7 +34,7 @@ def test_greedy_tokens_and_logits_equal_transformers(checkpoint):
     assert config.num_local_experts == 8 and model.model.layers[0].block_sparse_moe.top_k == 2
     tokens, logits = greedy(model, PROMPTS, NEW_TOKENS)
     for prompt, got, got_logits in zip(PROMPTS, tokens, logits, strict=True):
-        want, want_logits = _hf_greedy(hf, prompt)
+        want, want_logits = hf_greedy(hf, prompt)
         assert got == want
         assert_agree(families.LLAMA_VS_HF, got_logits, want_logits, "first-step logits")
 
@@ -80,7 +64,7 @@ def test_the_engine_serves_it(checkpoint):
     path, hf = checkpoint
     llm = LLM(str(path), device="cpu")
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True), use_tqdm=False)
-    assert [o.token_ids for o in outs] == [_hf_greedy(hf, p)[0] for p in PROMPTS]
+    assert [o.token_ids for o in outs] == [hf_greedy(hf, p)[0] for p in PROMPTS]
 
 
 @pytest.mark.gpu_only(reason="runs the experts as kernels.fused_moe inside captured decode graphs")
@@ -97,4 +81,4 @@ def test_cuda_graphs_and_eager_agree_in_bf16(checkpoint):
         for eager in (True, False)
     ]  # fmt: skip
     assert runs[0] == runs[1]
-    assert [tokens[0] for tokens in runs[0]] == [_hf_greedy(hf, p)[0][0] for p in PROMPTS]
+    assert [tokens[0] for tokens in runs[0]] == [hf_greedy(hf, p)[0][0] for p in PROMPTS]

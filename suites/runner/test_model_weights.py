@@ -179,15 +179,16 @@ def test_dummy_weights_are_seeded_and_cover_the_config():
     assert not torch.equal(a["model.layers.0.mlp.down_proj.weight"], c["model.layers.0.mlp.down_proj.weight"])
 
 
-@pytest.mark.parametrize("name", ["smollm2-135m", "llama-3.2-1b-shape"])
+@pytest.mark.parametrize("name", ["smollm2-135m", "llama-3.2-1b-shape", "qwen3-30b-a3b-shape"])
 def test_registered_shapes_build_as_dummy(name):
     config = MODELS[name].config
     shapes = hf_tensor_shapes(config)
     params = sum(torch.Size(s).numel() for s in shapes.values())
-    assert params > 100e6  # both are real-sized shapes (135M, 1.2B)
-    small = LlamaConfig(
-        **{**config.__dict__, "num_hidden_layers": 1, "vocab_size": 64, "bos_token_id": None, "eos_token_id": None}
-    )  # build cheaply
+    assert params > 100e6  # real-sized shapes (135M, 1.2B, 30.5B)
+    cheap = {"num_hidden_layers": 1, "vocab_size": 64, "bos_token_id": None, "eos_token_id": None}
+    if config.num_local_experts:  # 8 of the experts: the layer's structure, not its size
+        cheap["num_local_experts"] = 8
+    small = LlamaConfig(**{**config.__dict__, **cheap})  # build cheaply
     net = LlamaForCausalLM(small, torch.bfloat16, "cpu")
     net.load_weights(dummy_weights(small, dtype=torch.bfloat16))
     assert net.model.layers[0].self_attn.qkv_proj.weight.shape == (
