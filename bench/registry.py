@@ -45,6 +45,7 @@ FAMILY_MODULES = (
     "bench.attention.paged_prefill",
     "bench.moe.fused_moe",
     "bench.moe.block_fp8_moe",
+    "bench.moe.mxfp4_moe",
     "bench.gemm.block_fp8",
 )
 

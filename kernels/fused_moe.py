@@ -18,7 +18,7 @@ import torch
 
 from kernels import moe_align
 from kernels._boundary import check_device
-from kernels.moe_gemm import Tiles, choose_tiles, fp8_tiles, launch_moe_gemm
+from kernels.moe_gemm import Tiles, choose_tiles, fp8_tiles, launch_moe_gemm, mx_tiles
 from reference.moe.experts import check_moe_args
 
 
@@ -44,10 +44,11 @@ def launch(
 
 def run_layer(
     x, w13, w2, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map, experts: int, fault: str,
-    tiles: tuple[Tiles, Tiles] | None, quantize=None, w13_scales=None, w2_scales=None,
+    tiles: tuple[Tiles, Tiles] | None, quantize=None, w13_scales=None, w2_scales=None, mx: bool = False,
 ):  # fmt: skip
     """The layer on validated arguments. Block FP8 (`quantize` given: x -> (E4M3 codes, group scales)): x and
-    the intermediate are quantized by it before each GEMM, the weights carry their tile scales."""
+    the intermediate are quantized by it before each GEMM, the weights carry their tile scales. MXFP4 (`mx`):
+    w13 / w2 are codes with E8M0 scales, decoded inside the GEMMs; activations stay bf16."""
     device = x.device
     tokens, top_k = topk_ids.shape
     hidden, inter = x.shape[1], w13.shape[1] // 2
@@ -56,6 +57,8 @@ def run_layer(
     first, second = tiles or choose_tiles(device, tokens * top_k, experts, hidden, inter)
     if quantize is not None and tiles is None:
         first, second = fp8_tiles(first, second)
+    if mx and tiles is None:
+        first, second = mx_tiles(first), mx_tiles(second)
     if first.bm != second.bm:
         raise ValueError(f"tiles: both GEMMs must share BM (the alignment's block), got {first.bm} and {second.bm}")
     sorted_ids, expert_ids, post = moe_align.launch(topk_ids, experts, first.bm, expert_map, align_fault)
@@ -64,13 +67,13 @@ def run_layer(
     h = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=device)
     launch_moe_gemm(
         a, w13, w13_bias, h, sorted_ids, expert_ids, post, weights, top_k, activation, False, first, gemm_fault,
-        a_scales, w13_scales,
+        a_scales, w13_scales, mx,
     )  # fmt: skip
     a, a_scales = quantize(h) if quantize is not None else (h, None)
     per_slot = torch.zeros(tokens * top_k, hidden, dtype=x.dtype, device=device)
     launch_moe_gemm(
         a, w2, w2_bias, per_slot, sorted_ids, expert_ids, post, weights, 1, "none", True, second, gemm_fault,
-        a_scales, w2_scales,
+        a_scales, w2_scales, mx,
     )  # fmt: skip
     return per_slot.view(tokens, top_k, hidden).sum(dim=1, dtype=torch.float32).to(x.dtype)
 

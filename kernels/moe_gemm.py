@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from kernels._boundary import runs_interpreted
+from kernels.w4a16_mxfp4_gemm import _scale_values, _signed_nibble
 
 ACTIVATIONS = {"none": 0, "silu": 1, "swiglu_oai": 2}
 ALPHA, LIMIT = 1.702, 7.0  # gpt-oss's clamped SwiGLU (reference.moe.experts)
@@ -46,7 +47,10 @@ FAULTS = {
     "gate_up_swapped": 1,  # the up columns taken as the gate
     "neighbour_expert": 2,  # each block multiplies the next expert's weights (the last its own)
     "weight_scale_next_k_block": 3,  # block FP8: K block kb scaled by the weight scale of kb + 1 (wrapping)
+    "mx_scale_past_end": 4,  # MXFP4: block j scaled by block j + 1's scale, read past the end for the last row
 }
+MX_BLOCK_C: tl.constexpr = tl.constexpr(32)  # MXFP4 elements per E8M0 scale
+TWO_126: tl.constexpr = tl.constexpr(8.507059173023462e37)  # 2**126: E2M1 value * 2**-126 -> the value
 
 
 class Tiles(NamedTuple):
@@ -106,12 +110,35 @@ def fp8_tiles(first: Tiles, second: Tiles) -> tuple[Tiles, Tiles]:
     return first._replace(bk=SCALE_BLOCK, bn=bn1), second._replace(bk=SCALE_BLOCK, bn=min(second.bn, 128))
 
 
+def mx_tiles(tiles: Tiles) -> Tiles:
+    """MXFP4's launch sizes from the bf16 ones: BK a multiple of the 32-element scale block (not yet measured on a
+    GPU)."""
+    return tiles._replace(bk=max(32, tiles.bk // 32 * 32))
+
+
+@triton.jit
+def _mx_weights(w_base, ws_base, rows, cmask, kk, kmask, stride_wn, stride_wsn, FAULT: tl.constexpr):
+    """MXFP4 weights of `rows` at the even K columns kk and kk + 1, each bf16 [len(kk), len(rows)], decoded exactly
+    (E2M1 value * 2**-126 from the nibble's bits, * 2**126, * the block's E8M0 scale: `kernels.w4a16_mxfp4_gemm`'s
+    arithmetic)."""
+    mask = kmask[:, None] & cmask[None, :]
+    rows64 = rows[None, :].to(tl.int64)
+    codes = tl.load(w_base + rows64 * stride_wn + (kk // 2)[:, None], mask=mask, other=0).to(tl.int32)
+    block = kk // MX_BLOCK_C
+    if FAULT == 4:
+        block = block + 1  # the last block of a row reads the next row's first scale, the last row's past the end
+    scale = _scale_values(tl.load(ws_base + rows64 * stride_wsn + block[:, None], mask=mask, other=127).to(tl.uint32))
+    low = _signed_nibble(codes << 28) * TWO_126 * scale
+    high = _signed_nibble(codes << 24) * TWO_126 * scale
+    return low.to(tl.bfloat16), high.to(tl.bfloat16)
+
+
 @triton.jit
 def _moe_gemm_kernel(
     a_ptr, w_ptr, bias_ptr, out_ptr, sorted_ptr, expert_ids_ptr, post_ptr, weights_ptr,
     n_assign, N, K, A_DIV, num_experts, stride_am, stride_we, stride_wn, stride_be, stride_om,
     as_ptr, ws_ptr, stride_asm, stride_wse, stride_wsn,
-    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_WEIGHT: tl.constexpr, SCALED: tl.constexpr,
+    ACT: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_WEIGHT: tl.constexpr, SCALED: tl.constexpr, MX: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, FAULT: tl.constexpr,
 ):  # fmt: skip
     # Program order: GROUP_M row blocks x every column tile, row blocks fastest, then the next GROUP_M row
@@ -148,28 +175,42 @@ def _moe_gemm_kernel(
     acc = tl.zeros([BM, BN], tl.float32)
     acc_up = tl.zeros([BM, BN], tl.float32)
     for k0 in range(0, K, BK):
-        kk = k0 + tl.arange(0, BK)
-        kmask = kk < K
-        a = tl.load(a_ptr + a_rows[:, None] * stride_am + kk[None, :], mask=valid[:, None] & kmask[None, :], other=0.0)
-        wmask = kmask[:, None] & cmask[None, :]
-        w = tl.load(w_base + gate_rows[None, :].to(tl.int64) * stride_wn + kk[:, None], mask=wmask, other=0.0)
-        if SCALED:  # block FP8: BK = 128, one activation scale per row and one weight scale per 128 rows
-            kb = k0 // BK
-            kb_w = kb
-            if FAULT == 3:
-                kb_w = (kb + 1) % tl.cdiv(K, BK)
-            a_s = tl.load(as_ptr + a_rows * stride_asm + kb, mask=valid, other=0.0)
-            w_s = tl.load(ws_base + (gate_rows // BK) * stride_wsn + kb_w, mask=cmask, other=0.0)
-            acc += tl.dot(a, w) * (a_s[:, None] * w_s[None, :])
+        if MX:  # even K columns meet the low nibbles, odd ones the high nibbles
+            kk = k0 + 2 * tl.arange(0, BK // 2)
+            kmask = kk < K
+            a_ptrs = a_ptr + a_rows[:, None] * stride_am + kk[None, :]
+            a_even = tl.load(a_ptrs, mask=valid[:, None] & kmask[None, :], other=0.0)
+            a_odd = tl.load(a_ptrs + 1, mask=valid[:, None] & kmask[None, :], other=0.0)
+            low, high = _mx_weights(w_base, ws_base, gate_rows, cmask, kk, kmask, stride_wn, stride_wsn, FAULT)
+            acc = tl.dot(a_odd, high, tl.dot(a_even, low, acc))
+            if ACT != 0:
+                low, high = _mx_weights(w_base, ws_base, up_rows, cmask, kk, kmask, stride_wn, stride_wsn, FAULT)
+                acc_up = tl.dot(a_odd, high, tl.dot(a_even, low, acc_up))
         else:
-            acc = tl.dot(a, w, acc)
-        if ACT != 0:
-            wu = tl.load(w_base + up_rows[None, :].to(tl.int64) * stride_wn + kk[:, None], mask=wmask, other=0.0)
-            if SCALED:
-                w_s = tl.load(ws_base + (up_rows // BK) * stride_wsn + kb_w, mask=cmask, other=0.0)
-                acc_up += tl.dot(a, wu) * (a_s[:, None] * w_s[None, :])
+            kk = k0 + tl.arange(0, BK)
+            kmask = kk < K
+            a = tl.load(
+                a_ptr + a_rows[:, None] * stride_am + kk[None, :], mask=valid[:, None] & kmask[None, :], other=0.0
+            )
+            wmask = kmask[:, None] & cmask[None, :]
+            w = tl.load(w_base + gate_rows[None, :].to(tl.int64) * stride_wn + kk[:, None], mask=wmask, other=0.0)
+            if SCALED:  # block FP8: BK = 128, one activation scale per row and one weight scale per 128 rows
+                kb = k0 // BK
+                kb_w = kb
+                if FAULT == 3:
+                    kb_w = (kb + 1) % tl.cdiv(K, BK)
+                a_s = tl.load(as_ptr + a_rows * stride_asm + kb, mask=valid, other=0.0)
+                w_s = tl.load(ws_base + (gate_rows // BK) * stride_wsn + kb_w, mask=cmask, other=0.0)
+                acc += tl.dot(a, w) * (a_s[:, None] * w_s[None, :])
             else:
-                acc_up = tl.dot(a, wu, acc_up)
+                acc = tl.dot(a, w, acc)
+            if ACT != 0:
+                wu = tl.load(w_base + up_rows[None, :].to(tl.int64) * stride_wn + kk[:, None], mask=wmask, other=0.0)
+                if SCALED:
+                    w_s = tl.load(ws_base + (up_rows // BK) * stride_wsn + kb_w, mask=cmask, other=0.0)
+                    acc_up += tl.dot(a, wu) * (a_s[:, None] * w_s[None, :])
+                else:
+                    acc_up = tl.dot(a, wu, acc_up)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + e * stride_be + gate_rows, mask=cmask, other=0.0).to(tl.float32)[None, :]
         if ACT != 0:
@@ -187,16 +228,19 @@ def _moe_gemm_kernel(
 
 def launch_moe_gemm(
     a, w, bias, out, sorted_ids, expert_ids, post, weights, a_div: int, activation: str, mul_weight: bool,
-    tiles: Tiles, fault: str = "none", a_scales=None, w_scales=None,
+    tiles: Tiles, fault: str = "none", a_scales=None, w_scales=None, mx: bool = False,
 ):  # fmt: skip
     """out[f] = epilogue(a[f // a_div] @ w[expert]^T) for every sorted assignment f (the module docstring).
     a [rows, K], w [E, N_w, K] contiguous in K, out [T * k, N] (N = N_w / 2 with an activation); `tiles.bm` must
     be the alignment's block size. Block FP8: a and w E4M3, a_scales [rows, K / 128] and w_scales [E, ceil(N_w /
-    128), K / 128] fp32, contiguous in K, and tiles.bk = 128."""
+    128), K / 128] fp32, contiguous in K, and tiles.bk = 128. MXFP4 (`mx`): w uint8 codes [E, N_w, K / 2], w_scales
+    E8M0 bytes [E, N_w, K / 32], contiguous in K; a bf16; tiles.bk a multiple of 32."""
     n_assign, n = out.shape
     k = a.shape[1]
     bm, bn, bk, warps, stages, group_m = tiles
     scaled = a_scales is not None
+    if mx and (bk % 32 or w_scales.stride(2) != 1 or a.dtype != torch.bfloat16):
+        raise ValueError(f"tiles: MXFP4 needs a bf16 input, BK a multiple of 32 and scales contiguous, got BK = {bk}")
     if scaled and (bk != SCALE_BLOCK or a_scales.stride(1) != 1 or w_scales.stride(2) != 1):
         raise ValueError(f"tiles: block FP8 needs BK = {SCALE_BLOCK} and scales contiguous in K, got BK = {bk}")
     if not expert_ids.numel() or not n:
@@ -206,9 +250,9 @@ def launch_moe_gemm(
         a, w, bias if bias is not None else w, out, sorted_ids, expert_ids, post, weights,
         n_assign, n, k, a_div, w.shape[0], a.stride(0), w.stride(0), w.stride(1),
         bias.stride(0) if bias is not None else 0, out.stride(0),
-        a_scales if scaled else weights, w_scales if scaled else weights,
-        a_scales.stride(0) if scaled else 0, w_scales.stride(0) if scaled else 0, w_scales.stride(1) if scaled else 0,
-        ACT=ACTIVATIONS[activation], HAS_BIAS=bias is not None, MUL_WEIGHT=mul_weight, SCALED=scaled,
+        a_scales if scaled else weights, w_scales if w_scales is not None else weights,
+        a_scales.stride(0) if scaled else 0, *(w_scales.stride()[:2] if w_scales is not None else (0, 0)),
+        ACT=ACTIVATIONS[activation], HAS_BIAS=bias is not None, MUL_WEIGHT=mul_weight, SCALED=scaled, MX=mx,
         BM=bm, BN=bn, BK=bk, GROUP_M=group_m, FAULT=FAULTS[fault], num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out

@@ -80,6 +80,7 @@ SELECTION = {
     "moe_gemm": [
         "suites/moe/test_fused_moe_kernel.py::test_fixed_layer_within_the_row",
         "suites/moe/test_block_fp8_moe_kernel.py::test_fixed_layer_within_the_row",
+        "suites/moe/test_mxfp4_moe_kernel.py::test_fixed_layer_within_the_row",
     ],
     # several modules' kernels with guard bytes and poisoned outputs; their errors are attributed by kernel name
     "guarded calls": [GUARDED],

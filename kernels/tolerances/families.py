@@ -15,6 +15,7 @@ MAMBA_CONV1D_UPDATE = "mamba_conv1d_update"
 RMS_NORM = "rms_norm"
 FUSED_MOE = "fused_moe"
 BLOCK_FP8_MOE = "block_fp8_moe"
+MXFP4_MOE = "mxfp4_moe"
 
 # Two evaluation orders of the same math (no kernel, no quantization).
 SSD_ORDERS = "ssd_orders"

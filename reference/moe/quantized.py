@@ -1,5 +1,5 @@
 """Paired references of the quantized MoE paths, built on the dense GEMM references, one expert at a time, on
-x's device (the MXFP4 mirror dequantizes on the CPU).
+x's device.
 
 Block-FP8 W8A8 (DeepSeek-V3): expert weights as `reference.quant.fp8.quantize_fp8_blocks` makes them, `w13`
 E4M3 [E, 2I, H] with scales [E, ceil(2I / 128), H / 128], `w2` E4M3 [E, H, I] with [E, ceil(H / 128), I / 128]
@@ -23,7 +23,7 @@ import torch
 
 from reference.gemm.block_fp8 import BLOCK, block_fp8_gemm_mirror, dequantize_activations, dequantize_weights
 from reference.gemm.w4a16_mxfp4 import dequantize_exact
-from reference.moe.experts import ACTIVATIONS, bias_of, check_moe_args, combine_mirror, fused_moe_ideal
+from reference.moe.experts import ACTIVATIONS, check_moe_args, combine_mirror, fused_moe_ideal, fused_moe_mirror
 from reference.quant.fp8 import quantize_fp8
 from reference.quant.mxfp4 import MX_BLOCK_SIZE, dequantize_mxfp4
 
@@ -71,7 +71,7 @@ def block_fp8_moe_ideal(x, w13, w13_scales, w2, w2_scales, topk_weights, topk_id
     return fused_moe_ideal(x64, w13_64, w2_64, topk_weights, topk_ids, activation, expert_map=expert_map)
 
 
-def _check_mx(name: str, codes: torch.Tensor, scales: torch.Tensor) -> None:
+def check_mx_experts(name: str, codes: torch.Tensor, scales: torch.Tensor) -> None:
     if codes.dtype != torch.uint8 or scales.dtype != torch.uint8 or codes.dim() != 3:
         raise TypeError(f"{name}: codes and scales must be uint8, codes [experts, N, K / 2]")
     e, n, half = codes.shape
@@ -84,25 +84,21 @@ def mxfp4_moe_mirror(
     x, w13, w13_scales, w2, w2_scales, topk_weights, topk_ids, activation="silu", w13_bias=None, w2_bias=None,
     expert_map=None,
 ):  # fmt: skip
-    _check_mx("w13", w13, w13_scales)
-    _check_mx("w2", w2, w2_scales)
-    w13_16 = dequantize_mxfp4(w13.cpu(), w13_scales.cpu(), dtype=torch.bfloat16)
-    w2_16 = dequantize_mxfp4(w2.cpu(), w2_scales.cpu(), dtype=torch.bfloat16)
-    experts = check_moe_args(x, w13_16, w2_16, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map)
-    act, dtype, xf = ACTIVATIONS[activation], x.dtype, x.cpu().float()
-
-    def expert_out(e, rows):
-        h = act(xf[rows] @ w13_16[e].float().T + bias_of(w13_bias, e, torch.float32)).to(dtype).float()
-        return h @ w2_16[e].float().T + bias_of(w2_bias, e, torch.float32)
-
-    return combine_mirror(topk_weights, topk_ids.cpu(), experts, expert_map, x.shape[1], dtype, expert_out)
+    check_mx_experts("w13", w13, w13_scales)
+    check_mx_experts("w2", w2, w2_scales)
+    device = x.device
+    w13_16 = dequantize_mxfp4(w13.to(device), w13_scales.to(device), dtype=torch.bfloat16)
+    w2_16 = dequantize_mxfp4(w2.to(device), w2_scales.to(device), dtype=torch.bfloat16)
+    return fused_moe_mirror(x, w13_16, w2_16, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map)
 
 
 def mxfp4_moe_ideal(
     x, w13, w13_scales, w2, w2_scales, topk_weights, topk_ids, activation="silu", w13_bias=None, w2_bias=None,
     expert_map=None,
 ):  # fmt: skip
-    _check_mx("w13", w13, w13_scales)
-    _check_mx("w2", w2, w2_scales)
-    w13_64, w2_64 = dequantize_exact(w13.cpu(), w13_scales.cpu()), dequantize_exact(w2.cpu(), w2_scales.cpu())
+    check_mx_experts("w13", w13, w13_scales)
+    check_mx_experts("w2", w2, w2_scales)
+    device = x.device
+    w13_64 = dequantize_exact(w13.to(device), w13_scales.to(device))
+    w2_64 = dequantize_exact(w2.to(device), w2_scales.to(device))
     return fused_moe_ideal(x, w13_64, w2_64, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map)

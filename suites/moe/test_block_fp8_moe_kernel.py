@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from kernels.tolerances import assert_lossy, families
 from reference.moe import quantized as ref
 from reference.quant.fp8 import quantize_fp8_blocks
+from suites.moe.routing_draws import draw_routing, local_experts, on
 
 kernel = pytest.importorskip("kernels.block_fp8_moe")
 
@@ -25,10 +26,11 @@ def _blocks(w: torch.Tensor):
     return torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts])
 
 
-def _args(tokens, hidden, inter, experts, ids, weights, expert_map, seed):
+def _args(hidden, inter, routing, seed):
+    experts, ids, weights, expert_map = routing
     g = torch.Generator().manual_seed(seed)
-    local = experts if expert_map is None else int((expert_map >= 0).sum())
-    x = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
+    local = local_experts(experts, expert_map)
+    x = torch.randn(ids.shape[0], hidden, generator=g).to(torch.bfloat16)
     w13, w13_s = _blocks(torch.randn(local, 2 * inter, hidden, generator=g) * hidden**-0.5)
     w2, w2_s = _blocks(torch.randn(local, hidden, inter, generator=g) * inter**-0.5)
     return [x, w13, w13_s, w2, w2_s, weights, ids, "silu", expert_map]
@@ -36,30 +38,12 @@ def _args(tokens, hidden, inter, experts, ids, weights, expert_map, seed):
 
 @st.composite
 def layers(draw):
-    experts = draw(st.sampled_from([1, 3, 8]))
-    top_k = draw(st.integers(1, min(experts, 4)))
-    tokens = draw(st.sampled_from([0, 1, 5, 33]))
     hidden, inter = draw(st.sampled_from([(128, 128), (256, 128), (128, 256)]))
-    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
-    if draw(st.booleans()) or tokens == 0:
-        ids = torch.randperm(experts, generator=g)[:top_k].repeat(tokens, 1)  # every token on the same experts
-    else:
-        ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)])
-    weights = torch.softmax(torch.randn(tokens, top_k, generator=g), -1)
-    expert_map = None
-    if draw(st.booleans()) and experts > 1:
-        here = torch.randperm(experts, generator=g)[: (experts + 1) // 2]
-        expert_map = torch.full((experts,), -1, dtype=torch.int32)
-        expert_map[here] = torch.arange(here.numel(), dtype=torch.int32)
-    return _args(tokens, hidden, inter, experts, ids, weights, expert_map, draw(st.integers(0, 2**31 - 1)))
-
-
-def _on(args, device):
-    return [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
+    return _args(hidden, inter, draw_routing(draw), draw(st.integers(0, 2**31 - 1)))
 
 
 def _check(args, device, fault="none"):
-    got = kernel.launch(*_on(args, device), fault=fault).cpu()
+    got = kernel.launch(*on(args, device), fault=fault).cpu()
     if args[0].shape[0] == 0:
         assert got.shape == args[0].shape
         return
@@ -76,7 +60,7 @@ def test_kernel_tracks_both_references(device, args):
 def _fixed():
     g = torch.Generator().manual_seed(7)
     ids = torch.stack([torch.randperm(8, generator=torch.Generator().manual_seed(t))[:2] for t in range(33)])
-    return _args(33, 256, 128, 8, ids, torch.softmax(torch.randn(33, 2, generator=g), -1), None, 5)
+    return _args(256, 128, (8, ids, torch.softmax(torch.randn(33, 2, generator=g), -1), None), 5)
 
 
 def test_fixed_layer_within_the_row(device):
@@ -97,7 +81,7 @@ def _bytes(t):
 def test_opcheck(device):
     """opcheck's test_schema compares inputs with float arithmetic torch lacks for float8_e4m3fn: the schema's
     no-mutation claim is checked on the bytes instead."""
-    args = _on(_fixed(), device)
+    args = on(_fixed(), device)
     before = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
     torch.library.opcheck(torch.ops.touchstone.block_fp8_moe.default, tuple(args), test_utils=("test_faketensor",))
     for old, new in zip(before, args, strict=True):
@@ -105,7 +89,7 @@ def test_opcheck(device):
 
 
 def test_bad_arguments_are_named(device):
-    x, w13, w13_s, w2, w2_s, weights, ids = _on(_fixed(), device)[:7]
+    x, w13, w13_s, w2, w2_s, weights, ids = on(_fixed(), device)[:7]
     with pytest.raises(ValueError, match="w13_scales"):
         kernel.block_fp8_moe(x, w13, w13_s[:, :1], w2, w2_s, weights, ids)
     with pytest.raises(TypeError, match="w2"):
@@ -119,7 +103,7 @@ def test_bad_arguments_are_named(device):
 @pytest.mark.gpu_only(reason="captures and replays a CUDA graph")
 def test_graph_replay_equals_eager(device):
     """No host sync in the op (quantization included): it captures, and replays on new routings equal eager."""
-    static = _on(_fixed(), device)
+    static = on(_fixed(), device)
     kernel.block_fp8_moe(*static)  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

@@ -1,0 +1,164 @@
+"""MXFP4 W4A16 MoE layer benchmark (`kernels.mxfp4_moe`): gpt-oss-20b's experts (E 32, top 4, hidden 2880,
+intermediate 2880, the clamped SwiGLU with biases), E2M1 codes with E8M0 scales per 32 weights, bf16
+activations. Routing and cases as bench/moe/fused_moe.py. Two ops:
+- mxfp4_moe_decode_gptoss, T 1 ... 64, against memcpy on the bytes moved: the touched experts' codes, scales and
+  biases, x in and the output out. The bar: >= 0.60x memcpy at 1-16 tokens.
+- mxfp4_moe_prefill_gptoss, T 256 ... 4096, against the GEMM roof (FLOPs 6 T k H I).
+Implementations: reference-mirror (`mxfp4_moe_mirror` on the device: the baseline, "mxfp4_moe" row), triton
+(gated), and bf16-fused-moe (ungated): `kernels.fused_moe` on the decoded bf16 weights, what the layer costs
+unquantized. The weights are made once per process and shared by the cases.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from bench.correctness import lossy_check
+from bench.moe.fused_moe import Shape, cases, routing, touched_experts
+from bench.quant.sweeps import kernel, triton_skip
+from bench.registry import AccuracyReport, Case, Impl, OpBench, Unavailable, register, register_accuracy
+from kernels.tolerances import families
+from kernels.tolerances.lossy import lossy_metrics
+from reference.moe.quantized import mxfp4_moe_ideal, mxfp4_moe_mirror
+from reference.quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4
+
+GPTOSS = Shape(32, 4, 2880, 2880)
+TINY = Shape(4, 2, 64, 96)  # the CPU sweep exercises the harness only
+DECODE_T, PREFILL_T = (1, 4, 16, 64), (256, 1024, 4096)
+
+
+def moved_bytes(case: Case) -> int:
+    tokens, _, _, hidden, inter = case.shape
+    per_expert = 3 * hidden * inter // 2 + 3 * hidden * inter // 32 + (2 * inter + hidden) * 2
+    return touched_experts(case) * per_expert + 2 * tokens * hidden * 2
+
+
+def flops(case: Case) -> int:
+    tokens, _, top_k, hidden, inter = case.shape
+    return 6 * tokens * top_k * hidden * inter
+
+
+@functools.lru_cache(maxsize=1)
+def expert_weights(experts: int, hidden: int, inter: int, torch_device: str) -> tuple[torch.Tensor, ...]:
+    """(w13, w13_scales, w2, w2_scales, w13_bias, w2_bias): randn / sqrt(fan-in) weights quantized to MXFP4 one
+    expert at a time, w13 interleaved (gpt-oss), randn / 10 biases."""
+    g = torch.Generator(device=torch_device).manual_seed(0)
+    parts = [
+        (
+            quantize_mxfp4(torch.randn(2 * inter, hidden, device=torch_device, generator=g) * hidden**-0.5),
+            quantize_mxfp4(torch.randn(hidden, inter, device=torch_device, generator=g) * inter**-0.5),
+        )
+        for _ in range(experts)
+    ]
+    w13, s13 = (torch.stack([p[0][i] for p in parts]) for i in (0, 1))
+    w2, s2 = (torch.stack([p[1][i] for p in parts]) for i in (0, 1))
+    b13 = (torch.randn(experts, 2 * inter, device=torch_device, generator=g) / 10).to(torch.bfloat16)
+    b2 = (torch.randn(experts, hidden, device=torch_device, generator=g) / 10).to(torch.bfloat16)
+    return w13, s13, w2, s2, b13, b2
+
+
+def inputs(case: Case, torch_device: str) -> tuple:
+    tokens, experts, top_k, hidden, inter = case.shape
+    g = torch.Generator(device=torch_device).manual_seed(1)
+    x = torch.randn(tokens, hidden, device=torch_device, generator=g).to(torch.bfloat16)
+    w13, s13, w2, s2, b13, b2 = expert_weights(experts, hidden, inter, torch_device)
+    weights, ids = routing(tokens, experts, top_k)
+    return x, w13, s13, w2, s2, weights.to(torch_device), ids.to(torch_device), "swiglu_oai", b13, b2
+
+
+def _with(get_fn):
+    def factory(args: tuple):
+        fn = get_fn()
+        return lambda: fn(*args)
+
+    return factory
+
+
+def _bf16_layer(args: tuple):
+    """`kernels.fused_moe` on the decoded weights (decoded once, untimed)."""
+    if not torch.cuda.is_available():
+        raise Unavailable("the bf16 layer kernel needs a GPU")
+    fused = kernel("kernels.fused_moe", "fused_moe")
+    x, w13, s13, w2, s2, weights, ids, activation, b13, b2 = args
+    w13_16, w2_16 = (dequantize_mxfp4(c, s, dtype=torch.bfloat16) for c, s in ((w13, s13), (w2, s2)))
+    return lambda: fused(x, w13_16, w2_16, weights, ids, activation, b13, b2)
+
+
+IMPLS = (
+    Impl("reference-mirror", _with(lambda: mxfp4_moe_mirror)),
+    Impl("triton", _with(lambda: kernel("kernels.mxfp4_moe", "mxfp4_moe")), triton_skip),
+    Impl("bf16-fused-moe", _bf16_layer, triton_skip, gated=False, check=lossy_check(families.MXFP4_MOE)),
+)
+
+
+def _op(name: str, full: list[Case], small: list[Case], roof: str) -> OpBench:
+    return register(
+        OpBench(
+            name=name,
+            area="moe",
+            dtype="bf16 x mxfp4 -> bf16",
+            x_name="tokens",
+            sweeps={"small": small, "full": full},
+            make_inputs=inputs,
+            impls=IMPLS,
+            bytes_model=moved_bytes,
+            flops_model=flops,
+            roof=roof,
+            baselines=("reference-mirror",),
+            compare_to="bf16-fused-moe",
+            headline=(("triton", "bf16-fused-moe"), ("triton", roof)),
+            check=lossy_check(families.MXFP4_MOE),
+            cuda_graph=True,
+        )
+    )
+
+
+OPS = (
+    _op("mxfp4_moe_decode_gptoss", cases(GPTOSS, DECODE_T), cases(TINY, (1, 5)), "memcpy"),
+    _op("mxfp4_moe_prefill_gptoss", cases(GPTOSS, PREFILL_T), cases(TINY, (33,)), "gemm"),
+)
+
+GPTOSS_4 = Shape(4, 4, 2880, 2880)  # the accuracy table's experts (the fp64 ideal of 32 would need 8 GB)
+
+
+def accuracy_rows() -> list[dict]:
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    shape = GPTOSS_4 if device == "cuda" else TINY
+    fused = kernel("kernels.mxfp4_moe", "mxfp4_moe") if device == "cuda" else None
+    rows = []
+    for case in cases(shape, (16, 256) if device == "cuda" else (5,)):
+        args = inputs(case, device)
+        mirror, ideal = mxfp4_moe_mirror(*args), mxfp4_moe_ideal(*args)
+        got = fused(*args) if fused else None
+        vs = lossy_metrics(got, mirror, ideal) if got is not None else None
+        rows.append(
+            {
+                "shape": f"E{shape.experts} top{shape.top_k} H{shape.hidden} I{shape.inter}",
+                "tokens": case.shape[0],
+                "kernel_sqnr_vs_ideal_db": vs.sqnr_db if vs else "needs a GPU",
+                "mirror_sqnr_vs_ideal_db": lossy_metrics(mirror, mirror, ideal).sqnr_db,
+                "kernel_max_rel_vs_mirror": vs.max_rel if vs else "",
+                "kernel_rms_rel_vs_mirror": vs.rms_rel if vs else "",
+            }
+        )
+        del args, mirror, ideal, got
+    expert_weights.cache_clear()
+    return rows
+
+
+ACCURACY = register_accuracy(
+    AccuracyReport(
+        name="mxfp4_moe_accuracy",
+        title="MXFP4 MoE: SQNR against the fp64 ideal of the decoded weights, distance from the precision mirror",
+        ops=tuple(op.name for op in OPS),
+        rows=accuracy_rows,
+        note=(
+            "The benchmark's inputs (bench/moe/mxfp4_moe.py) with 4 experts. Ideal: `mxfp4_moe_ideal` (fp64 of "
+            "the exactly decoded weights); mirror: `mxfp4_moe_mirror` (the weights decoded to bf16, the bf16 "
+            "layer's roundings); max_rel / rms_rel: the kernel against the mirror, as the 'mxfp4_moe' row bounds "
+            "them."
+        ),
+    )
+)

@@ -1,0 +1,34 @@
+"""Hypothesis draws of a MoE layer's routing, shared by the quantized-layer kernel suites: experts, top-k, tokens
+(0, 1, odd, more than E x block), skew (every token on the same experts) and an expert-parallel map."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+
+def draw_routing(draw) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(experts, topk_ids [T, k], topk_weights [T, k], expert_map or None)."""
+    experts = draw(st.sampled_from([1, 3, 8]))
+    top_k = draw(st.integers(1, min(experts, 4)))
+    tokens = draw(st.sampled_from([0, 1, 5, 33]))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    if draw(st.booleans()) or tokens == 0:
+        ids = torch.randperm(experts, generator=g)[:top_k].repeat(tokens, 1)  # every token on the same experts
+    else:
+        ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)])
+    weights = torch.softmax(torch.randn(tokens, top_k, generator=g), -1)
+    expert_map = None
+    if draw(st.booleans()) and experts > 1:
+        here = torch.randperm(experts, generator=g)[: (experts + 1) // 2]
+        expert_map = torch.full((experts,), -1, dtype=torch.int32)
+        expert_map[here] = torch.arange(here.numel(), dtype=torch.int32)
+    return experts, ids, weights, expert_map
+
+
+def local_experts(experts: int, expert_map: torch.Tensor | None) -> int:
+    return experts if expert_map is None else int((expert_map >= 0).sum())
+
+
+def on(args: list, device: str) -> list:
+    return [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
