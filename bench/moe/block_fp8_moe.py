@@ -20,11 +20,10 @@ import torch
 from bench.correctness import expected_difference, lossy_check
 from bench.gemm.block_fp8 import fp8_cublas_skip
 from bench.moe.block_fp8_loop_peer import cublas_loop_moe
-from bench.moe.fused_moe import Shape, cases, routing, touched_experts
+from bench.moe.layer_bench import Shape, accuracy_rows, cases, moe_op, routing, touched_experts, with_args
 from bench.quant.sweeps import kernel, triton_skip
-from bench.registry import AccuracyReport, Case, Impl, OpBench, register, register_accuracy
+from bench.registry import AccuracyReport, Case, Impl, register_accuracy
 from kernels.tolerances import families
-from kernels.tolerances.lossy import lossy_metrics
 from reference.moe.quantized import block_fp8_moe_ideal, block_fp8_moe_mirror
 from reference.quant.fp8 import quantize_fp8_blocks
 
@@ -38,11 +37,6 @@ def moved_bytes(case: Case) -> int:
     scales = -(-2 * inter // 128) * (hidden // 128) + -(-hidden // 128) * (inter // 128)
     per_expert = 3 * hidden * inter + 4 * scales
     return touched_experts(case) * per_expert + 2 * tokens * hidden * 2
-
-
-def flops(case: Case) -> int:
-    tokens, _, top_k, hidden, inter = case.shape
-    return 6 * tokens * top_k * hidden * inter
 
 
 @functools.lru_cache(maxsize=1)
@@ -69,45 +63,22 @@ def inputs(case: Case, torch_device: str) -> tuple[torch.Tensor, ...]:
     return x, *expert_weights(experts, hidden, inter, torch_device), weights.to(torch_device), ids.to(torch_device)
 
 
-def _with(get_fn):
-    def factory(args: tuple[torch.Tensor, ...]):
-        fn = get_fn()
-        return lambda: fn(*args)
-
-    return factory
-
-
 # Distance of the cuBLAS loop from the mirror: gate and up rounded to bf16 before the activation, cuBLAS's own
 # FP8 accumulation; rounding of that kind stays within a few percent of the output's peak.
 LOOP_CHECK = expected_difference("gate/up rounded to bf16 before SiLU; cuBLAS FP8 accumulation", 0.15)
 
 IMPLS = (
-    Impl("reference-mirror", _with(lambda: block_fp8_moe_mirror)),
-    Impl("triton", _with(lambda: kernel("kernels.block_fp8_moe", "block_fp8_moe")), triton_skip),
-    Impl("cublas-blockwise-loop", _with(lambda: cublas_loop_moe), fp8_cublas_skip, gated=False, check=LOOP_CHECK),
+    Impl("reference-mirror", with_args(lambda: block_fp8_moe_mirror)),
+    Impl("triton", with_args(lambda: kernel("kernels.block_fp8_moe", "block_fp8_moe")), triton_skip),
+    Impl("cublas-blockwise-loop", with_args(lambda: cublas_loop_moe), fp8_cublas_skip, gated=False, check=LOOP_CHECK),
 )
 
 
-def _op(name: str, full: list[Case], small: list[Case], roof: str) -> OpBench:
-    return register(
-        OpBench(
-            name=name,
-            area="moe",
-            dtype="e4m3fn->bf16",
-            x_name="tokens",
-            sweeps={"small": small, "full": full},
-            make_inputs=inputs,
-            impls=IMPLS,
-            bytes_model=moved_bytes,
-            flops_model=flops,
-            roof=roof,
-            baselines=("reference-mirror",),
-            compare_to="cublas-blockwise-loop",
-            headline=(("triton", "cublas-blockwise-loop"), ("triton", roof)),
-            check=lossy_check(families.BLOCK_FP8_MOE),
-            cuda_graph=True,
-        )
-    )
+def _op(name: str, full: list[Case], small: list[Case], roof: str):
+    return moe_op(
+        name, "e4m3fn->bf16", full, small, roof, inputs, IMPLS, moved_bytes, "cublas-blockwise-loop",
+        lossy_check(families.BLOCK_FP8_MOE),
+    )  # fmt: skip
 
 
 OPS = (
@@ -119,27 +90,11 @@ OPS = (
 DSV3_16 = Shape(16, 8, 7168, 2048)
 
 
-def accuracy_rows() -> list[dict]:
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    shape = DSV3_16 if device == "cuda" else TINY
-    fused = kernel("kernels.block_fp8_moe", "block_fp8_moe") if device == "cuda" else None
-    rows = []
-    for case in cases(shape, (16, 256) if device == "cuda" else (5,)):
-        args = inputs(case, device)
-        mirror, ideal = block_fp8_moe_mirror(*args), block_fp8_moe_ideal(*args)
-        got = fused(*args) if fused else None
-        vs = lossy_metrics(got, mirror, ideal) if got is not None else None
-        rows.append(
-            {
-                "shape": f"E{shape.experts} top{shape.top_k} H{shape.hidden} I{shape.inter}",
-                "tokens": case.shape[0],
-                "kernel_sqnr_vs_ideal_db": vs.sqnr_db if vs else "needs a GPU",
-                "mirror_sqnr_vs_ideal_db": lossy_metrics(mirror, mirror, ideal).sqnr_db,
-                "kernel_max_rel_vs_mirror": vs.max_rel if vs else "",
-                "kernel_rms_rel_vs_mirror": vs.rms_rel if vs else "",
-            }
-        )
-        del args, mirror, ideal, got
+def _accuracy() -> list[dict]:
+    rows = accuracy_rows(
+        {"dsv3-16e": DSV3_16}, (16, 256), TINY, inputs, block_fp8_moe_mirror, block_fp8_moe_ideal,
+        "kernels.block_fp8_moe.block_fp8_moe",
+    )  # fmt: skip
     expert_weights.cache_clear()
     return rows
 
@@ -149,7 +104,7 @@ ACCURACY = register_accuracy(
         name="block_fp8_moe_accuracy",
         title="Block-FP8 MoE: SQNR against the fp64 ideal, distance from the precision mirror",
         ops=tuple(op.name for op in OPS),
-        rows=accuracy_rows,
+        rows=_accuracy,
         note=(
             "The benchmark's inputs (bench/moe/block_fp8_moe.py) with 16 experts. Ideal: `block_fp8_moe_ideal` "
             "(fp64 of the dequantized operands, no intermediate quantization); mirror: `block_fp8_moe_mirror` (the "

@@ -19,59 +19,24 @@ Accuracy: `fused_moe_accuracy` gives the kernel's SQNR against the fp64 ideal an
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-
 import torch
 
 from bench.correctness import expected_difference, lossy_check
 from bench.moe.grouped_mm_peer import grouped_mm_moe
+from bench.moe.layer_bench import Shape, accuracy_rows, cases, moe_op, routing, touched_experts, with_args
 from bench.quant.sweeps import kernel, triton_skip
-from bench.registry import AccuracyReport, Case, Impl, OpBench, register, register_accuracy
+from bench.registry import AccuracyReport, Case, Impl, register_accuracy
 from kernels.tolerances import families
-from kernels.tolerances.lossy import lossy_metrics
 from reference.moe.experts import fused_moe_ideal, fused_moe_mirror
-from reference.moe.routing import softmax_topk
-
-
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    experts: int
-    top_k: int
-    hidden: int
-    inter: int
-
 
 SHAPES = {"mixtral": Shape(8, 2, 4096, 14336), "qwen3": Shape(128, 8, 2048, 768)}
 TINY = Shape(4, 2, 64, 96)  # the CPU sweep exercises the harness only
 DECODE_T, PREFILL_T = (1, 4, 16, 64), (256, 1024, 4096)
 
 
-def cases(shape: Shape, tokens: tuple[int, ...]) -> list[Case]:
-    return [Case(f"T{t}", float(t), (t, shape.experts, shape.top_k, shape.hidden, shape.inter)) for t in tokens]
-
-
-@functools.cache
-def routing(tokens: int, experts: int, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(topk_weights fp32, topk_ids int32) [T, k] on the CPU, from seeded router logits."""
-    logits = torch.randn(tokens, experts, generator=torch.Generator().manual_seed(tokens * 1000 + experts))
-    weights, ids = softmax_topk(logits, top_k, renormalize=True)
-    return weights, ids.to(torch.int32)
-
-
-def touched_experts(case: Case) -> int:
-    tokens, experts, top_k = case.shape[:3]
-    return int(routing(tokens, experts, top_k)[1].unique().numel())
-
-
 def moved_bytes(case: Case) -> int:
     tokens, _, _, hidden, inter = case.shape
     return touched_experts(case) * 3 * hidden * inter * 2 + 2 * tokens * hidden * 2
-
-
-def flops(case: Case) -> int:
-    tokens, _, top_k, hidden, inter = case.shape
-    return 6 * tokens * top_k * hidden * inter
 
 
 def inputs(case: Case, torch_device: str) -> tuple[torch.Tensor, ...]:
@@ -88,14 +53,6 @@ def inputs(case: Case, torch_device: str) -> tuple[torch.Tensor, ...]:
     return x, w13, w2, weights.to(torch_device), ids.to(torch_device)
 
 
-def _with(get_fn):
-    def factory(args: tuple[torch.Tensor, ...]):
-        fn = get_fn()
-        return lambda: fn(*args)
-
-    return factory
-
-
 def _cuda_only(case: Case, backend: str) -> str | None:
     return None if backend == "cuda" else f"torch._grouped_mm runs on NVIDIA GPUs (backend {backend})"
 
@@ -105,31 +62,15 @@ def _cuda_only(case: Case, backend: str) -> str | None:
 GROUPED_MM_CHECK = expected_difference("gate/up rounded to bf16 before SiLU, the weight applied after rounding", 0.05)
 
 IMPLS = (
-    Impl("reference-mirror", _with(lambda: fused_moe_mirror)),
-    Impl("triton", _with(lambda: kernel("kernels.fused_moe", "fused_moe")), triton_skip),
-    Impl("grouped-mm", _with(lambda: grouped_mm_moe), _cuda_only, gated=False, check=GROUPED_MM_CHECK),
+    Impl("reference-mirror", with_args(lambda: fused_moe_mirror)),
+    Impl("triton", with_args(lambda: kernel("kernels.fused_moe", "fused_moe")), triton_skip),
+    Impl("grouped-mm", with_args(lambda: grouped_mm_moe), _cuda_only, gated=False, check=GROUPED_MM_CHECK),
 )
 
 
-def _op(name: str, full: list[Case], small: list[Case], roof: str) -> OpBench:
-    return register(
-        OpBench(
-            name=name,
-            area="moe",
-            dtype="bf16",
-            x_name="tokens",
-            sweeps={"small": small, "full": full},
-            make_inputs=inputs,
-            impls=IMPLS,
-            bytes_model=moved_bytes,
-            flops_model=flops,
-            roof=roof,
-            baselines=("reference-mirror",),
-            compare_to="grouped-mm",
-            headline=(("triton", "grouped-mm"), ("triton", roof)),
-            check=lossy_check(families.FUSED_MOE),
-            cuda_graph=True,
-        )
+def _op(name: str, full: list[Case], small: list[Case], roof: str):
+    return moe_op(
+        name, "bf16", full, small, roof, inputs, IMPLS, moved_bytes, "grouped-mm", lossy_check(families.FUSED_MOE)
     )
 
 
@@ -142,41 +83,15 @@ OPS = tuple(
     )
 )
 
-# Accuracy: one decode and one prefill size per shape on a GPU (the CPU: the tiny shape, the mirror only).
-ACCURACY_T = (16, 1024)
-
-
-def accuracy_rows() -> list[dict]:
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    shapes = SHAPES if device == "cuda" else {"tiny": TINY}
-    fused = kernel("kernels.fused_moe", "fused_moe") if device == "cuda" else None
-    rows = []
-    for label, shape in shapes.items():
-        for case in cases(shape, ACCURACY_T if device == "cuda" else (5,)):
-            args = inputs(case, device)
-            mirror, ideal = fused_moe_mirror(*args), fused_moe_ideal(*args)
-            got = fused(*args) if fused else None
-            vs_mirror = lossy_metrics(got, mirror, ideal) if got is not None else None
-            rows.append(
-                {
-                    "shape": label,
-                    "tokens": case.shape[0],
-                    "kernel_sqnr_vs_ideal_db": vs_mirror.sqnr_db if vs_mirror else "needs a GPU",
-                    "mirror_sqnr_vs_ideal_db": lossy_metrics(mirror, mirror, ideal).sqnr_db,
-                    "kernel_max_rel_vs_mirror": vs_mirror.max_rel if vs_mirror else "",
-                    "kernel_rms_rel_vs_mirror": vs_mirror.rms_rel if vs_mirror else "",
-                }
-            )
-            del args, mirror, ideal, got
-    return rows
-
-
 ACCURACY = register_accuracy(
     AccuracyReport(
         name="fused_moe_accuracy",
         title="bf16 fused MoE: SQNR against the fp64 ideal, distance from the precision mirror",
         ops=tuple(op.name for op in OPS),
-        rows=accuracy_rows,
+        # one decode and one prefill size per shape
+        rows=lambda: accuracy_rows(
+            SHAPES, (16, 1024), TINY, inputs, fused_moe_mirror, fused_moe_ideal, "kernels.fused_moe.fused_moe"
+        ),
         note=(
             "The benchmark's inputs (bench/moe/fused_moe.py): randn activations, randn / sqrt(fan-in) weights, "
             "softmax top-k routing. Ideal: `fused_moe_ideal` (fp64, no rounding); mirror: `fused_moe_mirror` "

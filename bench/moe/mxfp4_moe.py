@@ -16,11 +16,10 @@ import functools
 import torch
 
 from bench.correctness import lossy_check
-from bench.moe.fused_moe import Shape, cases, routing, touched_experts
+from bench.moe.layer_bench import Shape, accuracy_rows, cases, moe_op, routing, touched_experts, with_args
 from bench.quant.sweeps import kernel, triton_skip
-from bench.registry import AccuracyReport, Case, Impl, OpBench, Unavailable, register, register_accuracy
+from bench.registry import AccuracyReport, Case, Impl, Unavailable, register_accuracy
 from kernels.tolerances import families
-from kernels.tolerances.lossy import lossy_metrics
 from reference.moe.quantized import mxfp4_moe_ideal, mxfp4_moe_mirror
 from reference.quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 
@@ -33,11 +32,6 @@ def moved_bytes(case: Case) -> int:
     tokens, _, _, hidden, inter = case.shape
     per_expert = 3 * hidden * inter // 2 + 3 * hidden * inter // 32 + (2 * inter + hidden) * 2
     return touched_experts(case) * per_expert + 2 * tokens * hidden * 2
-
-
-def flops(case: Case) -> int:
-    tokens, _, top_k, hidden, inter = case.shape
-    return 6 * tokens * top_k * hidden * inter
 
 
 @functools.lru_cache(maxsize=1)
@@ -68,14 +62,6 @@ def inputs(case: Case, torch_device: str) -> tuple:
     return x, w13, s13, w2, s2, weights.to(torch_device), ids.to(torch_device), "swiglu_oai", b13, b2
 
 
-def _with(get_fn):
-    def factory(args: tuple):
-        fn = get_fn()
-        return lambda: fn(*args)
-
-    return factory
-
-
 def _bf16_layer(args: tuple):
     """`kernels.fused_moe` on the decoded weights (decoded once, untimed)."""
     if not torch.cuda.is_available():
@@ -87,32 +73,17 @@ def _bf16_layer(args: tuple):
 
 
 IMPLS = (
-    Impl("reference-mirror", _with(lambda: mxfp4_moe_mirror)),
-    Impl("triton", _with(lambda: kernel("kernels.mxfp4_moe", "mxfp4_moe")), triton_skip),
+    Impl("reference-mirror", with_args(lambda: mxfp4_moe_mirror)),
+    Impl("triton", with_args(lambda: kernel("kernels.mxfp4_moe", "mxfp4_moe")), triton_skip),
     Impl("bf16-fused-moe", _bf16_layer, triton_skip, gated=False, check=lossy_check(families.MXFP4_MOE)),
 )
 
 
-def _op(name: str, full: list[Case], small: list[Case], roof: str) -> OpBench:
-    return register(
-        OpBench(
-            name=name,
-            area="moe",
-            dtype="bf16 x mxfp4 -> bf16",
-            x_name="tokens",
-            sweeps={"small": small, "full": full},
-            make_inputs=inputs,
-            impls=IMPLS,
-            bytes_model=moved_bytes,
-            flops_model=flops,
-            roof=roof,
-            baselines=("reference-mirror",),
-            compare_to="bf16-fused-moe",
-            headline=(("triton", "bf16-fused-moe"), ("triton", roof)),
-            check=lossy_check(families.MXFP4_MOE),
-            cuda_graph=True,
-        )
-    )
+def _op(name: str, full: list[Case], small: list[Case], roof: str):
+    return moe_op(
+        name, "bf16 x mxfp4 -> bf16", full, small, roof, inputs, IMPLS, moved_bytes, "bf16-fused-moe",
+        lossy_check(families.MXFP4_MOE),
+    )  # fmt: skip
 
 
 OPS = (
@@ -123,27 +94,11 @@ OPS = (
 GPTOSS_4 = Shape(4, 4, 2880, 2880)  # the accuracy table's experts (the fp64 ideal of 32 would need 8 GB)
 
 
-def accuracy_rows() -> list[dict]:
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    shape = GPTOSS_4 if device == "cuda" else TINY
-    fused = kernel("kernels.mxfp4_moe", "mxfp4_moe") if device == "cuda" else None
-    rows = []
-    for case in cases(shape, (16, 256) if device == "cuda" else (5,)):
-        args = inputs(case, device)
-        mirror, ideal = mxfp4_moe_mirror(*args), mxfp4_moe_ideal(*args)
-        got = fused(*args) if fused else None
-        vs = lossy_metrics(got, mirror, ideal) if got is not None else None
-        rows.append(
-            {
-                "shape": f"E{shape.experts} top{shape.top_k} H{shape.hidden} I{shape.inter}",
-                "tokens": case.shape[0],
-                "kernel_sqnr_vs_ideal_db": vs.sqnr_db if vs else "needs a GPU",
-                "mirror_sqnr_vs_ideal_db": lossy_metrics(mirror, mirror, ideal).sqnr_db,
-                "kernel_max_rel_vs_mirror": vs.max_rel if vs else "",
-                "kernel_rms_rel_vs_mirror": vs.rms_rel if vs else "",
-            }
-        )
-        del args, mirror, ideal, got
+def _accuracy() -> list[dict]:
+    rows = accuracy_rows(
+        {"gpt-oss-4e": GPTOSS_4}, (16, 256), TINY, inputs, mxfp4_moe_mirror, mxfp4_moe_ideal,
+        "kernels.mxfp4_moe.mxfp4_moe",
+    )  # fmt: skip
     expert_weights.cache_clear()
     return rows
 
@@ -153,7 +108,7 @@ ACCURACY = register_accuracy(
         name="mxfp4_moe_accuracy",
         title="MXFP4 MoE: SQNR against the fp64 ideal of the decoded weights, distance from the precision mirror",
         ops=tuple(op.name for op in OPS),
-        rows=accuracy_rows,
+        rows=_accuracy,
         note=(
             "The benchmark's inputs (bench/moe/mxfp4_moe.py) with 4 experts. Ideal: `mxfp4_moe_ideal` (fp64 of "
             "the exactly decoded weights); mirror: `mxfp4_moe_mirror` (the weights decoded to bf16, the bf16 "
