@@ -10,6 +10,8 @@ Launches: `kernels.moe_align` (4), `kernels.moe_gemm` twice, and the combine: th
 token, each rounded to the activation dtype by the second GEMM, summed in fp32 and rounded once (torch's
 reduction: a sum of k <= 8 values). The per-assignment workspace starts zeroed, so an assignment the
 alignment dropped (an expert id outside [0, E), which only a caller's bug makes) adds nothing.
+`run_layer` is that sequence on validated arguments; the quantized layers (`kernels.block_fp8_moe`,
+`kernels.mxfp4_moe`) run it with the grouped GEMM in their mode.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The grouped GEMM of a MoE layer over sorted assignments (`kernels.moe_align`'s layout), in Triton: bf16/fp16
-operands, or block-FP8 W8A8 (E4M3 operands, 1 x 128 activation-group and 128 x 128 weight-tile scales).
+operands, block-FP8 W8A8 (E4M3 operands, 1 x 128 activation-group and 128 x 128 weight-tile scales), or MXFP4
+W4A16 (bf16 activations, E2M1 weight codes with an E8M0 scale per 32).
 
 One program computes a [BM, BN] tile: BM consecutive rows of `sorted_token_ids` (one block: one expert) by BN
 output columns. Row r holds flat assignment f (token f // top_k, slot f % top_k); its input row is
@@ -19,6 +20,8 @@ One rounding to the output dtype at the store.
 Block FP8 (SCALED): each 128-deep K step is a fresh `tl.dot` of the E4M3 tiles, added to the fp32 accumulator
 times (activation scale x weight scale), `reference.gemm.block_fp8`'s order (its docstring tells what the
 Hopper FP8 dot's own accumulation is).
+MXFP4 (MX): each K step decodes the weight tile exactly to bf16 and takes two dots, the even K columns of the
+input with the codes' low nibbles and the odd ones with the high nibbles.
 
 Launch sizes (`choose_tiles`) depend on the rows an expert gets on average, tokens x top_k / experts: decode
 (a few rows) streams weights with BM 16 and long K steps; prefill runs BM 128 tiles. Both GEMMs share BM (the
