@@ -109,6 +109,11 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = LlamaAttention(config, dtype, device, quant, f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         if config.is_sparse_layer(index):
+            if quant is not None and not (quant.online and quant.name == "mxfp4"):
+                raise ValueError(
+                    f"quantization: {quant.name} MoE experts are not implemented; experts take online 'mxfp4' "
+                    "or stay unquantized"
+                )
             moe = SparseMoE(
                 config.hidden_size,
                 config.expert_intermediate_size,
@@ -117,6 +122,7 @@ class LlamaDecoderLayer(nn.Module):
                 config.norm_topk_prob,
                 dtype,
                 device,
+                mxfp4=quant is not None,
             )
             # HF's module name (Mixtral `block_sparse_moe`, Qwen3-MoE `mlp`): checkpoint names map one to one
             setattr(self, "block_sparse_moe" if config.model_type == "mixtral" else "mlp", moe)
@@ -256,4 +262,6 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"weights: {len(missing)} parameters not in the checkpoint, first: {missing[:5]}")
         for module in self.modules():  # online schemes processed each layer as its last shard arrived
             if isinstance(module, Linear) and not module.processed:
+                module.process_weights_after_loading()
+            elif isinstance(module, SparseMoE):
                 module.process_weights_after_loading()

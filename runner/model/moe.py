@@ -11,7 +11,9 @@ stacked in `w2` [E, H, I]: the layout of
 `weight_loader` copies it into its slice, with the shard id (expert, "w1" | "w2" | "w3").
 On CUDA in bf16/fp16 the experts run as `kernels.fused_moe` (through its launcher, as the runner's other
 kernels: runner.model.attention); elsewhere as `reference.moe.experts.fused_moe_mirror` (on the input's device:
-fp32 GEMMs, a fp32 sum over the k experts).
+fp32 GEMMs, a fp32 sum over the k experts). With online MXFP4 (`quantization="mxfp4"`) the experts are quantized
+after loading and run as `kernels.mxfp4_moe` on CUDA in bf16, `reference.moe.quantized.mxfp4_moe_mirror`
+elsewhere.
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference.moe import experts as moe_reference
+from reference.moe.quantized import mxfp4_moe_mirror
 from reference.moe.routing import softmax_topk
+from reference.quant.mxfp4 import MX_BLOCK_SIZE
+from runner.model.quant.mxfp4 import SCALE_MODE, positive_zeros
 
 # checkpoint name of one expert's matrix -> (module prefix, expert, part): Mixtral's w1/w2/w3, Qwen3-MoE's
 # gate_proj/down_proj/up_proj (EXPERT_PART gives the part as w1/w2/w3)
@@ -31,13 +36,27 @@ EXPERT_TENSOR = re.compile(r"^(.*)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|
 EXPERT_PART = {"w1": "w1", "w2": "w2", "w3": "w3", "gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
 
 
+def _quantize_mxfp4(w: torch.Tensor):
+    if w.is_cuda:
+        from kernels.mxfp4 import quantize_mxfp4
+    else:
+        from reference.quant.mxfp4 import quantize_mxfp4
+    return quantize_mxfp4(w, scale_mode=SCALE_MODE)
+
+
 class SparseMoE(nn.Module):
     def __init__(
-        self, hidden: int, inter: int, experts: int, top_k: int, renormalize: bool, dtype: torch.dtype, device
-    ) -> None:
+        self, hidden: int, inter: int, experts: int, top_k: int, renormalize: bool, dtype: torch.dtype, device,
+        mxfp4: bool = False,
+    ) -> None:  # fmt: skip
+        """mxfp4: quantize the experts to MXFP4 once they are loaded (`process_weights_after_loading`)."""
         super().__init__()
         self.hidden, self.inter, self.num_experts, self.top_k = hidden, inter, experts, top_k
-        self.renormalize = renormalize
+        self.renormalize, self.mxfp4 = renormalize, mxfp4
+        if mxfp4 and hidden % MX_BLOCK_SIZE:
+            raise ValueError(
+                f"quantization: mxfp4 experts need hidden_size a multiple of {MX_BLOCK_SIZE}, got {hidden}"
+            )
         self.gate = nn.Module()  # HF's name: `block_sparse_moe.gate.weight`, the router
         self.gate.weight = self._param((experts, hidden), dtype, device)
         self.w13 = self._param((experts, 2 * inter, hidden), dtype, device, experts=True)
@@ -66,8 +85,35 @@ class SparseMoE(nn.Module):
             raise ValueError(f"expert {expert} {part} must be {list(target.shape)}, got {list(tensor.shape)}")
         target.copy_(tensor)
 
+    def process_weights_after_loading(self) -> None:
+        """MXFP4 experts, online: the loaded w13 / w2 with the intermediate size padded by zeros to a multiple of
+        32 (the gate and up halves each, w2's columns: a zero gate and up give h = 0, which a zero w2 column
+        ignores), quantized per expert (`kernels.mxfp4` on CUDA, `reference.quant.mxfp4` elsewhere; -0 codes
+        made +0 as for the dense layers), in the layout the kernel reads as it is (that of the reference: codes
+        [E, N, K / 2], scales [E, N, K / 32]). The unquantized parameters are dropped."""
+        if not self.mxfp4 or hasattr(self, "w13_codes"):
+            return
+        pad = -self.inter % MX_BLOCK_SIZE
+        gate, up = self.w13.data.split(self.inter, dim=1)
+        padded = {
+            "w13": torch.cat([F.pad(gate, (0, 0, 0, pad)), F.pad(up, (0, 0, 0, pad))], dim=1),
+            "w2": F.pad(self.w2.data, (0, pad)),
+        }
+        del self.w13, self.w2
+        for name, w in padded.items():
+            parts = [_quantize_mxfp4(e.contiguous()) for e in w]
+            self.register_buffer(f"{name}_codes", torch.stack([positive_zeros(c) for c, _ in parts]))
+            self.register_buffer(f"{name}_scales", torch.stack([s for _, s in parts]))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = softmax_topk(F.linear(x, self.gate.weight), self.top_k, renormalize=self.renormalize)
+        if self.mxfp4:
+            args = (x, self.w13_codes, self.w13_scales, self.w2_codes, self.w2_scales, weights, ids)
+            if x.is_cuda and x.dtype == torch.bfloat16:
+                from kernels.mxfp4_moe import launch as mxfp4_moe
+
+                return mxfp4_moe(*args)
+            return mxfp4_moe_mirror(*args)
         if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
             from kernels.fused_moe import launch as fused_moe
 
