@@ -28,20 +28,12 @@ from reference.moe import experts as moe_reference
 from reference.moe.quantized import mxfp4_moe_mirror
 from reference.moe.routing import softmax_topk
 from reference.quant.mxfp4 import MX_BLOCK_SIZE
-from runner.model.quant.mxfp4 import SCALE_MODE, positive_zeros
+from runner.model.quant.mxfp4 import quantize_weight
 
 # checkpoint name of one expert's matrix -> (module prefix, expert, part): Mixtral's w1/w2/w3, Qwen3-MoE's
 # gate_proj/down_proj/up_proj (EXPERT_PART gives the part as w1/w2/w3)
 EXPERT_TENSOR = re.compile(r"^(.*)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
 EXPERT_PART = {"w1": "w1", "w2": "w2", "w3": "w3", "gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
-
-
-def _quantize_mxfp4(w: torch.Tensor):
-    if w.is_cuda:
-        from kernels.mxfp4 import quantize_mxfp4
-    else:
-        from reference.quant.mxfp4 import quantize_mxfp4
-    return quantize_mxfp4(w, scale_mode=SCALE_MODE)
 
 
 class SparseMoE(nn.Module):
@@ -88,8 +80,7 @@ class SparseMoE(nn.Module):
     def process_weights_after_loading(self) -> None:
         """MXFP4 experts, online: the loaded w13 / w2 with the intermediate size padded by zeros to a multiple of
         32 (the gate and up halves each, w2's columns: a zero gate and up give h = 0, which a zero w2 column
-        ignores), quantized per expert (`kernels.mxfp4` on CUDA, `reference.quant.mxfp4` elsewhere; -0 codes
-        made +0 as for the dense layers), in the layout the kernel reads as it is (that of the reference: codes
+        ignores), quantized per expert by the dense layers' `runner.model.quant.mxfp4.quantize_weight`, in the layout the kernel reads as it is (that of the reference: codes
         [E, N, K / 2], scales [E, N, K / 32]). The unquantized parameters are dropped."""
         if not self.mxfp4 or hasattr(self, "w13_codes"):
             return
@@ -101,8 +92,8 @@ class SparseMoE(nn.Module):
         }
         del self.w13, self.w2
         for name, w in padded.items():
-            parts = [_quantize_mxfp4(e.contiguous()) for e in w]
-            self.register_buffer(f"{name}_codes", torch.stack([positive_zeros(c) for c, _ in parts]))
+            parts = [quantize_weight(e.contiguous()) for e in w]
+            self.register_buffer(f"{name}_codes", torch.stack([c for c, _ in parts]))
             self.register_buffer(f"{name}_scales", torch.stack([s for _, s in parts]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

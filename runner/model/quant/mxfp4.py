@@ -31,6 +31,17 @@ def positive_zeros(codes: torch.Tensor) -> torch.Tensor:
     return pack_nibbles(torch.where(nibbles == 0x8, torch.zeros_like(nibbles), nibbles))
 
 
+def quantize_weight(w: torch.Tensor, scale_mode: str = SCALE_MODE) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes with +0 for -0, E8M0 scales) of a contiguous weight [N, K], K a multiple of 32: the quantize kernel
+    on CUDA, the reference elsewhere (the same bytes)."""
+    if w.is_cuda:
+        from kernels.mxfp4 import quantize_mxfp4
+    else:
+        from reference.quant.mxfp4 import quantize_mxfp4
+    codes, scales = quantize_mxfp4(w, scale_mode=scale_mode)
+    return positive_zeros(codes), scales
+
+
 class Mxfp4W4A16(OnlineScheme):
     name = "mxfp4"
 
@@ -57,13 +68,8 @@ class Mxfp4W4A16(OnlineScheme):
         layer.register_buffer("weight_scales", scales)
 
     def quantize(self, layer, w: torch.Tensor) -> None:
-        w = zero_pad_columns(w, MX_BLOCK_SIZE)
-        if w.is_cuda:
-            from kernels.mxfp4 import quantize_mxfp4
-        else:
-            from reference.quant.mxfp4 import quantize_mxfp4
-        codes, scales = quantize_mxfp4(w.contiguous(), scale_mode=self.scale_mode)
-        layer.register_buffer("weight_codes", positive_zeros(codes))
+        codes, scales = quantize_weight(zero_pad_columns(w, MX_BLOCK_SIZE).contiguous(), self.scale_mode)
+        layer.register_buffer("weight_codes", codes)
         layer.register_buffer("weight_scales", scales)
 
     def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
