@@ -80,8 +80,9 @@ class SparseMoE(nn.Module):
     def process_weights_after_loading(self) -> None:
         """MXFP4 experts, online: the loaded w13 / w2 with the intermediate size padded by zeros to a multiple of
         32 (the gate and up halves each, w2's columns: a zero gate and up give h = 0, which a zero w2 column
-        ignores), quantized per expert by the dense layers' `runner.model.quant.mxfp4.quantize_weight`, in the layout the kernel reads as it is (that of the reference: codes
-        [E, N, K / 2], scales [E, N, K / 32]). The unquantized parameters are dropped."""
+        ignores), quantized per expert by the dense layers' `runner.model.quant.mxfp4.quantize_weight`, in the
+        layout the kernel reads as it is (that of the reference: codes [E, N, K / 2], scales [E, N, K / 32]).
+        The unquantized parameters are dropped."""
         if not self.mxfp4 or hasattr(self, "w13_codes"):
             return
         pad = -self.inter % MX_BLOCK_SIZE
