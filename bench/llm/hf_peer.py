@@ -24,18 +24,33 @@ HF_FIELDS = (
 
 
 def hf_llama_config(config):
-    """A transformers LlamaConfig of the same shape as the runner's config (random weights for the peer)."""
-    from transformers import LlamaConfig
+    """A transformers config of the same shape as the runner's config (random weights for the peer): LlamaConfig,
+    or for a MoE model its own architecture's (MixtralConfig, Qwen3MoeConfig) with the experts' fields."""
+    import transformers
 
     fields = {name: getattr(config, name) for name in HF_FIELDS if hasattr(config, name)}
-    hf = LlamaConfig(**fields, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    if config.num_local_experts:
+        fields.update(num_experts_per_tok=config.num_experts_per_tok)
+    if config.model_type == "qwen3_moe":
+        fields.update(
+            num_experts=config.num_local_experts,
+            moe_intermediate_size=config.expert_intermediate_size,
+            norm_topk_prob=config.norm_topk_prob,
+            decoder_sparse_step=config.decoder_sparse_step,
+            mlp_only_layers=list(config.mlp_only_layers),
+            head_dim=config.head_dim,
+        )
+    elif config.model_type == "mixtral":
+        fields.update(num_local_experts=config.num_local_experts, head_dim=config.head_dim)
+    kind = {"qwen3_moe": "Qwen3MoeConfig", "mixtral": "MixtralConfig"}.get(config.model_type, "LlamaConfig")
+    hf = getattr(transformers, kind)(**fields, bos_token_id=None, eos_token_id=None, pad_token_id=None)
     if "rope_theta" in fields:  # 5.x keeps RoPE settings in rope_parameters
         hf.rope_parameters = {"rope_type": "default", "rope_theta": fields["rope_theta"]}
     return hf
 
 
 def dummy_model(config, dtype: torch.dtype, device: str, paged: bool = True):
-    """Randomly initialised transformers Llama of `config`'s shape; paged|sdpa attention for continuous
+    """Randomly initialised transformers model of `config`'s shape; paged|sdpa attention for continuous
     batching (it refuses a plain forward), else sdpa."""
     from transformers import AutoModelForCausalLM
 
