@@ -20,8 +20,9 @@ One rounding to the output dtype at the store.
 Block FP8 (SCALED): each 128-deep K step is a fresh `tl.dot` of the E4M3 tiles, added to the fp32 accumulator
 times (activation scale x weight scale), `reference.gemm.block_fp8`'s order (its docstring tells what the
 Hopper FP8 dot's own accumulation is).
-MXFP4 (MX): each K step decodes the weight tile exactly to bf16 and takes two dots, the even K columns of the
-input with the codes' low nibbles and the odd ones with the high nibbles.
+MXFP4 (MX): `kernels.w4a16_mxfp4_gemm`'s dot path (`_mx_k_loop`): each K step decodes the weight tile exactly
+to bf16 and takes two dots, the even K elements of the input with the codes' low nibbles and the odd ones with
+the high nibbles, computed transposed (weights as the MMA's M side).
 
 Launch sizes (`choose_tiles`) depend on the rows an expert gets on average, tokens x top_k / experts: decode
 (a few rows) streams weights with BM 16 and long K steps; prefill runs BM 128 tiles. Both GEMMs share BM (the
@@ -37,7 +38,7 @@ import triton
 import triton.language as tl
 
 from kernels._boundary import runs_interpreted
-from kernels.w4a16_mxfp4_gemm import _scale_values, _signed_nibble
+from kernels.w4a16_mxfp4_gemm import _tile_weights
 
 ACTIVATIONS = {"none": 0, "silu": 1, "swiglu_oai": 2}
 ALPHA, LIMIT = 1.702, 7.0  # gpt-oss's clamped SwiGLU (reference.moe.experts)
@@ -52,8 +53,7 @@ FAULTS = {
     "weight_scale_next_k_block": 3,  # block FP8: K block kb scaled by the weight scale of kb + 1 (wrapping)
     "mx_scale_past_end": 4,  # MXFP4: block j scaled by block j + 1's scale, read past the end for the last row
 }
-MX_BLOCK_C: tl.constexpr = tl.constexpr(32)  # MXFP4 elements per E8M0 scale
-TWO_126: tl.constexpr = tl.constexpr(8.507059173023462e37)  # 2**126: E2M1 value * 2**-126 -> the value
+MX_FAULT_C: tl.constexpr = tl.constexpr(3)  # `kernels.w4a16_mxfp4_gemm`'s "scale_past_end", which MX fault 4 plants
 
 
 class Tiles(NamedTuple):
@@ -120,27 +120,58 @@ def fp8_tiles(first: Tiles, second: Tiles) -> tuple[Tiles, Tiles]:
     )
 
 
-def mx_tiles(tiles: Tiles) -> Tiles:
-    """MXFP4's launch sizes from the bf16 ones: BK a multiple of the 32-element scale block (not yet measured on a
-    GPU)."""
-    return tiles._replace(bk=max(32, tiles.bk // 32 * 32))
+# MXFP4's launch sizes by the bf16 table's BM: (BN, BK, warps, stages). BN is the MMA's M side (the products
+# are computed transposed), so at least 64 for Hopper's wgmma with 4 warps.
+MX_GPU_TILES = {16: (64, 256, 4, 3), 32: (64, 256, 4, 3), 64: (128, 128, 8, 3), 128: (128, 128, 8, 3)}
+
+
+def mx_tiles(device: torch.device, tiles: Tiles) -> Tiles:
+    """MXFP4's launch sizes from the bf16 ones: BK a multiple of the 32-element scale block."""
+    if runs_interpreted(device):
+        return tiles._replace(bk=max(32, tiles.bk // 32 * 32))
+    bn, bk, warps, stages = MX_GPU_TILES[tiles.bm]
+    return tiles._replace(bn=bn, bk=bk, warps=warps, stages=stages)
 
 
 @triton.jit
-def _mx_weights(w_base, ws_base, rows, cmask, kk, kmask, stride_wn, stride_wsn, FAULT: tl.constexpr):
-    """MXFP4 weights of `rows` at the even K columns kk and kk + 1, each bf16 [len(kk), len(rows)], decoded exactly
-    (E2M1 value * 2**-126 from the nibble's bits, * 2**126, * the block's E8M0 scale: `kernels.w4a16_mxfp4_gemm`'s
-    arithmetic)."""
-    mask = kmask[:, None] & cmask[None, :]
-    rows64 = rows[None, :].to(tl.int64)
-    codes = tl.load(w_base + rows64 * stride_wn + (kk // 2)[:, None], mask=mask, other=0).to(tl.int32)
-    block = kk // MX_BLOCK_C
-    if FAULT == 4:
-        block = block + 1  # the last block of a row reads the next row's first scale, the last row's past the end
-    scale = _scale_values(tl.load(ws_base + rows64 * stride_wsn + block[:, None], mask=mask, other=127).to(tl.uint32))
-    low = _signed_nibble(codes << 28) * TWO_126 * scale
-    high = _signed_nibble(codes << 24) * TWO_126 * scale
-    return low.to(tl.bfloat16), high.to(tl.bfloat16)
+def _mx_k_loop(
+    a_ptr, w_base, ws_base, a_rows, valid, gate_rows, up_rows, cmask, K, stride_am, stride_wn, stride_wsn,
+    ACT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+    FAULT: tl.constexpr,
+):  # fmt: skip
+    """MXFP4's K loop: (gate, up) accumulators [BM, BN]. `kernels.w4a16_mxfp4_gemm`'s dot path: the input read
+    as int32 words of bf16 pairs (a_ptr, stride_am in words), whose even elements meet the codes' low nibbles and
+    odd ones the high nibbles; weight tiles [BN, BK / 2] decoded exactly to bf16 by its `_tile_weights` (16
+    code bytes and one scale a row and 32-block, contiguous loads); the products computed transposed, W tile @
+    x^T, so BN is the MMA's M and a decode block of 16 rows costs no more MMA rows than BN."""
+    HALF: tl.constexpr = BK // 2  # words (element pairs) per K tile
+    GROUPS: tl.constexpr = BK // 32  # MX blocks per K tile
+    word = tl.arange(0, HALF)
+    n_blocks = K // 32
+    gate_n = tl.where(cmask, gate_rows, 0).to(tl.int64)
+    up_n = tl.where(cmask, up_rows, 0).to(tl.int64)
+    mx_fault = MX_FAULT_C if FAULT == 4 else 0
+    acc_t = tl.zeros([BN, BM], tl.float32)
+    acc_up_t = tl.zeros([BN, BM], tl.float32)
+    for tile in range(0, tl.cdiv(K, BK)):
+        block = tile * GROUPS + tl.arange(0, GROUPS)
+        x_offsets = a_rows[None, :] * stride_am + (tile * HALF + word)[:, None]  # x^T words [HALF, BM]
+        in_k = (tile * HALF + word) < K // 2
+        words = tl.load(a_ptr + x_offsets, mask=in_k[:, None] & valid[None, :], other=0).to(tl.uint32, bitcast=True)
+        even = (words & 0xFFFF).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        odd = (words >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        low, high = _tile_weights(
+            w_base, ws_base, gate_n, cmask, block, stride_wn, stride_wsn, n_blocks, EVEN_K, mx_fault
+        )
+        acc_t = tl.dot(tl.reshape(low, [BN, HALF]).to(tl.bfloat16), even, acc_t)  # exact: bf16 values
+        acc_t = tl.dot(tl.reshape(high, [BN, HALF]).to(tl.bfloat16), odd, acc_t)
+        if ACT != 0:
+            low, high = _tile_weights(
+                w_base, ws_base, up_n, cmask, block, stride_wn, stride_wsn, n_blocks, EVEN_K, mx_fault
+            )
+            acc_up_t = tl.dot(tl.reshape(low, [BN, HALF]).to(tl.bfloat16), even, acc_up_t)
+            acc_up_t = tl.dot(tl.reshape(high, [BN, HALF]).to(tl.bfloat16), odd, acc_up_t)
+    return tl.trans(acc_t), tl.trans(acc_up_t)
 
 
 @triton.jit
@@ -149,7 +180,8 @@ def _moe_gemm_kernel(
     n_assign, N, K, A_DIV, num_experts, stride_am, stride_we, stride_wn, stride_be, stride_om,
     as_ptr, ws_ptr, stride_asm, stride_wse, stride_wsn,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_WEIGHT: tl.constexpr, SCALED: tl.constexpr, MX: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, FAULT: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+    FAULT: tl.constexpr,
 ):  # fmt: skip
     # Program order: GROUP_M row blocks x every column tile, row blocks fastest, then the next GROUP_M row
     # blocks; programs running together share the blocks' input rows and the column tiles' weights in L2.
@@ -184,19 +216,13 @@ def _moe_gemm_kernel(
     ws_base = ws_ptr + e * stride_wse
     acc = tl.zeros([BM, BN], tl.float32)
     acc_up = tl.zeros([BM, BN], tl.float32)
-    for k0 in range(0, K, BK):
-        if MX:  # even K columns meet the low nibbles, odd ones the high nibbles
-            kk = k0 + 2 * tl.arange(0, BK // 2)
-            kmask = kk < K
-            a_ptrs = a_ptr + a_rows[:, None] * stride_am + kk[None, :]
-            a_even = tl.load(a_ptrs, mask=valid[:, None] & kmask[None, :], other=0.0)
-            a_odd = tl.load(a_ptrs + 1, mask=valid[:, None] & kmask[None, :], other=0.0)
-            low, high = _mx_weights(w_base, ws_base, gate_rows, cmask, kk, kmask, stride_wn, stride_wsn, FAULT)
-            acc = tl.dot(a_odd, high, tl.dot(a_even, low, acc))
-            if ACT != 0:
-                low, high = _mx_weights(w_base, ws_base, up_rows, cmask, kk, kmask, stride_wn, stride_wsn, FAULT)
-                acc_up = tl.dot(a_odd, high, tl.dot(a_even, low, acc_up))
-        else:
+    if MX:
+        acc, acc_up = _mx_k_loop(
+            a_ptr, w_base, ws_base, a_rows, valid, gate_rows, up_rows, cmask, K, stride_am, stride_wn, stride_wsn,
+            ACT, BM, BN, BK, EVEN_K, FAULT,
+        )  # fmt: skip
+    else:
+        for k0 in range(0, K, BK):
             kk = k0 + tl.arange(0, BK)
             kmask = kk < K
             a = tl.load(
@@ -249,20 +275,25 @@ def launch_moe_gemm(
     k = a.shape[1]
     bm, bn, bk, warps, stages, group_m = tiles
     scaled = a_scales is not None
-    if mx and (bk % 32 or w_scales.stride(2) != 1 or a.dtype != torch.bfloat16):
-        raise ValueError(f"tiles: MXFP4 needs a bf16 input, BK a multiple of 32 and scales contiguous, got BK = {bk}")
+    if mx and (bk % 32 or w_scales.stride(2) != 1 or a.dtype != torch.bfloat16 or k % 32 or a.stride(0) % 2):
+        raise ValueError(
+            f"tiles: MXFP4 needs a bf16 input with K and its row stride multiples of 32 and 2, BK a multiple of 32"
+            f" and scales contiguous, got K = {k}, BK = {bk}"
+        )
     if scaled and (bk != SCALE_BLOCK or a_scales.stride(1) != 1 or w_scales.stride(2) != 1):
         raise ValueError(f"tiles: block FP8 needs BK = {SCALE_BLOCK} and scales contiguous in K, got BK = {bk}")
     if not expert_ids.numel() or not n:
         return out
     grid = (expert_ids.numel() * triton.cdiv(n, bn),)
+    a_arg, stride_am = (a.view(torch.int32), a.stride(0) // 2) if mx else (a, a.stride(0))  # MX: bf16 pairs
     _moe_gemm_kernel[grid](
-        a, w, bias if bias is not None else w, out, sorted_ids, expert_ids, post, weights,
-        n_assign, n, k, a_div, w.shape[0], a.stride(0), w.stride(0), w.stride(1),
+        a_arg, w, bias if bias is not None else w, out, sorted_ids, expert_ids, post, weights,
+        n_assign, n, k, a_div, w.shape[0], stride_am, w.stride(0), w.stride(1),
         bias.stride(0) if bias is not None else 0, out.stride(0),
         a_scales if scaled else weights, w_scales if w_scales is not None else weights,
         a_scales.stride(0) if scaled else 0, *(w_scales.stride()[:2] if w_scales is not None else (0, 0)),
         ACT=ACTIVATIONS[activation], HAS_BIAS=bias is not None, MUL_WEIGHT=mul_weight, SCALED=scaled, MX=mx,
-        BM=bm, BN=bn, BK=bk, GROUP_M=group_m, FAULT=FAULTS[fault], num_warps=warps, num_stages=stages,
+        BM=bm, BN=bn, BK=bk, GROUP_M=group_m, EVEN_K=k % bk == 0, FAULT=FAULTS[fault], num_warps=warps,
+        num_stages=stages,
     )  # fmt: skip
     return out

@@ -29,9 +29,10 @@ def hf_llama_config(config):
     import transformers
 
     fields = {name: getattr(config, name) for name in HF_FIELDS if hasattr(config, name)}
-    if config.num_local_experts:
+    model_type = getattr(config, "model_type", "llama")
+    if model_type != "llama":
         fields.update(num_experts_per_tok=config.num_experts_per_tok)
-    if config.model_type == "qwen3_moe":
+    if model_type == "qwen3_moe":
         fields.update(
             num_experts=config.num_local_experts,
             moe_intermediate_size=config.expert_intermediate_size,
@@ -40,9 +41,9 @@ def hf_llama_config(config):
             mlp_only_layers=list(config.mlp_only_layers),
             head_dim=config.head_dim,
         )
-    elif config.model_type == "mixtral":
+    elif model_type == "mixtral":
         fields.update(num_local_experts=config.num_local_experts, head_dim=config.head_dim)
-    kind = {"qwen3_moe": "Qwen3MoeConfig", "mixtral": "MixtralConfig"}.get(config.model_type, "LlamaConfig")
+    kind = {"qwen3_moe": "Qwen3MoeConfig", "mixtral": "MixtralConfig"}.get(model_type, "LlamaConfig")
     hf = getattr(transformers, kind)(**fields, bos_token_id=None, eos_token_id=None, pad_token_id=None)
     if "rope_theta" in fields:  # 5.x keeps RoPE settings in rope_parameters
         hf.rope_parameters = {"rope_type": "default", "rope_theta": fields["rope_theta"]}

@@ -197,7 +197,7 @@ def run_cuda(workload: Workload, args: argparse.Namespace) -> tuple[list[dict], 
                 prompts,
                 "hf generate_batch",
                 f"transformers CB, {model.config._attn_implementation}"
-                + (f", {model.config._experts_implementation} experts" if config.num_local_experts else "")
+                + (f", {model.config._experts_implementation} experts" if config.model_type != "llama" else "")
                 + f", bf16 random weights, seed {seeded.seed}",
             )
             rows += peer
