@@ -60,7 +60,7 @@ def run_layer(
     if quantize is not None and tiles is None:
         first, second = fp8_tiles(first, second)
     if mx and tiles is None:
-        first, second = mx_tiles(device, first), mx_tiles(device, second)
+        first, second = mx_tiles(device, tokens * top_k, experts, first, second)
     if first.bm != second.bm:
         raise ValueError(f"tiles: both GEMMs must share BM (the alignment's block), got {first.bm} and {second.bm}")
     sorted_ids, expert_ids, post = moe_align.launch(topk_ids, experts, first.bm, expert_map, align_fault)
