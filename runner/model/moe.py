@@ -78,36 +78,67 @@ class SparseMoE(nn.Module):
         target.copy_(tensor)
 
     def process_weights_after_loading(self) -> None:
-        """MXFP4 experts, online: the loaded w13 / w2 with the intermediate size padded by zeros to a multiple of
-        32 (the gate and up halves each, w2's columns: a zero gate and up give h = 0, which a zero w2 column
-        ignores), quantized per expert by the dense layers' `runner.model.quant.mxfp4.quantize_weight`, in the
-        layout the kernel reads as it is (that of the reference: codes [E, N, K / 2], scales [E, N, K / 32]).
-        The unquantized parameters are dropped."""
+        """MXFP4 experts, online: `quantize_experts` of the loaded w13 / w2 (gate rows then up rows). The
+        unquantized parameters are dropped."""
         if not self.mxfp4 or hasattr(self, "w13_codes"):
             return
-        pad = -self.inter % MX_BLOCK_SIZE
-        gate, up = self.w13.data.split(self.inter, dim=1)
-        padded = {
-            "w13": torch.cat([F.pad(gate, (0, 0, 0, pad)), F.pad(up, (0, 0, 0, pad))], dim=1),
-            "w2": F.pad(self.w2.data, (0, pad)),
-        }
+        quantized = quantize_experts(self.w13.data, self.w2.data, interleaved=False)
         del self.w13, self.w2
-        for name, w in padded.items():
-            parts = [quantize_weight(e.contiguous()) for e in w]
-            self.register_buffer(f"{name}_codes", torch.stack([c for c, _ in parts]))
-            self.register_buffer(f"{name}_scales", torch.stack([s for _, s in parts]))
+        for name, t in quantized.items():
+            self.register_buffer(name, t)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = softmax_topk(F.linear(x, self.gate.weight), self.top_k, renormalize=self.renormalize)
         if self.mxfp4:
-            args = (x, self.w13_codes, self.w13_scales, self.w2_codes, self.w2_scales, weights, ids)
-            if x.is_cuda and x.dtype == torch.bfloat16:
-                from kernels.mxfp4_moe import launch as mxfp4_moe
+            return run_experts(x, weights, ids, self.w13_codes, self.w2_codes, self.w13_scales, self.w2_scales)
+        return run_experts(x, weights, ids, self.w13, self.w2)
 
-                return mxfp4_moe(*args)
-            return mxfp4_moe_mirror(*args)
-        if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
-            from kernels.fused_moe import launch as fused_moe
 
-            return fused_moe(x, self.w13, self.w2, weights, ids)
-        return moe_reference.fused_moe_mirror(x, self.w13, self.w2, weights, ids)
+def pad_gate_up(t: torch.Tensor, pad: int, interleaved: bool) -> torch.Tensor:
+    """t [E, 2I, ...] (w13 or its bias) -> [E, 2(I + pad), ...]: `pad` zero gate channels and as many zero up
+    channels, each where its layout keeps it: after the I gate rows and after the I up rows (interleaved=False),
+    or as `pad` more (gate, up) row pairs at the end (interleaved=True, gpt-oss: gate row 2c, up row 2c + 1)."""
+    e, rest = t.shape[0], t.shape[2:]
+    inter = t.shape[1] // 2
+    split = (e, inter, 2, *rest) if interleaved else (e, 2, inter, *rest)
+    dim = 1 if interleaved else 2
+    v = t.reshape(split)
+    zeros = v.new_zeros(*split[:dim], pad, *split[dim + 1 :])
+    return torch.cat([v, zeros], dim=dim).reshape(e, 2 * (inter + pad), *rest)
+
+
+def quantize_experts(w13: torch.Tensor, w2: torch.Tensor, interleaved: bool) -> dict[str, torch.Tensor]:
+    """Online MXFP4 experts: w13 [E, 2I, H] / w2 [E, H, I] with I padded by zeros to a multiple of 32 (gate and
+    up channels alike, `pad_gate_up`; w2's columns: a zero gate and up give h = 0 under either activation, which
+    a zero w2 column ignores), quantized per expert by the dense layers' `runner.model.quant.mxfp4.quantize_weight`,
+    in the layout the kernel reads as it is (that of the reference: codes [E, N, K / 2], scales [E, N, K / 32]).
+    Returns {w13_codes, w13_scales, w2_codes, w2_scales}."""
+    pad = -w2.shape[2] % MX_BLOCK_SIZE
+    out = {}
+    for name, w in (("w13", pad_gate_up(w13, pad, interleaved)), ("w2", F.pad(w2, (0, pad)))):
+        parts = [quantize_weight(e.contiguous()) for e in w]
+        out[f"{name}_codes"] = torch.stack([c for c, _ in parts])
+        out[f"{name}_scales"] = torch.stack([s for _, s in parts])
+    return out
+
+
+def run_experts(
+    x, topk_weights, topk_ids, w13, w2, w13_scales=None, w2_scales=None, activation="silu", w13_bias=None,
+    w2_bias=None,
+) -> torch.Tensor:  # fmt: skip
+    """The experts of a routed MoE layer on x [T, H], dispatched as the runner runs them: MXFP4 codes (scales
+    given) as `kernels.mxfp4_moe` on CUDA in bf16, `reference.moe.quantized.mxfp4_moe_mirror` elsewhere;
+    unquantized as `kernels.fused_moe` on CUDA in bf16/fp16, `reference.moe.experts.fused_moe_mirror` elsewhere."""
+    if w13_scales is not None:
+        args = (x, w13, w13_scales, w2, w2_scales, topk_weights, topk_ids, activation, w13_bias, w2_bias)
+        if x.is_cuda and x.dtype == torch.bfloat16:
+            from kernels.mxfp4_moe import launch as mxfp4_moe
+
+            return mxfp4_moe(*args)
+        return mxfp4_moe_mirror(*args)
+    args = (x, w13, w2, topk_weights, topk_ids, activation, w13_bias, w2_bias)
+    if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
+        from kernels.fused_moe import launch as fused_moe
+
+        return fused_moe(*args)
+    return moe_reference.fused_moe_mirror(*args)
