@@ -4,7 +4,7 @@ arrives as a msgspec message.
 
 KV-cache size: on CUDA, `gpu_memory_utilization` of the device minus what the weights and one warm-up step
 of the full token budget use (its forward, the logits of max_num_seqs rows and a top-k/top-p sample of them),
-minus, with decode CUDA graphs, that warm-up's activation peak once more as the graphs' pool reserve
+minus, with CUDA graphs, that warm-up's activation peak once more as the graphs' pool reserve
 (runner.engine.kv_sizing); on CPU a fixed `kv_cache_bytes` (256 MiB default). `num_kv_blocks` overrides both
 (tests force preemption with a tiny cache).
 """
@@ -18,6 +18,7 @@ from runner.engine import kv_sizing
 from runner.engine.capture_sizes import capture_sizes
 from runner.engine.core import EngineCore
 from runner.engine.model_runner import ModelRunner, allocate_kv, cache_spec
+from runner.engine.prefill_graphs import prefill_capture_sizes
 from runner.engine.sampling_params import SamplingParams
 from runner.engine.scheduler import Scheduler, SchedulerConfig
 from runner.model import DEFAULT_MODEL
@@ -49,6 +50,9 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     kv_cache_bytes: int | None = None
     num_kv_blocks: int | None = None
     enforce_eager: bool = False
+    # Steps with prompt tokens as CUDA-graph replays too, padded to token buckets (runner.engine.prefill_graphs);
+    # False: those steps run eagerly and only decode steps replay graphs.
+    cuda_graph_prefill: bool = True
     # Schedule and prepare step N+1 while the device runs step N (runner.engine.core); False: one step at a time.
     async_scheduling: bool = True
     # Pure decode steps through the scheduler's decode fast path (runner.engine.decode_schedule); False: every
@@ -97,6 +101,7 @@ def build_core(config: EngineConfig, loaded: tuple | None = None, tokenizer: boo
         max_tokens = max(8192, config.max_num_seqs, 0 if config.enable_chunked_prefill else max_model_len)
     cuda = torch.device(device).type == "cuda"
     sizes = capture_sizes(config.max_num_seqs, max_tokens) if cuda and not config.enforce_eager else []
+    prefill_sizes = prefill_capture_sizes(max_tokens) if sizes and config.cuda_graph_prefill else []
     num_blocks = config.num_kv_blocks
     if num_blocks is None:
         num_blocks = size_kv(model, model_config, config, dtype, max_tokens, max_model_len, bool(sizes))
@@ -124,6 +129,8 @@ def build_core(config: EngineConfig, loaded: tuple | None = None, tokenizer: boo
         device=device,
         max_model_len=max_model_len,
         capture_sizes=sizes,
+        prefill_sizes=prefill_sizes,
+        max_num_seqs=config.max_num_seqs,
         enforce_eager=config.enforce_eager,
         max_logits_rows=config.max_num_seqs,
     )

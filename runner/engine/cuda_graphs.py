@@ -1,7 +1,8 @@
 """Decode-only CUDA graphs: one graph per capture size, replayed with the batch padded up to the next size.
 
-Graphs cover uniform decode steps only (one new token a sequence), as nano-vllm's do;
-prefill and mixed steps run eagerly, as does a decode batch larger than the largest capture size. All graphs
+Graphs cover uniform decode steps only (one new token a sequence), as nano-vllm's do; prefill and mixed steps
+have their own graphs (runner.engine.prefill_graphs), and a decode batch larger than the largest capture size
+runs eagerly. All graphs
 read one set of static input buffers sized for the largest capture size and share one memory pool (captured
 largest first, so the smaller graphs fit inside the largest one's pool). Replay copies the step's inputs into
 the buffers' first rows and pads the rest of the chosen size with rows that do nothing: slot -1 (the KV store
@@ -112,12 +113,11 @@ class DecodeGraphs:
         self.hidden = torch.zeros(self.sizes[-1], hidden_size, dtype=dtype, device=device) if self.enabled else None
 
     @torch.inference_mode()
-    def capture(self) -> None:
-        """Capture every size, largest first, into one pool. The buffers hold padding only, so the warm-up and
-        captured runs store nothing into the cache."""
+    def capture(self, pool=None) -> None:
+        """Capture every size, largest first, into one pool (`pool`, e.g. the prefill graphs', or a new one).
+        The buffers hold padding only, so the warm-up and captured runs store nothing into the cache."""
         if not self.enabled:
             return
-        pool = None
         for size in reversed(self.sizes):
             ids, pos = self.buffers.input_ids[:size], self.buffers.positions[:size]
             batch = self.buffers.batch(size, self.make_batch)

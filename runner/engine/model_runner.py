@@ -2,7 +2,8 @@
 
 `execute(output)` flattens the SchedulerOutput into the model's inputs (input ids, positions and a
 runner.model.attention.AttentionBatch; runner.engine.step_tensors, two host-to-device copies), runs the
-model (a decode step through the CUDA graph of the next size up where graphs are captured, else eagerly),
+model (a decode step through the decode CUDA graph of the next size up, a step with prompt tokens through the
+prefill graph of the next token bucket up, where graphs are captured; else eagerly),
 computes the logits of the rows that sample (each sampling request's last new token; a prompt chunk that is
 not the last samples nothing, so a seeded request's generator never advances on it) and samples them
 (runner.engine.sampler). Rows whose request asked for logprobs get them from the same logits
@@ -32,6 +33,7 @@ from runner.engine.cuda_graphs import DecodeGraphs, DecodeInputs
 from runner.engine.host_copy import to_device
 from runner.engine.logprobs import LogprobTensors, token_logprobs
 from runner.engine.messages import TokenLogprobs
+from runner.engine.prefill_graphs import PrefillGraphs
 from runner.engine.sampler import SamplingBatch, is_greedy, sample
 from runner.engine.scheduler import SchedulerOutput, StepInputs
 from runner.engine.step_tensors import StepPacker
@@ -115,6 +117,8 @@ class ModelRunner:
         device: torch.device | str,
         max_model_len: int,
         capture_sizes: list[int] | tuple[int, ...] = (),
+        prefill_sizes: list[int] | tuple[int, ...] = (),
+        max_num_seqs: int = 256,
         enforce_eager: bool = False,
         max_logits_rows: int = 256,
     ):
@@ -134,7 +138,18 @@ class ModelRunner:
             dtype,
             self.device,
         )
-        self.graphs.capture()
+        self.prefill_graphs = PrefillGraphs(
+            self._forward,
+            AttentionBatch,
+            () if enforce_eager or not self.graphs.enabled else prefill_sizes,
+            max_num_seqs,
+            self.max_blocks,
+            config.hidden_size,
+            dtype,
+            self.device,
+        )
+        # Prefill graphs first (the largest forward), the decode graphs in the same pool
+        self.graphs.capture(self.prefill_graphs.capture())
         self._last: LaunchedStep | None = None  # the step launched last (its sampled tokens feed the next)
         # CUDA: time every step's device work with a pair of timing events (the step profile of bench.llm.w1)
         self.gpu_timing = False
@@ -189,7 +204,7 @@ class ModelRunner:
             every = self.graphs.run(step, lambda: attention_batch(inputs))
             hidden = every if some is None else every[some]  # a 1-token prompt chunk that is not the last
         else:
-            every = self._forward(inputs.input_ids, inputs.positions, attention_batch(inputs))
+            every = self.prefill_graphs.run(inputs, lambda: attention_batch(inputs))
             hidden = every[inputs.logits_indices if some is None else inputs.logits_indices[some]]
         copy = device.type == "cuda"
         prompt = None
