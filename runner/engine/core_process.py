@@ -9,6 +9,10 @@ exits the process within `WATCH_S` of the parent's death, whatever the main thre
 step). SIGTERM (or a `Shutdown` message) stops admitting and drains the requests in flight for the given
 seconds, then exits 0.
 
+TOUCHSTONE_CORE_FACTORY="package.module:function" builds the core with that function of the EngineConfig instead
+of `build_core` (bench/serve/frontend_ceiling.py serves through runner.engine.ideal_core, a core without a model,
+that way).
+
 FAULTS (negative controls, from TOUCHSTONE_CORE_FAULTS, comma separated; never in production):
 - "fail_at_start": the build raises (tests the one-line start failure);
 - "die_after_step": the process exits with status 17 after its first step with tokens (a core that dies while
@@ -46,6 +50,21 @@ def faults_from_env(env=os.environ) -> frozenset[str]:
     if unknown := names - set(FAULT_NAMES):
         raise ValueError(f"TOUCHSTONE_CORE_FAULTS: unknown {sorted(unknown)}; known {FAULT_NAMES}")
     return names
+
+
+def core_factory(env=os.environ):
+    """EngineConfig -> core: `build_core`'s core, or TOUCHSTONE_CORE_FACTORY's function."""
+    spec = env.get("TOUCHSTONE_CORE_FACTORY")
+    if not spec:
+        from runner.engine.core_build import build_core
+
+        return lambda config: build_core(config, tokenizer=False)[0]
+    import importlib
+
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise ValueError(f"TOUCHSTONE_CORE_FACTORY: must be package.module:function, got {spec!r}")
+    return getattr(importlib.import_module(module), name)
 
 
 def watch_parent(parent_pid: int) -> None:
@@ -139,13 +158,13 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C goes to the frontend, which drains us
     try:
-        from runner.engine.core_build import EngineConfig, build_core
+        from runner.engine.core_build import EngineConfig
 
         faults = faults_from_env()
         config = msgspec.msgpack.decode(bytes.fromhex(config_hex), type=EngineConfig).resolved()
         if "fail_at_start" in faults:
             raise RuntimeError("planted fault fail_at_start: the engine core could not be built")
-        core, _ = build_core(config, tokenizer=False)
+        core = core_factory(os.environ)(config)
     except BaseException as err:
         outbox.send(ENCODER.encode(m.Failed(one_line(err))))
         traceback.print_exc(file=sys.stderr)

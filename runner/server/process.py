@@ -34,12 +34,16 @@ def server_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def start(args: list[str], port: int, log_path: pathlib.Path, **env: str) -> subprocess.Popen:
-    """`touchstone serve --host 127.0.0.1 --port <port> <args>`, output to `log_path` (not yet ready)."""
+def start(
+    args: list[str], port: int, log_path: pathlib.Path, python_args: tuple[str, ...] = (), **env: str
+) -> subprocess.Popen:
+    """`touchstone serve --host 127.0.0.1 --port <port> <args>`, output to `log_path` (not yet ready);
+    `python_args` go to the interpreter first (e.g. a profiler: "-m", "cProfile", "-o", path)."""
     with open(log_path, "w") as log:
         return subprocess.Popen(
             [
                 sys.executable,
+                *python_args,
                 "-m",
                 "runner.server.cli",
                 "--host",
@@ -89,10 +93,13 @@ def stop(proc: subprocess.Popen, timeout: float) -> int:
 
 
 @contextlib.contextmanager
-def launched(args: list[str], log_path: pathlib.Path, ready_timeout: float = 900):
-    """Yields the base URL of a ready server started with `touchstone serve <args>`; stops it at the end."""
+def launched(
+    args: list[str], log_path: pathlib.Path, ready_timeout: float = 900, python_args: tuple[str, ...] = (), **env: str
+):
+    """Yields the base URL of a ready server started with `touchstone serve <args>` (`start`'s `python_args`, and
+    `env` over this process's environment); stops it at the end."""
     port = free_port()
-    proc = start(args, port, log_path)
+    proc = start(args, port, log_path, python_args, **env)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(proc, url, log_path, ready_timeout)
