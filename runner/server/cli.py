@@ -59,6 +59,11 @@ def parser() -> Parser:
     p.add_argument("--num-kv-blocks", type=positive_int, help="KV cache blocks (overrides the sizing)")
     p.add_argument("--gpu-memory-utilization", type=fraction, default=0.9)
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    p.add_argument(
+        "--no-cuda-graph-prefill",
+        action="store_true",
+        help="CUDA graphs for decode steps only (steps with prompt tokens run eagerly)",
+    )
     p.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -94,6 +99,7 @@ def engine_config(args: argparse.Namespace):
         num_kv_blocks=args.num_kv_blocks,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
+        cuda_graph_prefill=not args.no_cuda_graph_prefill,
         seed=args.seed,
     )
 
