@@ -35,18 +35,46 @@ class DecodeInputs:
     seq_lens: torch.Tensor  # int32 [B]
 
 
+def allocate_padding(buffers, rows: int, seqs: int, max_blocks: int, device) -> None:
+    """A graph's static inputs, as padding: `rows` token rows (token 0 at position 0, cache slot -1: the KV store
+    skips it) and `seqs` sequences (nothing in the cache, block-table rows of the null block 0)."""
+    z = dict(device=device)
+    buffers.input_ids = torch.zeros(rows, dtype=torch.int64, **z)
+    buffers.positions = torch.zeros(rows, dtype=torch.int64, **z)
+    buffers.slot_mapping = torch.full((rows,), -1, dtype=torch.int64, **z)
+    buffers.block_table = torch.zeros(seqs, max_blocks, dtype=torch.int32, **z)
+    buffers.seq_lens = torch.zeros(seqs, dtype=torch.int32, **z)
+
+
+@torch.inference_mode()
+def capture_all(forward: Forward, make_batch, buffers, hidden: torch.Tensor, sizes, device, pool=None):
+    """One graph per size, largest first, into `pool` (a new one if None): the forward over the buffers' first
+    `size` rows into `hidden`, after one warm-up run outside the capture (Triton compiles there). Returns
+    ({size: graph}, pool)."""
+    graphs = {}
+    for size in sorted(sizes, reverse=True):
+        ids, pos = buffers.input_ids[:size], buffers.positions[:size]
+        batch = buffers.batch(size, make_batch)
+        forward(ids, pos, batch)
+        torch.cuda.synchronize(device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            hidden[:size] = forward(ids, pos, batch)
+        pool = graph.pool() if pool is None else pool
+        graphs[size] = graph
+    if graphs:
+        torch.cuda.synchronize(device)
+    return graphs, pool
+
+
 class StaticDecodeBuffers:
     """The graphs' input buffers, `max_batch` rows, block tables `max_blocks` wide, always holding either a
     step's rows or padding rows."""
 
     def __init__(self, max_batch: int, max_blocks: int, device: torch.device | str):
         self.max_batch, self.max_blocks = max_batch, max_blocks
+        allocate_padding(self, max_batch, max_batch, max_blocks, device)
         z = dict(device=device)
-        self.input_ids = torch.zeros(max_batch, dtype=torch.int64, **z)
-        self.positions = torch.zeros(max_batch, dtype=torch.int64, **z)
-        self.slot_mapping = torch.full((max_batch,), -1, dtype=torch.int64, **z)
-        self.block_table = torch.zeros(max_batch, max_blocks, dtype=torch.int32, **z)
-        self.seq_lens = torch.zeros(max_batch, dtype=torch.int32, **z)
         # Decode: sequence b's only query is row b, and it is the row sampled from; fixed for every size.
         self.cu_seqlens_q = torch.arange(max_batch + 1, dtype=torch.int32, **z)
         self.logits_indices = torch.arange(max_batch, dtype=torch.int64, **z)
@@ -112,23 +140,13 @@ class DecodeGraphs:
         self.buffers = StaticDecodeBuffers(self.sizes[-1], max_blocks, device) if self.enabled else None
         self.hidden = torch.zeros(self.sizes[-1], hidden_size, dtype=dtype, device=device) if self.enabled else None
 
-    @torch.inference_mode()
     def capture(self, pool=None) -> None:
         """Capture every size, largest first, into one pool (`pool`, e.g. the prefill graphs', or a new one).
         The buffers hold padding only, so the warm-up and captured runs store nothing into the cache."""
-        if not self.enabled:
-            return
-        for size in reversed(self.sizes):
-            ids, pos = self.buffers.input_ids[:size], self.buffers.positions[:size]
-            batch = self.buffers.batch(size, self.make_batch)
-            self.forward(ids, pos, batch)  # warm-up: Triton compiles and autotunes outside the capture
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.hidden[:size] = self.forward(ids, pos, batch)
-            pool = graph.pool() if pool is None else pool
-            self.graphs[size] = graph
-        torch.cuda.synchronize(self.device)
+        if self.enabled:
+            self.graphs, _ = capture_all(
+                self.forward, self.make_batch, self.buffers, self.hidden, self.sizes, self.device, pool
+            )
 
     def run(self, step: DecodeInputs, eager_batch: Callable[[], object]) -> torch.Tensor:
         """Hidden states [B, hidden] of the step's rows: a replay of the next size up, else the eager forward

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from runner.engine.cuda_graphs import Forward
+from runner.engine.cuda_graphs import Forward, allocate_padding, capture_all
 
 SMALLEST = 512
 
@@ -46,12 +46,8 @@ class StaticPrefillBuffers:
 
     def __init__(self, max_tokens: int, max_seqs: int, max_blocks: int, device: torch.device | str):
         self.max_tokens, self.max_seqs, self.max_blocks = max_tokens, max_seqs, max_blocks
+        allocate_padding(self, max_tokens, max_seqs, max_blocks, device)
         z = dict(device=device)
-        self.input_ids = torch.zeros(max_tokens, dtype=torch.int64, **z)
-        self.positions = torch.zeros(max_tokens, dtype=torch.int64, **z)
-        self.slot_mapping = torch.full((max_tokens,), -1, dtype=torch.int64, **z)
-        self.block_table = torch.zeros(max_seqs, max_blocks, dtype=torch.int32, **z)
-        self.seq_lens = torch.zeros(max_seqs, dtype=torch.int32, **z)
         self.cu_seqlens_q = torch.zeros(max_seqs + 1, dtype=torch.int32, **z)
         self.logits_indices = torch.zeros(max_seqs, dtype=torch.int64, **z)  # unread by the forward
         self.rows = self.seqs = 0  # rows [0, rows) and sequences [0, seqs) may hold the last step's values
@@ -121,22 +117,14 @@ class PrefillGraphs:
             self.buffers = StaticPrefillBuffers(self.sizes[-1], max_seqs, max_blocks, device)
             self.hidden = torch.zeros(self.sizes[-1], hidden_size, dtype=dtype, device=device)
 
-    @torch.inference_mode()
     def capture(self, pool=None):
         """Capture every size, largest first, into `pool` (a new one if None); returns the pool. The buffers hold
         padding only (no sequence, every slot -1), so the warm-up and captured runs store nothing."""
-        for size in reversed(self.sizes):
-            ids, pos = self.buffers.input_ids[:size], self.buffers.positions[:size]
-            batch = self.buffers.batch(size, self.make_batch)
-            self.forward(ids, pos, batch)  # warm-up: Triton compiles outside the capture
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.hidden[:size] = self.forward(ids, pos, batch)
-            pool = graph.pool() if pool is None else pool
-            self.graphs[size] = graph
-        if self.sizes:
-            torch.cuda.synchronize(self.device)
+        if not self.sizes:
+            return pool
+        self.graphs, pool = capture_all(
+            self.forward, self.make_batch, self.buffers, self.hidden, self.sizes, self.device, pool
+        )
         return pool
 
     def run(self, inputs, eager_batch: Callable[[], object]) -> torch.Tensor:

@@ -183,3 +183,39 @@ def test_prefill_graphs_give_the_eager_tokens(device):
         tokens[on_] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert tokens[True] == tokens[False]
     assert replays == 2  # 126 prompt tokens in steps of at most 64: two steps with prompt tokens
+
+
+def test_capture_all_goes_largest_first_into_one_pool(monkeypatch):
+    """The capture loop both graph kinds share, with torch.cuda's graph API faked on the CPU: a warm-up run
+    then a captured run per size, largest first; the first graph's pool (or the one passed in) holds them all."""
+    import contextlib
+
+    from runner.engine import cuda_graphs
+
+    pools_seen, order = [], []
+
+    class FakeGraph:
+        def pool(self):
+            return ("pool of", id(self))
+
+    @contextlib.contextmanager
+    def fake_graph(graph, pool=None):
+        pools_seen.append(pool)
+        yield
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", fake_graph)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+
+    def forward(ids, pos, batch):
+        order.append(ids.shape[0])
+        return _row_forward(ids, pos, batch)
+
+    buffers = StaticPrefillBuffers(16, 4, 3, "cpu")
+    hidden = torch.full((16, 3), 7.0)
+    graphs, pool = cuda_graphs.capture_all(forward, AttentionBatch, buffers, hidden, [8, 16, 4], "cpu")
+    assert order == [16, 16, 8, 8, 4, 4] and sorted(graphs) == [4, 8, 16]
+    assert pools_seen == [None, pool, pool] and pool == graphs[16].pool()
+    assert torch.equal(hidden[:, 2], torch.full((16,), -1.0))  # every slot of the padding rows: -1
+    _, again = cuda_graphs.capture_all(forward, AttentionBatch, buffers, hidden, [4], "cpu", pool="shared")
+    assert again == "shared" and pools_seen[-1] == "shared"
