@@ -101,7 +101,9 @@ def build_core(config: EngineConfig, loaded: tuple | None = None, tokenizer: boo
         max_tokens = max(8192, config.max_num_seqs, 0 if config.enable_chunked_prefill else max_model_len)
     cuda = torch.device(device).type == "cuda"
     sizes = capture_sizes(config.max_num_seqs, max_tokens) if cuda and not config.enforce_eager else []
-    prefill_sizes = prefill_capture_sizes(max_tokens) if sizes and config.cuda_graph_prefill else []
+    # Prefill graphs need the attention kernels (bf16/fp16), which read their metadata from device tensors
+    kernels = dtype in (torch.bfloat16, torch.float16)
+    prefill_sizes = prefill_capture_sizes(max_tokens) if sizes and kernels and config.cuda_graph_prefill else []
     num_blocks = config.num_kv_blocks
     if num_blocks is None:
         num_blocks = size_kv(model, model_config, config, dtype, max_tokens, max_model_len, bool(sizes))
