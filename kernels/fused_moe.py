@@ -33,15 +33,20 @@ def launch(
     experts = check_moe_args(x, w13, w2, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map, False)
     if x.dtype not in (torch.bfloat16, torch.float16) or w13.dtype != x.dtype or w2.dtype != x.dtype:
         raise TypeError(f"x, w13, w2: must share one dtype of bf16/fp16, got {x.dtype}, {w13.dtype}, {w2.dtype}")
-    tensors = {"x": x, "w13": w13, "w2": w2, "topk_weights": topk_weights, "topk_ids": topk_ids}
-    tensors.update({k: v for k, v in (("w13_bias", w13_bias), ("w2_bias", w2_bias)) if v is not None})
-    check_device(**tensors)
-    for name, t in (("x", x), ("w13", w13), ("w2", w2)):
-        if t.stride(-1) != 1:
-            raise ValueError(f"{name}: last dim must have stride 1, got strides {t.stride()}")
+    check_layer_tensors(dict(x=x, w13=w13, w2=w2, w13_bias=w13_bias, w2_bias=w2_bias), topk_weights, topk_ids)
     return run_layer(
         x, w13, w2, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map, experts, fault, tiles
     )
+
+
+def check_layer_tensors(read: dict, topk_weights, topk_ids) -> None:
+    """Every tensor on the one device of the launch; those the GEMMs read by row (`read`, by name; None entries
+    are absent biases) with stride 1 in their last dim."""
+    read = {name: t for name, t in read.items() if t is not None}
+    check_device(**read, topk_weights=topk_weights, topk_ids=topk_ids)
+    for name, t in read.items():
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name}: last dim must have stride 1, got strides {t.stride()}")
 
 
 def run_layer(

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._boundary import check_device
-from kernels.fused_moe import run_layer
+from kernels.fused_moe import check_layer_tensors, run_layer
 from kernels.moe_gemm import Tiles
 from reference.moe.experts import check_moe_args
 from reference.moe.quantized import check_mx_experts
@@ -46,12 +45,8 @@ def launch(
     experts = check_mxfp4_moe_args(
         x, w13, w13_scales, w2, w2_scales, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map
     )
-    tensors = dict(x=x, w13=w13, w13_scales=w13_scales, w2=w2, w2_scales=w2_scales, topk_weights=topk_weights)
-    tensors.update({k: v for k, v in (("w13_bias", w13_bias), ("w2_bias", w2_bias)) if v is not None})
-    check_device(**tensors, topk_ids=topk_ids)
-    for name, t in tensors.items():
-        if t is not topk_weights and t.stride(-1) != 1:
-            raise ValueError(f"{name}: last dim must have stride 1, got strides {t.stride()}")
+    read = dict(x=x, w13=w13, w13_scales=w13_scales, w2=w2, w2_scales=w2_scales, w13_bias=w13_bias, w2_bias=w2_bias)
+    check_layer_tensors(read, topk_weights, topk_ids)
     return run_layer(
         x, w13, w2, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map, experts, fault, tiles,
         None, w13_scales, w2_scales, True,
