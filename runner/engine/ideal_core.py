@@ -17,7 +17,6 @@ ceiling a served run is measured against.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import os
 import time
@@ -53,26 +52,24 @@ class IdealCore:
         self.max_model_len, self.block_size = config.max_model_len, config.block_size
         self.max_seqs = config.max_num_seqs
         self.budget = config.max_num_batched_tokens or max(8192, config.max_num_seqs)
-        self.waiting: collections.deque[_Request] = collections.deque()
+        self.waiting: dict[str, _Request] = {}  # in arrival order
         self.running: dict[str, _Request] = {}
         self.steps = self.decode_steps = self.batched_tokens = 0
         self.step_s = 0.0
 
     def add_request(self, request: m.AddRequest) -> None:
         n, params = len(request.prompt_token_ids), request.params
-        if request.request_id in self.running or any(r.request_id == request.request_id for r in self.waiting):
+        if request.request_id in self.running or request.request_id in self.waiting:
             raise ValueError(f"request_id: {request.request_id!r} is already running")
         if n + params.max_tokens > self.max_model_len:
             raise ValueError(f"max_tokens: prompt {n} + max_tokens {params.max_tokens} > {self.max_model_len}")
-        self.waiting.append(
-            _Request(request.request_id, n, params.max_tokens, zlib.crc32(request.request_id.encode()) % 997)
-        )
+        salt = zlib.crc32(request.request_id.encode()) % 997
+        self.waiting[request.request_id] = _Request(request.request_id, n, params.max_tokens, salt)
 
     def abort(self, request_ids: list[str]) -> None:
-        gone = set(request_ids)
-        for request_id in gone:
+        for request_id in request_ids:
             self.running.pop(request_id, None)
-        self.waiting = collections.deque(r for r in self.waiting if r.request_id not in gone)
+            self.waiting.pop(request_id, None)
 
     @property
     def has_unfinished(self) -> bool:
@@ -80,7 +77,7 @@ class IdealCore:
 
     @property
     def live_request_ids(self) -> list[str]:
-        return [*self.running, *(r.request_id for r in self.waiting)]
+        return [*self.running, *self.waiting]
 
     def load(self) -> m.CoreLoad:
         blocks = 1 << 20
@@ -108,7 +105,7 @@ class IdealCore:
                 if r.prefilled == r.prompt_len:
                     decoding.append(r)
         while self.waiting and budget > 0 and len(self.running) < self.max_seqs:
-            r = self.waiting.popleft()
+            r = self.waiting.pop(next(iter(self.waiting)))
             self.running[r.request_id] = r
             chunk = min(r.prompt_len, budget)
             r.prefilled = chunk

@@ -110,6 +110,12 @@ class LlamaConfig:
     def expert_intermediate_size(self) -> int:
         return self.moe_intermediate_size or self.intermediate_size
 
+    @property
+    def sparse_mlp_name(self) -> str:
+        """HF's module name of a sparse layer's MLP (Mixtral `block_sparse_moe`, Qwen3-MoE `mlp`), which the model
+        keeps so checkpoint names map one to one."""
+        return "block_sparse_moe" if self.model_type == "mixtral" else "mlp"
+
     def is_sparse_layer(self, layer: int) -> bool:
         """Whether decoder layer `layer` has the sparse MLP (HF's Qwen3-MoE rule; Mixtral: every layer)."""
         return (

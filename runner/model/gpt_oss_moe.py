@@ -33,8 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference.moe.routing import topk_softmax
-from reference.quant.mxfp4 import MX_BLOCK_SIZE
-from runner.model.moe import pad_gate_up, quantize_experts, run_experts
+from runner.model.moe import check_mxfp4_hidden, quantize_experts, run_experts
 
 
 class GptOssMoE(nn.Module):
@@ -45,10 +44,8 @@ class GptOssMoE(nn.Module):
         super().__init__()
         if not 1 <= top_k <= experts:
             raise ValueError(f"top_k: must be in [1, {experts}] (the expert count), got {top_k}")
-        if mxfp4 and hidden % MX_BLOCK_SIZE:
-            raise ValueError(
-                f"quantization: mxfp4 experts need hidden_size a multiple of {MX_BLOCK_SIZE}, got {hidden}"
-            )
+        if mxfp4:
+            check_mxfp4_hidden(hidden)
         self.hidden, self.inter, self.num_experts, self.top_k, self.mxfp4 = hidden, inter, experts, top_k, mxfp4
         self.router = nn.Module()
         self.router.weight = self._param((experts, hidden), dtype, device)
@@ -97,9 +94,10 @@ class GptOssMoE(nn.Module):
         if not self.mxfp4 or hasattr(self, "w13_codes"):
             return
         experts = self.experts
-        quantized = quantize_experts(experts.gate_up_proj.data, experts.down_proj.data, interleaved=True)
-        pad = -self.inter % MX_BLOCK_SIZE  # as quantize_experts pads
-        experts.gate_up_proj_bias.data = pad_gate_up(experts.gate_up_proj_bias.data, pad, interleaved=True)
+        quantized = quantize_experts(
+            experts.gate_up_proj.data, experts.down_proj.data, True, experts.gate_up_proj_bias.data
+        )
+        experts.gate_up_proj_bias.data = quantized.pop("w13_bias")
         del experts.gate_up_proj, experts.down_proj
         for name, t in quantized.items():
             self.register_buffer(name, t)

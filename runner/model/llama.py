@@ -62,6 +62,7 @@ class LlamaAttention(nn.Module):
             _scheme(quant, f"{prefix}.qkv_proj"),
         )
         self.o_proj = Linear(config.q_size, config.hidden_size, dtype, device, _scheme(quant, f"{prefix}.o_proj"))
+        self.qk_norm = config.qk_norm
         if config.qk_norm:  # Qwen3: RMSNorm over each head's q and k, before the rotary embedding
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype, device)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype, device)
@@ -80,7 +81,7 @@ class LlamaAttention(nn.Module):
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        if hasattr(self, "q_norm"):
+        if self.qk_norm:
             q = self.q_norm(q.reshape(-1, self.head_dim)).view(tokens, self.num_heads, self.head_dim)
             k = self.k_norm(k.reshape(-1, self.head_dim)).view(tokens, self.num_kv_heads, self.head_dim)
         q, k = rotary_emb(positions, q, k)
@@ -124,9 +125,10 @@ class LlamaDecoderLayer(nn.Module):
                 device,
                 mxfp4=quant is not None,
             )
-            # HF's module name (Mixtral `block_sparse_moe`, Qwen3-MoE `mlp`): checkpoint names map one to one
-            setattr(self, "block_sparse_moe" if config.model_type == "mixtral" else "mlp", moe)
+            self.mlp_name = config.sparse_mlp_name
+            setattr(self, self.mlp_name, moe)
         else:
+            self.mlp_name = "mlp"
             self.mlp = LlamaMLP(config, dtype, device, quant, f"{prefix}.mlp")
 
     def forward(
@@ -141,8 +143,7 @@ class LlamaDecoderLayer(nn.Module):
             x, residual = self.input_layernorm(x, residual)
         x = self.self_attn(rotary_emb, positions, x, batch, kv_cache)
         x, residual = self.post_attention_layernorm(x, residual)
-        mlp = self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
-        return mlp(x), residual
+        return getattr(self, self.mlp_name)(x), residual
 
 
 class LlamaModel(nn.Module):

@@ -45,10 +45,8 @@ class SparseMoE(nn.Module):
         super().__init__()
         self.hidden, self.inter, self.num_experts, self.top_k = hidden, inter, experts, top_k
         self.renormalize, self.mxfp4 = renormalize, mxfp4
-        if mxfp4 and hidden % MX_BLOCK_SIZE:
-            raise ValueError(
-                f"quantization: mxfp4 experts need hidden_size a multiple of {MX_BLOCK_SIZE}, got {hidden}"
-            )
+        if mxfp4:
+            check_mxfp4_hidden(hidden)
         self.gate = nn.Module()  # HF's name: `block_sparse_moe.gate.weight`, the router
         self.gate.weight = self._param((experts, hidden), dtype, device)
         self.w13 = self._param((experts, 2 * inter, hidden), dtype, device, experts=True)
@@ -94,6 +92,12 @@ class SparseMoE(nn.Module):
         return run_experts(x, weights, ids, self.w13, self.w2)
 
 
+def check_mxfp4_hidden(hidden: int) -> None:
+    """MXFP4 experts quantize along the hidden size (w13's K) in blocks of 32, which it must fill."""
+    if hidden % MX_BLOCK_SIZE:
+        raise ValueError(f"quantization: mxfp4 experts need hidden_size a multiple of {MX_BLOCK_SIZE}, got {hidden}")
+
+
 def pad_gate_up(t: torch.Tensor, pad: int, interleaved: bool) -> torch.Tensor:
     """t [E, 2I, ...] (w13 or its bias) -> [E, 2(I + pad), ...]: `pad` zero gate channels and as many zero up
     channels, each where its layout keeps it: after the I gate rows and after the I up rows (interleaved=False),
@@ -107,14 +111,17 @@ def pad_gate_up(t: torch.Tensor, pad: int, interleaved: bool) -> torch.Tensor:
     return torch.cat([v, zeros], dim=dim).reshape(e, 2 * (inter + pad), *rest)
 
 
-def quantize_experts(w13: torch.Tensor, w2: torch.Tensor, interleaved: bool) -> dict[str, torch.Tensor]:
+def quantize_experts(
+    w13: torch.Tensor, w2: torch.Tensor, interleaved: bool, w13_bias: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
     """Online MXFP4 experts: w13 [E, 2I, H] / w2 [E, H, I] with I padded by zeros to a multiple of 32 (gate and
     up channels alike, `pad_gate_up`; w2's columns: a zero gate and up give h = 0 under either activation, which
     a zero w2 column ignores), quantized per expert by the dense layers' `runner.model.quant.mxfp4.quantize_weight`,
     in the layout the kernel reads as it is (that of the reference: codes [E, N, K / 2], scales [E, N, K / 32]).
-    Returns {w13_codes, w13_scales, w2_codes, w2_scales}."""
+    Returns {w13_codes, w13_scales, w2_codes, w2_scales}, and w13_bias [E, 2I] padded alike when given (a padded
+    channel's gate and up stay 0, so its h does)."""
     pad = -w2.shape[2] % MX_BLOCK_SIZE
-    out = {}
+    out = {} if w13_bias is None else {"w13_bias": pad_gate_up(w13_bias, pad, interleaved)}
     for name, w in (("w13", pad_gate_up(w13, pad, interleaved)), ("w2", F.pad(w2, (0, pad)))):
         parts = [quantize_weight(e.contiguous()) for e in w]
         out[f"{name}_codes"] = torch.stack([c for c, _ in parts])

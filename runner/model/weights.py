@@ -39,7 +39,7 @@ def hf_tensor_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "self_attn.k_norm.weight"] = (config.head_dim,)
         if config.is_sparse_layer(i):  # the router, then each expert's gate, down and up projections
             mixtral = config.model_type == "mixtral"
-            moe = p + ("block_sparse_moe." if mixtral else "mlp.")
+            moe = f"{p}{config.sparse_mlp_name}."
             shapes[moe + "gate.weight"] = (config.num_local_experts, h)
             ei = config.expert_intermediate_size
             names = ("w1", "w2", "w3") if mixtral else ("gate_proj", "down_proj", "up_proj")

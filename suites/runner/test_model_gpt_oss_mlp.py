@@ -184,8 +184,8 @@ def test_negative_control_mxfp4_padding_in_halves_is_caught(fake_mxfp4, monkeypa
     import runner.model.gpt_oss_moe as module
     from runner.model import moe as shared
 
-    def in_halves(w13, w2, interleaved):
-        return shared.quantize_experts(w13, w2, interleaved=False)
+    def in_halves(w13, w2, interleaved, w13_bias=None):
+        return shared.quantize_experts(w13, w2, False, w13_bias)
 
     monkeypatch.setattr(module, "quantize_experts", in_halves)
     top_k, mlp, fake = fake_mxfp4
