@@ -23,8 +23,11 @@ computes (exact products of bf16 x and exact weights, fp32 sums, one bf16 roundi
 - `_dot_kernel` (larger M): tensor cores (wgmma on sm_90). The product is computed transposed, y^T tile
   [BLOCK_N, BLOCK_M] = W tile [BLOCK_N, BK] @ x tile^T, so the dequantized weights (registers) are tl.dot's
   first operand and BLOCK_M may be 16 ("swap AB": M = 2..16 pays for no more MMA rows than M = 16). Weights
-  are decoded exactly to bf16 (`_signed_nibble`, then * 2**126 * block scale, both exact). The even and odd
-  halves of a K tile are two dots of depth BK/2 (low nibbles with x's even elements, high with odd).
+  are decoded exactly to bf16: on a GPU by packed integer instructions and bf16x2 multiplies on the codes read
+  as byte pairs (`_packed_weights`, ~2.75 instructions a weight; 1.25x faster at M = 16 on the H200 than the
+  fp32 decode); under the interpreter, which runs no PTX, in fp32 (`_tile_weights`: `_signed_nibble`, then
+  * 2**126 * block scale). Both are exact, so both give the same bytes. The even and odd halves of a K tile
+  are two dots of depth BK/2 (low nibbles with x's even elements, high with odd).
 Split-K (both kernels): SPLIT_K programs per output tile each sum a contiguous range of K tiles into an
 fp32 workspace [SPLIT_K, M, N]; `_split_k_sum_kernel` adds the partials in split order and rounds once.
 
@@ -64,18 +67,25 @@ FAULTS = {
 #   round trip of x and its barriers are the likely limit (not measured). Through torch.ops without a CUDA
 #   graph the M = 1 call takes 52.5 us: host dispatch dominates, which is why bench/gemm/w4a16_mxfp4.py times
 #   graph replays.
-# - M = 4 and 16: dot (64, 16, 4, split 4) 46.3 us at M = 4 (GEMV 54-56 us); the bench runs this row at 0.96x
-#   and 0.95x bf16 matmul (reports/cuda-h200/w4a16_mxfp4_gemm.md). Re-swept at M = 16 (4516f71, 12 dot
-#   candidates, reports/cuda-h200/launch_sweeps/w4a16_mxfp4_launch_sweep.csv): still the best, 46.4 us.
-# - M > 16 was not swept: the dot kernel with BLOCK_N 64 and split-K 2 up to M = 64 (about one program per SM,
-#   two K halves; not measured); above, compute bound, 128 x 64 (M <= 256) and 128 x 128 tiles, K tile 128
-#   (GROUPS = 4), which the bench runs at 0.37x (M = 128) and 0.31x (M = 1024) bf16 matmul.
+# - M = 4 and 16: dot (64, 16, 4, split 4) 46.3 us at M = 4 (GEMV 54-56 us); the bench ran this row at 0.96x
+#   and 0.95x bf16 matmul (reports/cuda-h200/w4a16_mxfp4_gemm.md, before the packed decode). Re-swept at M = 16
+#   (4516f71, 12 dot candidates, reports/cuda-h200/launch_sweeps/w4a16_mxfp4_launch_sweep.csv): still the best.
+# - With the packed decode (`_packed_weights`), swept again (H200, triton.testing.do_bench_cudagraph without an
+#   L2 flush, so the 34 MiB of MXFP4 weights may sit in the 50 MiB L2: read its figures against each other, not
+#   against bf16; 24 candidates at BLOCK_M 16 and 12 at 64: BLOCK_N 64/128, GROUPS 4/8, split-K 1..16, 4/8
+#   warps, 3/4 stages): M = 16 best (128, 16, 4, split 8)
+#   34.2 us, 42.9 us for the same row with the fp32 decode, 36.2 us for the previous row; M = 64 best
+#   (128, 64, 4, split 4) 48.0 us (the previous row 52.5 us). Every candidate lies within 34-47 us at M = 16,
+#   flat in M up to 16 and in occupancy: the decode, not the MMA or the grid, bounds it. M = 1 stays on the
+#   GEMV (14.3 us there; the dot path 33.3 us).
+# - Above M = 64, compute bound, 128 x 64 (M <= 256) and 128 x 128 tiles, K tile 128 (GROUPS = 4), which the
+#   bench runs at 0.37x (M = 128) and 0.31x (M = 1024) bf16 matmul (fp32 decode; not re-measured).
 # Every row here and every candidate of the sweep compiles for sm_90 (Triton 3.6, no GPU) with no
 # local-memory spills: wgmma for the dot kernel; registers 92-224 (GEMV), 70-255 (dot).
 _GPU_CONFIGS = (
     (1, "gemv", 16, 1, 32, 1, 4, 2),
-    (16, "dot", 64, 16, 4, 4, 4, 3),
-    (64, "dot", 64, 64, 4, 2, 4, 3),
+    (16, "dot", 128, 16, 4, 8, 4, 3),
+    (64, "dot", 128, 64, 4, 4, 4, 3),
     (256, "dot", 128, 64, 4, 1, 4, 3),
     (None, "dot", 128, 128, 4, 1, 8, 3),
 )
@@ -139,6 +149,99 @@ def _tile_weights(
     # * 2**126 gives the E2M1 value, * scale the weight: both exact (2**126 * scale itself could overflow).
     low = _signed_nibble(codes << 28) * 8.507059173023462e37 * scale
     high = _signed_nibble(codes << 24) * 8.507059173023462e37 * scale
+    if FAULT == 2:
+        low, high = high, low
+    return low, high
+
+
+# PTX of `_packed_weights`. In: one register of two 16-bit code elements (bytes b0 b1 of element 0, b2 b3 of
+# element 1; byte i holds a weight in each nibble) and one bf16x2 register of their blocks' scales. Out: four
+# bf16x2 registers, each the same nibble of both elements: (b0, b2) low nibbles, (b1, b3) low, (b0, b2) high,
+# (b1, b3) high. Nibbles j and j + 4 of the register are such a pair. `spread` (one shift, one LOP3 select)
+# keeps the magnitudes of nibbles 0, 1, 4, 5 in place and moves their signs 6 bits up; then one shift and one
+# mask leave a pair as bf16 E2M1 value * 2**-126 (magnitude at bits 8:6, sign at 15, as `_signed_nibble`
+# does in fp32), and two bf16x2 multiplies (* 2**126, * scale) make the weights, both exact. 22
+# instructions per 8 weights (the fp32 decode of `_tile_weights` and its conversion: ~70).
+_PACKED_DECODE_ASM = tl.constexpr(
+    """
+{
+.reg .b32 t, s0, s1, u, bias;
+mov.b32 bias, 0x7E807E80;
+shl.b32 t, $4, 6;
+lop3.b32 s0, $4, t, 0x00770077, 0xE4;
+shr.u32 u, $4, 8;
+shl.b32 t, u, 6;
+lop3.b32 s1, u, t, 0x00770077, 0xE4;
+shl.b32 t, s0, 6;
+and.b32 $0, t, 0x81C081C0;
+shl.b32 t, s1, 6;
+and.b32 $1, t, 0x81C081C0;
+shl.b32 t, s0, 2;
+and.b32 $2, t, 0x81C081C0;
+shl.b32 t, s1, 2;
+and.b32 $3, t, 0x81C081C0;
+mul.rn.bf16x2 $0, $0, bias;
+mul.rn.bf16x2 $1, $1, bias;
+mul.rn.bf16x2 $2, $2, bias;
+mul.rn.bf16x2 $3, $3, bias;
+mul.rn.bf16x2 $0, $0, $5;
+mul.rn.bf16x2 $1, $1, $5;
+mul.rn.bf16x2 $2, $2, $5;
+mul.rn.bf16x2 $3, $3, $5;
+}
+"""
+)
+
+
+@triton.jit
+def _scale_bf16(scale):
+    """E8M0 bytes (uint16) -> bf16 2**(s - 127): byte 0 is the subnormal 2**-127 (0x0040), 0xFF is NaN."""
+    bits = tl.where(scale == 0, 0x0040, scale << 7)
+    return tl.where(scale == 255, 0x7FC0, bits).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _packed_weights(
+    pairs_ptr,
+    scales_ptr,
+    n,
+    n_mask,
+    block,
+    pairs_row_stride,
+    scales_row_stride,
+    n_blocks,
+    EVEN_K: tl.constexpr,
+    FAULT: tl.constexpr,
+):
+    """`_tile_weights` as bf16, decoded by packed integer and bf16x2 instructions (`_PACKED_DECODE_ASM`; GPUs
+    only, the interpreter runs no PTX) from the codes read as 16-bit elements (`pairs_ptr`: byte pairs, row
+    stride in pairs): (low, high) bf16 [BLOCK_N, GROUPS, 16], the same values."""
+    pair = tl.arange(0, 8)
+    code_offsets = n[:, None, None] * pairs_row_stride + block[None, :, None] * 8 + pair[None, None, :]
+    scale_block = block
+    if FAULT == 1:
+        scale_block = tl.minimum(block + 1, n_blocks - 1)
+    if FAULT == 3:
+        scale_block = block + 1
+    scale_offsets = n[:, None] * scales_row_stride + scale_block[None, :]
+    if EVEN_K:
+        codes = tl.load(pairs_ptr + code_offsets, mask=n_mask[:, None, None], other=0)
+        scale = tl.load(scales_ptr + scale_offsets, mask=n_mask[:, None], other=127)
+    else:
+        in_k = block < n_blocks
+        codes = tl.load(pairs_ptr + code_offsets, mask=n_mask[:, None, None] & in_k[None, :, None], other=0)
+        scale = tl.load(scales_ptr + scale_offsets, mask=n_mask[:, None] & in_k[None, :], other=127)
+    scale = tl.broadcast_to(_scale_bf16(scale.to(tl.uint16))[:, :, None], codes.shape)
+    low_even, low_odd, high_even, high_odd = tl.inline_asm_elementwise(
+        _PACKED_DECODE_ASM,
+        "=r,=r,=r,=r,r,r",
+        [codes, scale],
+        dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16),
+        is_pure=True,
+        pack=2,
+    )
+    low = tl.reshape(tl.join(low_even, low_odd), [codes.shape[0], codes.shape[1], 16])
+    high = tl.reshape(tl.join(high_even, high_odd), [codes.shape[0], codes.shape[1], 16])
     if FAULT == 2:
         low, high = high, low
     return low, high
@@ -370,6 +473,7 @@ def _dot_kernel(
     EVEN_K: tl.constexpr,
     OUT_FP32: tl.constexpr,
     FAULT: tl.constexpr,
+    PACKED: tl.constexpr = False,
 ):
     # x_ptr: int32 words (bf16 pairs) [M, K/2]; program (n tile, m tile, split); acc is y^T's tile.
     pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -386,9 +490,14 @@ def _dot_kernel(
     last = tl.minimum(first + tiles_per_split, tl.cdiv(n_blocks, GROUPS))
     for tile in range(first, last):
         block = tile * GROUPS + tl.arange(0, GROUPS)
-        low, high = _tile_weights(
-            codes_ptr, scales_ptr, n, n_mask, block, codes_row_stride, scales_row_stride, n_blocks, EVEN_K, FAULT
-        )
+        if PACKED:
+            low, high = _packed_weights(
+                codes_ptr, scales_ptr, n, n_mask, block, codes_row_stride, scales_row_stride, n_blocks, EVEN_K, FAULT
+            )
+        else:
+            low, high = _tile_weights(
+                codes_ptr, scales_ptr, n, n_mask, block, codes_row_stride, scales_row_stride, n_blocks, EVEN_K, FAULT
+            )
         low = tl.reshape(low, [BLOCK_N, HALF]).to(tl.bfloat16)  # exact: every value is a bf16 value
         high = tl.reshape(high, [BLOCK_N, HALF]).to(tl.bfloat16)
         x_offsets = m[None, :] * x_row_stride + (tile * HALF + word)[:, None]  # x^T words [HALF, BLOCK_M]
@@ -483,10 +592,13 @@ def launch(
             **common,
         )
     else:
-        strides = (words.stride(0), codes.stride(0), scales.stride(0), n, m * n)
+        # On a GPU the weights are decoded by packed instructions from the codes read as byte pairs.
+        packed = not runs_interpreted(x.device)
+        code_units = codes.view(torch.int16) if packed else codes
+        strides = (words.stride(0), code_units.stride(0), scales.stride(0), n, m * n)
         _dot_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m), split_k)](
             words,
-            codes,
+            code_units,
             scales,
             out,
             m,
@@ -497,6 +609,7 @@ def launch(
             BLOCK_N=block_n,
             BLOCK_M=block_m,
             GROUPS=groups,
+            PACKED=packed,
             **common,
         )
     if split_k > 1:
