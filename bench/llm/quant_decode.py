@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--schemes", default="bf16,fp8_block,mxfp4,fp8")
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("reports"))
+    p.add_argument("--name", default="quant_decode", help="report name (a run of some schemes: its own report)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
@@ -129,22 +130,31 @@ def main(argv: list[str] | None = None) -> int:
         r["vs_bf16"] = r["tok_per_s"] / ref if ref else float("nan")
     command = tables.command_line("python -m bench.llm.quant_decode", argv)
     pick = {(r["scheme"], r["workload"], r["batch"]): r["vs_bf16"] for r in rows}
+    # The bars' figures, for the schemes this run measured (a run of some schemes names only those).
+    bar_figures = (
+        ("mxfp4", "decode", 1, "at batch 1"),
+        ("mxfp4", "decode", 8, "at batch 8"),
+        ("fp8_block", "decode", 1, "at batch 1"),
+        ("fp8_block", "prefill 8 x 2048", 8, "prefill 8 x 2048"),
+    )
+    measured = {}
+    for scheme, workload, batch, label in bar_figures:
+        if (scheme, workload, batch) in pick:
+            measured.setdefault(scheme, []).append(f"{pick[scheme, workload, batch]:.2f}x {label}")
     headline = (
-        f"{args.model}, dummy weights: decode output tok/s vs bf16 in the same run: mxfp4 "
-        f"{pick.get(('mxfp4', 'decode', 1), float('nan')):.2f}x at batch 1 and "
-        f"{pick.get(('mxfp4', 'decode', 8), float('nan')):.2f}x at batch 8; fp8_block "
-        f"{pick.get(('fp8_block', 'decode', 1), float('nan')):.2f}x at batch 1, prefill 8 x 2048 "
-        f"{pick.get(('fp8_block', 'prefill 8 x 2048', 8), float('nan')):.2f}x. Online quantization's load peak "
-        f"above the quantized model, in units of the largest layer's bf16 weight: "
+        f"{args.model}, dummy weights: decode output tok/s vs bf16 in the same run: "
+        + "; ".join(f"{scheme} " + " and ".join(parts) for scheme, parts in measured.items())
+        + ". Online quantization's load peak above the quantized model, in units of the largest layer's bf16 "
+        "weight: "
         + ", ".join(f"{r['scheme']} {r['peak_over_model_vs_largest']:.2f}" for r in rows if r["batch"] == batches[0])
         + "."
     )
     plot = functools.partial(plot_decode, rows=rows)
     folder = tables.write_report(
-        args.out, env, "quant_decode", rows, COLUMNS, COLUMNS[:9], headline, {"command": command}, plot=plot
+        args.out, env, args.name, rows, COLUMNS, COLUMNS[:9], headline, {"command": command}, plot=plot
     )
     print(headline)
-    print(f"wrote {folder}/quant_decode.csv, .md, .png", flush=True)
+    print(f"wrote {folder}/{args.name}.csv, .md, .png", flush=True)
     return 0
 
 
