@@ -115,6 +115,40 @@ def _signed_nibble(bits):
 
 
 @triton.jit
+def _tile_loads(
+    codes_ptr,
+    scales_ptr,
+    n,
+    n_mask,
+    block,
+    codes_row_stride,
+    scales_row_stride,
+    n_blocks,
+    UNITS: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    FAULT: tl.constexpr,
+):
+    """One tile's codes [BLOCK_N, GROUPS, UNITS] (a 32-block's 16 bytes as UNITS elements of codes_ptr's type)
+    and scale bytes [BLOCK_N, GROUPS]; rows past N and blocks past K read as code 0 and scale 127."""
+    unit = tl.arange(0, UNITS)
+    code_offsets = n[:, None, None] * codes_row_stride + block[None, :, None] * UNITS + unit[None, None, :]
+    scale_block = block
+    if FAULT == 1:
+        scale_block = tl.minimum(block + 1, n_blocks - 1)
+    if FAULT == 3:
+        scale_block = block + 1
+    scale_offsets = n[:, None] * scales_row_stride + scale_block[None, :]
+    if EVEN_K:
+        codes = tl.load(codes_ptr + code_offsets, mask=n_mask[:, None, None], other=0)
+        scale = tl.load(scales_ptr + scale_offsets, mask=n_mask[:, None], other=127)
+    else:
+        in_k = block < n_blocks
+        codes = tl.load(codes_ptr + code_offsets, mask=n_mask[:, None, None] & in_k[None, :, None], other=0)
+        scale = tl.load(scales_ptr + scale_offsets, mask=n_mask[:, None] & in_k[None, :], other=127)
+    return codes, scale
+
+
+@triton.jit
 def _tile_weights(
     codes_ptr,
     scales_ptr,
@@ -129,21 +163,9 @@ def _tile_weights(
 ):
     """Decoded weights of one tile, split by nibble: (low, high), each fp32 [BLOCK_N, GROUPS, 16]; element
     (r, g, i) of `low` is W[n[r], 32 * block[g] + 2i], of `high` W[n[r], 32 * block[g] + 2i + 1]."""
-    byte = tl.arange(0, 16)
-    code_offsets = n[:, None, None] * codes_row_stride + block[None, :, None] * 16 + byte[None, None, :]
-    scale_block = block
-    if FAULT == 1:
-        scale_block = tl.minimum(block + 1, n_blocks - 1)
-    if FAULT == 3:
-        scale_block = block + 1
-    scale_offsets = n[:, None] * scales_row_stride + scale_block[None, :]
-    if EVEN_K:
-        codes = tl.load(codes_ptr + code_offsets, mask=n_mask[:, None, None], other=0)
-        scale = tl.load(scales_ptr + scale_offsets, mask=n_mask[:, None], other=127)
-    else:
-        in_k = block < n_blocks
-        codes = tl.load(codes_ptr + code_offsets, mask=n_mask[:, None, None] & in_k[None, :, None], other=0)
-        scale = tl.load(scales_ptr + scale_offsets, mask=n_mask[:, None] & in_k[None, :], other=127)
+    codes, scale = _tile_loads(
+        codes_ptr, scales_ptr, n, n_mask, block, codes_row_stride, scales_row_stride, n_blocks, 16, EVEN_K, FAULT
+    )
     codes = codes.to(tl.int32)
     scale = _scale_values(scale.to(tl.uint32))[:, :, None]
     # * 2**126 gives the E2M1 value, * scale the weight: both exact (2**126 * scale itself could overflow).
@@ -216,21 +238,9 @@ def _packed_weights(
     """`_tile_weights` as bf16, decoded by packed integer and bf16x2 instructions (`_PACKED_DECODE_ASM`; GPUs
     only, the interpreter runs no PTX) from the codes read as 16-bit elements (`pairs_ptr`: byte pairs, row
     stride in pairs): (low, high) bf16 [BLOCK_N, GROUPS, 16], the same values."""
-    pair = tl.arange(0, 8)
-    code_offsets = n[:, None, None] * pairs_row_stride + block[None, :, None] * 8 + pair[None, None, :]
-    scale_block = block
-    if FAULT == 1:
-        scale_block = tl.minimum(block + 1, n_blocks - 1)
-    if FAULT == 3:
-        scale_block = block + 1
-    scale_offsets = n[:, None] * scales_row_stride + scale_block[None, :]
-    if EVEN_K:
-        codes = tl.load(pairs_ptr + code_offsets, mask=n_mask[:, None, None], other=0)
-        scale = tl.load(scales_ptr + scale_offsets, mask=n_mask[:, None], other=127)
-    else:
-        in_k = block < n_blocks
-        codes = tl.load(pairs_ptr + code_offsets, mask=n_mask[:, None, None] & in_k[None, :, None], other=0)
-        scale = tl.load(scales_ptr + scale_offsets, mask=n_mask[:, None] & in_k[None, :], other=127)
+    codes, scale = _tile_loads(
+        pairs_ptr, scales_ptr, n, n_mask, block, pairs_row_stride, scales_row_stride, n_blocks, 8, EVEN_K, FAULT
+    )
     scale = tl.broadcast_to(_scale_bf16(scale.to(tl.uint16))[:, :, None], codes.shape)
     low_even, low_odd, high_even, high_odd = tl.inline_asm_elementwise(
         _PACKED_DECODE_ASM,
