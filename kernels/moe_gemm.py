@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from kernels._boundary import runs_interpreted
-from kernels.w4a16_mxfp4_gemm import _tile_weights
+from kernels.w4a16_mxfp4_gemm import _packed_weights, _tile_weights, packed_decode
 
 ACTIVATIONS = {"none": 0, "silu": 1, "swiglu_oai": 2}
 ALPHA, LIMIT = 1.702, 7.0  # gpt-oss's clamped SwiGLU (reference.moe.experts)
@@ -145,16 +145,28 @@ def mx_tiles(device: torch.device, assignments: int, experts: int, first: Tiles,
 
 
 @triton.jit
+def _mx_tile(w_base, ws_base, rows, cmask, block, stride_wn, stride_wsn, n_blocks, EVEN_K: tl.constexpr,
+             FAULT: tl.constexpr, PACKED: tl.constexpr):  # fmt: skip
+    """One MXFP4 weight tile's (low, high) nibble halves, exact: packed decode on a GPU, fp32 in the interpreter."""
+    if PACKED:
+        low, high = _packed_weights(w_base, ws_base, rows, cmask, block, stride_wn, stride_wsn, n_blocks, EVEN_K, FAULT)
+    else:
+        low, high = _tile_weights(w_base, ws_base, rows, cmask, block, stride_wn, stride_wsn, n_blocks, EVEN_K, FAULT)
+    return low, high
+
+
+@triton.jit
 def _mx_k_loop(
     a_ptr, w_base, ws_base, a_rows, valid, gate_rows, up_rows, cmask, K, stride_am, stride_wn, stride_wsn,
     ACT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
-    FAULT: tl.constexpr,
+    FAULT: tl.constexpr, PACKED: tl.constexpr,
 ):  # fmt: skip
     """MXFP4's K loop: (gate, up) accumulators [BM, BN]. `kernels.w4a16_mxfp4_gemm`'s dot path: the input read
     as int32 words of bf16 pairs (a_ptr, stride_am in words), whose even elements meet the codes' low nibbles and
-    odd ones the high nibbles; weight tiles [BN, BK / 2] decoded exactly to bf16 by its `_tile_weights` (16
-    code bytes and one scale a row and 32-block, contiguous loads); the products computed transposed, W tile @
-    x^T, so BN is the MMA's M and a decode block of 16 rows costs no more MMA rows than BN."""
+    odd ones the high nibbles; weight tiles [BN, BK / 2] decoded exactly to bf16 by its `_packed_weights` on a
+    GPU (the codes read as byte pairs: w_base and stride_wn in pairs) or `_tile_weights` (16 code bytes and one
+    scale a row and 32-block, contiguous loads); the products computed transposed, W tile @ x^T, so BN is the
+    MMA's M and a decode block of 16 rows costs no more MMA rows than BN."""
     HALF: tl.constexpr = BK // 2  # words (element pairs) per K tile
     GROUPS: tl.constexpr = BK // 32  # MX blocks per K tile
     word = tl.arange(0, HALF)
@@ -171,14 +183,14 @@ def _mx_k_loop(
         words = tl.load(a_ptr + x_offsets, mask=in_k[:, None] & valid[None, :], other=0).to(tl.uint32, bitcast=True)
         even = (words & 0xFFFF).to(tl.uint16).to(tl.bfloat16, bitcast=True)
         odd = (words >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-        low, high = _tile_weights(
-            w_base, ws_base, gate_n, cmask, block, stride_wn, stride_wsn, n_blocks, EVEN_K, mx_fault
+        low, high = _mx_tile(
+            w_base, ws_base, gate_n, cmask, block, stride_wn, stride_wsn, n_blocks, EVEN_K, mx_fault, PACKED
         )
         acc_t = tl.dot(tl.reshape(low, [BN, HALF]).to(tl.bfloat16), even, acc_t)  # exact: bf16 values
         acc_t = tl.dot(tl.reshape(high, [BN, HALF]).to(tl.bfloat16), odd, acc_t)
         if ACT != 0:
-            low, high = _tile_weights(
-                w_base, ws_base, up_n, cmask, block, stride_wn, stride_wsn, n_blocks, EVEN_K, mx_fault
+            low, high = _mx_tile(
+                w_base, ws_base, up_n, cmask, block, stride_wn, stride_wsn, n_blocks, EVEN_K, mx_fault, PACKED
             )
             acc_up_t = tl.dot(tl.reshape(low, [BN, HALF]).to(tl.bfloat16), even, acc_up_t)
             acc_up_t = tl.dot(tl.reshape(high, [BN, HALF]).to(tl.bfloat16), odd, acc_up_t)
@@ -192,7 +204,7 @@ def _moe_gemm_kernel(
     as_ptr, ws_ptr, stride_asm, stride_wse, stride_wsn,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_WEIGHT: tl.constexpr, SCALED: tl.constexpr, MX: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
-    FAULT: tl.constexpr,
+    FAULT: tl.constexpr, MX_PACKED: tl.constexpr = False,
 ):  # fmt: skip
     # Program order: GROUP_M row blocks x every column tile, row blocks fastest, then the next GROUP_M row
     # blocks; programs running together share the blocks' input rows and the column tiles' weights in L2.
@@ -230,7 +242,7 @@ def _moe_gemm_kernel(
     if MX:
         acc, acc_up = _mx_k_loop(
             a_ptr, w_base, ws_base, a_rows, valid, gate_rows, up_rows, cmask, K, stride_am, stride_wn, stride_wsn,
-            ACT, BM, BN, BK, EVEN_K, FAULT,
+            ACT, BM, BN, BK, EVEN_K, FAULT, MX_PACKED,
         )  # fmt: skip
     else:
         for k0 in range(0, K, BK):
@@ -297,14 +309,17 @@ def launch_moe_gemm(
         return out
     grid = (expert_ids.numel() * triton.cdiv(n, bn),)
     a_arg, stride_am = (a.view(torch.int32), a.stride(0) // 2) if mx else (a, a.stride(0))  # MX: bf16 pairs
+    # MX on a GPU: the codes are read as byte pairs by the packed decode (strides in pairs; K / 2 is even).
+    packed = mx and packed_decode(a.device)
+    w_arg = w.view(torch.int16) if packed else w
     _moe_gemm_kernel[grid](
-        a_arg, w, bias if bias is not None else w, out, sorted_ids, expert_ids, post, weights,
-        n_assign, n, k, a_div, w.shape[0], stride_am, w.stride(0), w.stride(1),
+        a_arg, w_arg, bias if bias is not None else w, out, sorted_ids, expert_ids, post, weights,
+        n_assign, n, k, a_div, w.shape[0], stride_am, w_arg.stride(0), w_arg.stride(1),
         bias.stride(0) if bias is not None else 0, out.stride(0),
         a_scales if scaled else weights, w_scales if w_scales is not None else weights,
         a_scales.stride(0) if scaled else 0, *(w_scales.stride()[:2] if w_scales is not None else (0, 0)),
         ACT=ACTIVATIONS[activation], HAS_BIAS=bias is not None, MUL_WEIGHT=mul_weight, SCALED=scaled, MX=mx,
-        BM=bm, BN=bn, BK=bk, GROUP_M=group_m, EVEN_K=k % bk == 0, FAULT=FAULTS[fault], num_warps=warps,
-        num_stages=stages,
+        BM=bm, BN=bn, BK=bk, GROUP_M=group_m, EVEN_K=k % bk == 0, FAULT=FAULTS[fault], MX_PACKED=packed,
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out

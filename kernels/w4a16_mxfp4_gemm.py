@@ -540,6 +540,12 @@ def _split_k_sum_kernel(partial_ptr, y_ptr, numel, SPLIT_K: tl.constexpr, BLOCK:
     tl.store(y_ptr + offsets, total.to(tl.bfloat16), mask=mask)
 
 
+def packed_decode(device: torch.device) -> bool:
+    """Whether MXFP4 weight tiles are decoded by the packed PTX (`_packed_weights`, GPUs) or in fp32
+    (`_tile_weights`: the interpreter runs no PTX). Both give the same bytes."""
+    return not runs_interpreted(device)
+
+
 def launch_config(m: int, device: torch.device) -> tuple:
     """(kernel, BLOCK_N, BLOCK_M, GROUPS, SPLIT_K, warps, stages) for M rows on `device`."""
     table = _INTERPRETER_CONFIGS if runs_interpreted(device) else _GPU_CONFIGS
@@ -603,7 +609,7 @@ def launch(
         )
     else:
         # On a GPU the weights are decoded by packed instructions from the codes read as byte pairs.
-        packed = not runs_interpreted(x.device)
+        packed = packed_decode(x.device)
         code_units = codes.view(torch.int16) if packed else codes
         strides = (words.stride(0), code_units.stride(0), scales.stride(0), n, m * n)
         _dot_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m), split_k)](
