@@ -77,9 +77,15 @@ FAULTS = {
 #   34.2 us, 42.9 us for the same row with the fp32 decode, 36.2 us for the previous row; M = 64 best
 #   (128, 64, 4, split 4) 48.0 us (the previous row 52.5 us). Every candidate lies within 34-47 us at M = 16,
 #   flat in M up to 16 and in occupancy: the decode, not the MMA or the grid, bounds it. M = 1 stays on the
-#   GEMV (14.3 us there; the dot path 33.3 us).
-# - Above M = 64, compute bound, 128 x 64 (M <= 256) and 128 x 128 tiles, K tile 128 (GROUPS = 4), which the
-#   bench runs at 0.37x (M = 128) and 0.31x (M = 1024) bf16 matmul (fp32 decode; not re-measured).
+#   GEMV (14.3 us there; the dot path 33.3 us). Nsight Compute on the M = 16 row (128 x 16, split 8): 123
+#   registers and 29.7 KB of shared memory a program, so 4 programs (16 warps) an SM, and the grid of 512 is
+#   0.97 waves; each scheduler issues 0.44 instructions a cycle (3.35 warps active, 0.77 eligible). The sm_90
+#   SASS of its K loop (679 instructions for a thread's 128 weights a tile): the packed decode ~2.6 a weight,
+#   the E8M0 -> bf16 scale operand ~1.1 (the 0 / 255 selects, byte extraction and pairing, for every scale a
+#   thread's layout holds), pairing the 16-bit code loads 0.25, x and the loop ~0.5. Next: scales stored as bf16
+#   and codes in the order the MMA operand layout reads them, prepared once at load.
+# - Above M = 64, compute bound, 128 x 64 (M <= 256) and 128 x 128 tiles, K tile 128 (GROUPS = 4): with the
+#   packed decode 0.41x (M = 128) and 0.33x (M = 1024) bf16 matmul (reports/cuda-h200/w4a16_mxfp4_gemm.md).
 # Every row here and every candidate of the sweep compiles for sm_90 (Triton 3.6, no GPU) with no
 # local-memory spills: wgmma for the dot kernel; registers 92-224 (GEMV), 70-255 (dot).
 _GPU_CONFIGS = (
