@@ -7,7 +7,7 @@ serving benchmark's client, against that core's own rate with no frontend, in th
 
 Any gap between the served rate and the ideal core's is the frontend's (HTTP, validation, detokenization,
 streaming, the client) or the core loop's messaging, not the model's: on the H200 the same workload served
-0.74-0.84x of the offline engine, and this bench tells how much of that a faster engine could never win back.
+0.82-0.84x of the offline engine (8c89eff), and this bench tells how much of that a faster engine could never win back.
 On a small CPU machine the client shares the cores with the server; the frontend's CPU time a request is the
 figure that carries over. Prints one line a measure; no report is written.
 """
