@@ -163,8 +163,8 @@ def _mx_k_loop(
 ):  # fmt: skip
     """MXFP4's K loop: (gate, up) accumulators [BM, BN]. `kernels.w4a16_mxfp4_gemm`'s dot path: the input read
     as int32 words of bf16 pairs (a_ptr, stride_am in words), whose even elements meet the codes' low nibbles and
-    odd ones the high nibbles; weight tiles [BN, BK / 2] decoded exactly to bf16 by its `_packed_weights` on a
-    GPU (the codes read as byte pairs: w_base and stride_wn in pairs) or `_tile_weights` (16 code bytes and one
+    odd ones the high nibbles; weight tiles [BN, BK / 2] decoded exactly to bf16 by its `_packed_weights` on
+    sm_90+ (the codes read as byte pairs: w_base and stride_wn in pairs) or `_tile_weights` (16 code bytes and one
     scale a row and 32-block, contiguous loads); the products computed transposed, W tile @ x^T, so BN is the
     MMA's M and a decode block of 16 rows costs no more MMA rows than BN."""
     HALF: tl.constexpr = BK // 2  # words (element pairs) per K tile
@@ -309,7 +309,7 @@ def launch_moe_gemm(
         return out
     grid = (expert_ids.numel() * triton.cdiv(n, bn),)
     a_arg, stride_am = (a.view(torch.int32), a.stride(0) // 2) if mx else (a, a.stride(0))  # MX: bf16 pairs
-    # MX on a GPU: the codes are read as byte pairs by the packed decode (strides in pairs; K / 2 is even).
+    # MX on sm_90+: the codes are read as byte pairs by the packed decode (strides in pairs; K / 2 is even).
     packed = mx and packed_decode(a.device)
     w_arg = w.view(torch.int16) if packed else w
     _moe_gemm_kernel[grid](

@@ -23,10 +23,11 @@ computes (exact products of bf16 x and exact weights, fp32 sums, one bf16 roundi
 - `_dot_kernel` (larger M): tensor cores (wgmma on sm_90). The product is computed transposed, y^T tile
   [BLOCK_N, BLOCK_M] = W tile [BLOCK_N, BK] @ x tile^T, so the dequantized weights (registers) are tl.dot's
   first operand and BLOCK_M may be 16 ("swap AB": M = 2..16 pays for no more MMA rows than M = 16). Weights
-  are decoded exactly to bf16: on a GPU by packed integer instructions and bf16x2 multiplies on the codes read
-  as byte pairs (`_packed_weights`, ~2.75 instructions a weight; 1.25x faster at M = 16 on the H200 than the
-  fp32 decode); under the interpreter, which runs no PTX, in fp32 (`_tile_weights`: `_signed_nibble`, then
-  * 2**126 * block scale). Both are exact, so both give the same bytes. The even and odd halves of a K tile
+  are decoded exactly to bf16: on NVIDIA sm_90 and later by packed integer instructions and bf16x2 multiplies
+  on the codes read as byte pairs (`_packed_weights`, ~2.75 instructions a weight; 1.25x faster at M = 16 on
+  the H200 than the fp32 decode); elsewhere (the interpreter, which runs no PTX, ROCm, older NVIDIA GPUs) in
+  fp32 (`_tile_weights`: `_signed_nibble`, then * 2**126 * block scale). Both are exact, so both give the
+  same bytes (`packed_decode` picks one). The even and odd halves of a K tile
   are two dots of depth BK/2 (low nibbles with x's even elements, high with odd).
 Split-K (both kernels): SPLIT_K programs per output tile each sum a contiguous range of K tiles into an
 fp32 workspace [SPLIT_K, M, N]; `_split_k_sum_kernel` adds the partials in split order and rounds once.
@@ -38,6 +39,8 @@ and 253 only from rceil on |w| > 2.5e38. NaN (byte 0xFF) follows the mirror in b
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -546,10 +549,28 @@ def _split_k_sum_kernel(partial_ptr, y_ptr, numel, SPLIT_K: tl.constexpr, BLOCK:
     tl.store(y_ptr + offsets, total.to(tl.bfloat16), mask=mask)
 
 
+PACKED_MIN_CAPABILITY = (9, 0)  # mul.rn.bf16x2 (PTX ISA 7.8) needs sm_90; ptxas refuses it for sm_80 and sm_89
+
+
+def packed_decode_runs_on(capability: tuple[int, int] | None) -> bool:
+    """Whether a device of this CUDA compute capability (None: not an NVIDIA device, e.g. ROCm) runs the
+    packed PTX."""
+    return capability is not None and tuple(capability) >= PACKED_MIN_CAPABILITY
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int] | None:
+    return None if torch.version.hip else torch.cuda.get_device_capability(index)
+
+
 def packed_decode(device: torch.device) -> bool:
-    """Whether MXFP4 weight tiles are decoded by the packed PTX (`_packed_weights`, GPUs) or in fp32
-    (`_tile_weights`: the interpreter runs no PTX). Both give the same bytes."""
-    return not runs_interpreted(device)
+    """Whether MXFP4 weight tiles are decoded by the packed PTX (`_packed_weights`: NVIDIA sm_90 and later) or
+    in fp32 (`_tile_weights`: the interpreter, which runs no PTX, ROCm and older NVIDIA GPUs). Both give the
+    same bytes."""
+    if runs_interpreted(device) or device.type != "cuda":
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return packed_decode_runs_on(_capability(index))
 
 
 def launch_config(m: int, device: torch.device) -> tuple:

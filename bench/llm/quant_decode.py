@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("reports"))
     p.add_argument("--name", default="quant_decode", help="report name (a run of some schemes: its own report)")
     args = p.parse_args(argv)
+    if "bf16" not in args.schemes.split(","):
+        p.error("--schemes must include bf16: every ratio is against it")
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
     from bench.environment import collect
@@ -141,13 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     for scheme, workload, batch, label in bar_figures:
         if (scheme, workload, batch) in pick:
             measured.setdefault(scheme, []).append(f"{pick[scheme, workload, batch]:.2f}x {label}")
+    ratios = "; ".join(f"{scheme} " + " and ".join(parts) for scheme, parts in measured.items())
+    first_decode = [r for r in rows if r["workload"] == "decode" and r["batch"] == batches[0]]  # one row a scheme
     headline = (
-        f"{args.model}, dummy weights: decode output tok/s vs bf16 in the same run: "
-        + "; ".join(f"{scheme} " + " and ".join(parts) for scheme, parts in measured.items())
-        + ". Online quantization's load peak above the quantized model, in units of the largest layer's bf16 "
-        "weight: "
-        + ", ".join(f"{r['scheme']} {r['peak_over_model_vs_largest']:.2f}" for r in rows if r["batch"] == batches[0])
-        + "."
+        f"{args.model}, dummy weights: output tok/s vs bf16 in the same run: {ratios or 'none of the bar figures'}"
+        ". Online quantization's load peak above the quantized model, in units of the largest layer's bf16 "
+        "weight: " + ", ".join(f"{r['scheme']} {r['peak_over_model_vs_largest']:.2f}" for r in first_decode) + "."
     )
     plot = functools.partial(plot_decode, rows=rows)
     folder = tables.write_report(

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.w4a16_mxfp4_gemm import _PACKED_DECODE_ASM, _scale_bf16
+from kernels.w4a16_mxfp4_gemm import _PACKED_DECODE_ASM, _scale_bf16, packed_decode, packed_decode_runs_on
 from reference.quant.mxfp4 import dequantize_mxfp4
 from suites.gemm import ptx_subset
 
@@ -45,13 +45,30 @@ def reference_scales() -> np.ndarray:
     return bf16_bits(dequantize_mxfp4(codes, scales, dtype=torch.bfloat16)[:, 0])
 
 
+def lane_inputs() -> list[tuple[np.ndarray, np.ndarray]]:
+    """(code element, scale byte) per lane for the two halves of the input register: element 0 runs over every
+    16-bit value, element 1 over a permutation of them."""
+    lanes = np.arange(65536, dtype=np.uint32)
+    return [(lanes, scale_draw(lanes)), ((lanes * 40503 + 12345) % 65536, scale_draw(lanes * 7 + 3))]
+
+
+def scale_draw(lanes: np.ndarray) -> np.ndarray:
+    """A contract scale byte per lane, mixed from all of the lane's bits: every nibble position of a code
+    element meets every scale with every code value (`test_every_code_meets_every_scale`)."""
+    mixed = lanes ^ (lanes >> 5) ^ (lanes >> 11)
+    return np.asarray(CONTRACT_SCALES, dtype=np.uint32)[mixed % len(CONTRACT_SCALES)]
+
+
+def test_every_code_meets_every_scale():
+    for element, scale in lane_inputs():
+        for nibble in range(4):
+            pairs = set(zip(((element >> (4 * nibble)) & 15).tolist(), scale.tolist(), strict=True))
+            assert len(pairs) == 16 * len(CONTRACT_SCALES)
+
+
 def decode_mismatches(asm: str) -> int:
     """Lanes where `asm`'s four outputs differ from the reference (NaN matches NaN)."""
-    lanes = np.arange(65536, dtype=np.uint32)
-    e0 = lanes
-    e1 = (lanes * 40503 + 12345) % 65536  # a permutation: every element value in the high half too
-    s_pick = np.asarray(CONTRACT_SCALES, dtype=np.uint32)
-    s0, s1 = s_pick[lanes % len(s_pick)], s_pick[(lanes * 7 + 3) % len(s_pick)]
+    (e0, s0), (e1, s1) = lane_inputs()
     scale_bits = reference_scales()
     out = ptx_subset.run(asm, {4: e0 | (e1 << 16), 5: scale_bits[s0] | (scale_bits[s1] << 16)})
     want = []
@@ -95,3 +112,15 @@ def test_scale_operand_equals_the_reference_on_every_byte(device):
     nan = (want & 0x7FFF) > 0x7F80
     assert np.array_equal(got[~nan], want[~nan])
     assert ((got[nan] & 0x7FFF) > 0x7F80).all()  # byte 255: NaN
+
+
+@pytest.mark.parametrize(
+    ("capability", "runs"), [((9, 0), True), ((10, 0), True), ((8, 9), False), ((8, 0), False), (None, False)]
+)
+def test_packed_decode_only_where_its_ptx_assembles(capability, runs):
+    """mul.rn.bf16x2 needs sm_90 (ptxas refuses it for sm_80 and sm_89); None is a non-NVIDIA device (ROCm)."""
+    assert packed_decode_runs_on(capability) is runs
+
+
+def test_interpreter_and_cpu_take_the_fp32_decode():
+    assert packed_decode(torch.device("cpu")) is False
