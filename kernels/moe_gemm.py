@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from kernels._boundary import runs_interpreted
-from kernels.w4a16_mxfp4_gemm import _packed_weights, _tile_weights, packed_decode
+from kernels.w4a16_mxfp4_gemm import _weight_tile, packed_decode
 
 ACTIVATIONS = {"none": 0, "silu": 1, "swiglu_oai": 2}
 ALPHA, LIMIT = 1.702, 7.0  # gpt-oss's clamped SwiGLU (reference.moe.experts)
@@ -145,17 +145,6 @@ def mx_tiles(device: torch.device, assignments: int, experts: int, first: Tiles,
 
 
 @triton.jit
-def _mx_tile(w_base, ws_base, rows, cmask, block, stride_wn, stride_wsn, n_blocks, EVEN_K: tl.constexpr,
-             FAULT: tl.constexpr, PACKED: tl.constexpr):  # fmt: skip
-    """One MXFP4 weight tile's (low, high) nibble halves, exact: packed decode on a GPU, fp32 in the interpreter."""
-    if PACKED:
-        low, high = _packed_weights(w_base, ws_base, rows, cmask, block, stride_wn, stride_wsn, n_blocks, EVEN_K, FAULT)
-    else:
-        low, high = _tile_weights(w_base, ws_base, rows, cmask, block, stride_wn, stride_wsn, n_blocks, EVEN_K, FAULT)
-    return low, high
-
-
-@triton.jit
 def _mx_k_loop(
     a_ptr, w_base, ws_base, a_rows, valid, gate_rows, up_rows, cmask, K, stride_am, stride_wn, stride_wsn,
     ACT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
@@ -183,13 +172,13 @@ def _mx_k_loop(
         words = tl.load(a_ptr + x_offsets, mask=in_k[:, None] & valid[None, :], other=0).to(tl.uint32, bitcast=True)
         even = (words & 0xFFFF).to(tl.uint16).to(tl.bfloat16, bitcast=True)
         odd = (words >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-        low, high = _mx_tile(
+        low, high = _weight_tile(
             w_base, ws_base, gate_n, cmask, block, stride_wn, stride_wsn, n_blocks, EVEN_K, mx_fault, PACKED
         )
         acc_t = tl.dot(tl.reshape(low, [BN, HALF]).to(tl.bfloat16), even, acc_t)  # exact: bf16 values
         acc_t = tl.dot(tl.reshape(high, [BN, HALF]).to(tl.bfloat16), odd, acc_t)
         if ACT != 0:
-            low, high = _mx_tile(
+            low, high = _weight_tile(
                 w_base, ws_base, up_n, cmask, block, stride_wn, stride_wsn, n_blocks, EVEN_K, mx_fault, PACKED
             )
             acc_up_t = tl.dot(tl.reshape(low, [BN, HALF]).to(tl.bfloat16), even, acc_up_t)

@@ -267,6 +267,33 @@ def _packed_weights(
 
 
 @triton.jit
+def _weight_tile(
+    codes_ptr,
+    scales_ptr,
+    n,
+    n_mask,
+    block,
+    codes_row_stride,
+    scales_row_stride,
+    n_blocks,
+    EVEN_K: tl.constexpr,
+    FAULT: tl.constexpr,
+    PACKED: tl.constexpr,
+):
+    """One tile's (low, high) weights, exact: `_packed_weights` (codes_ptr in byte pairs) when PACKED, else
+    `_tile_weights` (codes_ptr in bytes); `packed_decode` says which a device runs."""
+    if PACKED:
+        low, high = _packed_weights(
+            codes_ptr, scales_ptr, n, n_mask, block, codes_row_stride, scales_row_stride, n_blocks, EVEN_K, FAULT
+        )
+    else:
+        low, high = _tile_weights(
+            codes_ptr, scales_ptr, n, n_mask, block, codes_row_stride, scales_row_stride, n_blocks, EVEN_K, FAULT
+        )
+    return low, high
+
+
+@triton.jit
 def _x_halves(words):
     """int32 words of bf16 pairs -> (even, odd) elements as fp32 (bf16 -> fp32 is a 16-bit shift)."""
     words = words.to(tl.uint32, bitcast=True)
@@ -509,14 +536,19 @@ def _dot_kernel(
     last = tl.minimum(first + tiles_per_split, tl.cdiv(n_blocks, GROUPS))
     for tile in range(first, last):
         block = tile * GROUPS + tl.arange(0, GROUPS)
-        if PACKED:
-            low, high = _packed_weights(
-                codes_ptr, scales_ptr, n, n_mask, block, codes_row_stride, scales_row_stride, n_blocks, EVEN_K, FAULT
-            )
-        else:
-            low, high = _tile_weights(
-                codes_ptr, scales_ptr, n, n_mask, block, codes_row_stride, scales_row_stride, n_blocks, EVEN_K, FAULT
-            )
+        low, high = _weight_tile(
+            codes_ptr,
+            scales_ptr,
+            n,
+            n_mask,
+            block,
+            codes_row_stride,
+            scales_row_stride,
+            n_blocks,
+            EVEN_K,
+            FAULT,
+            PACKED,
+        )
         low = tl.reshape(low, [BLOCK_N, HALF]).to(tl.bfloat16)  # exact: every value is a bf16 value
         high = tl.reshape(high, [BLOCK_N, HALF]).to(tl.bfloat16)
         x_offsets = m[None, :] * x_row_stride + (tile * HALF + word)[:, None]  # x^T words [HALF, BLOCK_M]
