@@ -40,13 +40,13 @@ and 253 only from rceil on |w| > 2.5e38. NaN (byte 0xFF) follows the mirror in b
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
+from kernels import platform
 from kernels._boundary import check_device, runs_interpreted
+from kernels.platform import Platform
 from reference.gemm.w4a16_mxfp4 import check_w4a16_args
 from reference.quant.mxfp4 import MX_BLOCK_SIZE
 
@@ -244,8 +244,8 @@ def _packed_weights(
     EVEN_K: tl.constexpr,
     FAULT: tl.constexpr,
 ):
-    """`_tile_weights` as bf16, decoded by packed integer and bf16x2 instructions (`_PACKED_DECODE_ASM`; GPUs
-    only, the interpreter runs no PTX) from the codes read as 16-bit elements (`pairs_ptr`: byte pairs, row
+    """`_tile_weights` as bf16, decoded by packed integer and bf16x2 instructions (`_PACKED_DECODE_ASM`; NVIDIA
+    sm_90+ only, the interpreter runs no PTX) from the codes read as 16-bit elements (`pairs_ptr`: byte pairs, row
     stride in pairs): (low, high) bf16 [BLOCK_N, GROUPS, 16], the same values."""
     codes, scale = _tile_loads(
         pairs_ptr, scales_ptr, n, n_mask, block, pairs_row_stride, scales_row_stride, n_blocks, 8, EVEN_K, FAULT
@@ -584,15 +584,9 @@ def _split_k_sum_kernel(partial_ptr, y_ptr, numel, SPLIT_K: tl.constexpr, BLOCK:
 PACKED_MIN_CAPABILITY = (9, 0)  # mul.rn.bf16x2 (PTX ISA 7.8) needs sm_90; ptxas refuses it for sm_80 and sm_89
 
 
-def packed_decode_runs_on(capability: tuple[int, int] | None) -> bool:
-    """Whether a device of this CUDA compute capability (None: not an NVIDIA device, e.g. ROCm) runs the
-    packed PTX."""
-    return capability is not None and tuple(capability) >= PACKED_MIN_CAPABILITY
-
-
-@functools.cache
-def _capability(index: int) -> tuple[int, int] | None:
-    return None if torch.version.hip else torch.cuda.get_device_capability(index)
+def packed_decode_runs_on(platform: Platform) -> bool:
+    """Whether this platform's GPU runs the packed PTX: NVIDIA (not ROCm) of compute capability 9.0 or later."""
+    return platform.is_cuda() and platform.has_device_capability(PACKED_MIN_CAPABILITY)
 
 
 def packed_decode(device: torch.device) -> bool:
@@ -601,8 +595,7 @@ def packed_decode(device: torch.device) -> bool:
     same bytes."""
     if runs_interpreted(device) or device.type != "cuda":
         return False
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return packed_decode_runs_on(_capability(index))
+    return packed_decode_runs_on(platform.current_platform)
 
 
 def launch_config(m: int, device: torch.device) -> tuple:
@@ -667,7 +660,7 @@ def launch(
             **common,
         )
     else:
-        # On a GPU the weights are decoded by packed instructions from the codes read as byte pairs.
+        # On sm_90+ the weights are decoded by packed instructions from the codes read as byte pairs.
         packed = packed_decode(x.device)
         code_units = codes.view(torch.int16) if packed else codes
         strides = (words.stride(0), code_units.stride(0), scales.stride(0), n, m * n)

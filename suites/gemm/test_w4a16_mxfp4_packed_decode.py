@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.platform import Platform
 from kernels.w4a16_mxfp4_gemm import _PACKED_DECODE_ASM, _scale_bf16, packed_decode, packed_decode_runs_on
 from reference.quant.mxfp4 import dequantize_mxfp4
 from suites.gemm import ptx_subset
@@ -115,11 +116,19 @@ def test_scale_operand_equals_the_reference_on_every_byte(device):
 
 
 @pytest.mark.parametrize(
-    ("capability", "runs"), [((9, 0), True), ((10, 0), True), ((8, 9), False), ((8, 0), False), (None, False)]
+    ("platform", "runs"),
+    [
+        (Platform("cuda", "NVIDIA H200", 1, (9, 0), "sm_90", "hopper"), True),
+        (Platform("cuda", "NVIDIA B200", 1, (10, 0), "sm_100", "blackwell"), True),
+        (Platform("cuda", "NVIDIA L40S", 1, (8, 9), "sm_89", "ada"), False),
+        (Platform("cuda", "NVIDIA A100", 1, (8, 0), "sm_80", "ampere"), False),
+        (Platform("rocm", "AMD Instinct MI300X", 1, (9, 4), "gfx942", "cdna3"), False),
+        (Platform("cpu", "Test CPU", 1, None, "x86_64", "cpu"), False),
+    ],
 )
-def test_packed_decode_only_where_its_ptx_assembles(capability, runs):
-    """mul.rn.bf16x2 needs sm_90 (ptxas refuses it for sm_80 and sm_89); None is a non-NVIDIA device (ROCm)."""
-    assert packed_decode_runs_on(capability) is runs
+def test_packed_decode_only_where_its_ptx_assembles(platform, runs):
+    """mul.rn.bf16x2 needs sm_90 (ptxas refuses it for sm_80 and sm_89); ROCm runs no PTX, whatever its pair."""
+    assert packed_decode_runs_on(platform) is runs
 
 
 def test_interpreter_and_cpu_take_the_fp32_decode():
