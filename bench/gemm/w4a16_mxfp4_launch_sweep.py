@@ -1,7 +1,11 @@
-"""Sweep the W4A16 MXFP4 GEMM's launch configs on a GPU, N = K = 8192: time, speedup over the bf16 matmul of the
-same run, and weight GB/s against a memcpy of the same run.
+"""Sweep the W4A16 MXFP4 GEMM's launch configs on a GPU (default N = K = 8192): time, speedup over the bf16 matmul
+of the same run, and weight GB/s against a memcpy of the same run.
 
-    python -m bench.gemm.w4a16_mxfp4_launch_sweep [--m 1 4 16 128 1024] [--nk 8192]
+    python -m bench.gemm.w4a16_mxfp4_launch_sweep [--m 1 4 16 128 1024] [--shapes 8192x8192] [--set full|model]
+
+`--set model` is the shorter list for a model's projection shapes (e.g. Llama-3.1-8B's, N x K:
+6144x4096,4096x4096,28672x4096,4096x14336), where the grid, not the decode, decides: GEMV and dot candidates
+across split-K 1..16 and narrow tiles, so a shape with few N tiles still fills the SMs.
 
 This is how `_GPU_CONFIGS` in kernels/w4a16_mxfp4_gemm.py is chosen (its comment says which rows are measured
 and which are guesses). Every config is checked against the mirror reference (lossy bound of the suites)
@@ -47,34 +51,47 @@ GEMV_SHORT = [
 ]
 
 
-def dot_configs(m: int) -> list[tuple]:
+# `--set model`, M = 1: the table's GEMV row and its neighbours in BLOCK_N (8 doubles the N tiles of a
+# 4096-row projection) and GROUPS, each at split-K 1, 2 and 4.
+GEMV_MODEL = [
+    ("gemv", bn, 1, g, s, w, 2)
+    for (bn, g, w), s in itertools.product(((8, 32, 2), (8, 32, 4), (16, 32, 4), (16, 16, 2), (32, 16, 4)), (1, 2, 4))
+]
+
+
+def dot_configs(m: int, splits: tuple[int, ...] | None = None) -> list[tuple]:
     block_ms = [b for b in (16, 32, 64, 128) if b <= max(16, m)][-2:]
-    splits = (1, 2, 4) if m <= 64 else (1,)
+    splits = splits or ((1, 2, 4) if m <= 64 else (1,))
     return [("dot", bn, bm, 4, s, w, 3) for bn, bm, s, w in itertools.product((64, 128), block_ms, splits, (4, 8))]
 
 
-def candidates(m: int) -> list[tuple]:
+def candidates(m: int, model: bool = False) -> list[tuple]:
     """GEMV candidates up to M = 4 (one program per row of x; the full list at M = 1 only, so that --m 1 4 16
-    fits one 10-minute run), tensor-core ones from M = 1 (padded to 16)."""
+    fits one 10-minute run), tensor-core ones from M = 1 (padded to 16). `model`: GEMV_MODEL at M = 1 alone,
+    dot candidates (M > 1) at split-K up to 16."""
+    if model:
+        return GEMV_MODEL if m == 1 else dot_configs(m, (1, 2, 4, 8, 16) if m <= 64 else None)
     gemv = GEMV if m == 1 else [c for c in GEMV if c in GEMV_SHORT] if m <= 4 else []
     return gemv + dot_configs(m)
 
 
-def sweep_m(x, codes, scales, w, memcpy: float, only: str | None) -> None:
-    m = x.shape[0]
+def sweep_m(x, codes, scales, w, memcpy: float, only: str | None, model: bool) -> None:
+    m, n = x.shape[0], codes.shape[0]
+    shape = f"N={n} K={x.shape[1]} M={m}"
     weight_bytes = codes.numel() + scales.numel()
     bound = lossy_bound(families.W4A16_MXFP4_GEMM, torch.bfloat16)
     want = w4a16_mxfp4_gemm_mirror(x, codes, scales)
     matmul = time_ms(lambda: torch.matmul(x, w.T), cuda_graph=True)
     dispatch = time_ms(lambda: kernel.w4a16_mxfp4_gemm(x, codes, scales))
-    note(f"M={m} bf16 matmul", f"M={m}: bf16 matmul {matmul * 1e3:.1f} us", time_us=matmul * 1e3)
+    note(f"{shape} bf16 matmul", f"{shape}: bf16 matmul {matmul * 1e3:.1f} us", time_us=matmul * 1e3)
     note(
-        f"M={m} op through torch.ops",
-        f"M={m}: op through torch.ops (default config, eager) {dispatch * 1e3:.1f} us",
+        f"{shape} op through torch.ops",
+        f"{shape}: op through torch.ops (default config, eager) {dispatch * 1e3:.1f} us",
         time_us=dispatch * 1e3,
     )
+    table = kernel.launch_config(m, x.device)
     results = []
-    for config in candidates(m):
+    for config in candidates(m, model):
         if only and config[0] != only:
             continue
         try:
@@ -83,16 +100,17 @@ def sweep_m(x, codes, scales, w, memcpy: float, only: str | None) -> None:
             ok = metrics.max_rel <= bound.max_rel and metrics.rms_rel <= bound.rms_rel
             ms = time_ms(lambda config=config: kernel.launch(x, codes, scales, config=config), cuda_graph=True)
         except Exception as err:  # a config that does not compile or fit is a line, not the end of the sweep
-            failed(f"M={m:5d} {config}", err)
+            failed(f"{shape} {config}", err)
             continue
         gbps = weight_bytes / ms / 1e6
         results.append((ms, config))
         verdict = "ok" if ok else f"MISMATCH {metrics}"
-        line(f"M={m:5d} {config}", ms, {"bf16": matmul / ms, "memcpy": gbps / memcpy}, verdict, gbps=gbps)
+        label = " table" if config == tuple(table) else ""
+        line(f"{shape} {config}{label}", ms, {"bf16": matmul / ms, "memcpy": gbps / memcpy}, verdict, gbps=gbps)
     if results:
         ms, config = min(results)
         print(
-            f"BEST M={m}: {config} {ms * 1e3:.1f} us, {matmul / ms:.2f}x bf16 matmul, "
+            f"BEST {shape}: {config} {ms * 1e3:.1f} us, {matmul / ms:.2f}x bf16 matmul, "
             f"{weight_bytes / ms / 1e6 / memcpy:.3f}x memcpy",
             flush=True,
         )
@@ -101,18 +119,22 @@ def sweep_m(x, codes, scales, w, memcpy: float, only: str | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     cli = parser(__doc__)
     cli.add_argument("--m", type=int, nargs="+", default=[1, 4, 16, 128, 1024])
-    cli.add_argument("--nk", type=int, default=8192, help="N = K")
+    cli.add_argument("--shapes", default="8192x8192", help="comma-separated NxK (weight rows x columns)")
+    cli.add_argument("--set", choices=("full", "model"), default="full", help="candidate list (see above)")
     cli.add_argument("--only", choices=("gemv", "dot"), help="restrict to one kernel")
     args = gpu_args(cli, argv, "w4a16_mxfp4_launch_sweep")
-    n = k = args.nk
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    codes = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=gen)
-    scales = torch.randint(*SCALE_RANGE, (n, k // 32), dtype=torch.uint8, device="cuda", generator=gen)
-    w = dequantize_mxfp4(codes, scales, dtype=torch.bfloat16)
-    memcpy = memcpy_gbps(1 << 30, f"N = K = {n}; weights {(codes.numel() + scales.numel()) / 2**20:.1f} MiB")
-    for m in args.m:
-        x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda", generator=gen)
-        sweep_m(x, codes, scales, w, memcpy, args.only)
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    memcpy = memcpy_gbps(1 << 30, f"shapes N x K {args.shapes}")
+    for n, k in shapes:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        codes = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=gen)
+        scales = torch.randint(*SCALE_RANGE, (n, k // 32), dtype=torch.uint8, device="cuda", generator=gen)
+        w = dequantize_mxfp4(codes, scales, dtype=torch.bfloat16)
+        print(f"N = {n}, K = {k}: weights {(codes.numel() + scales.numel()) / 2**20:.1f} MiB", flush=True)
+        for m in args.m:
+            x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda", generator=gen)
+            sweep_m(x, codes, scales, w, memcpy, args.only, args.set == "model")
+        del codes, scales, w
     return 0
 
 
