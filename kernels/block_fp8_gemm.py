@@ -14,7 +14,8 @@ Design (for the H200; see bench/gemm/block_fp8_launch_sweep.py):
   strides: cuBLAS's column-major activation scales work as they are).
 - Tiles are visited in GROUP_M-row groups for L2 reuse; PERSISTENT launches one program per SM that walks
   the tiles; SPLIT_K > 1 (small M, where few tiles cannot fill 132 SMs and the weights must stream at full
-  bandwidth) writes fp32 partial sums per K range that the launcher adds in a fixed order (deterministic).
+  bandwidth) writes fp32 partial sums per K range that `kernels.split_k.sum_splits` adds in split order
+  (deterministic) and rounds once, in one kernel.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels._boundary import check_device, runs_interpreted
+from kernels.split_k import launch_split, sum_splits
 from reference.gemm.block_fp8 import BLOCK, check_block_fp8_gemm_args
 
 # Planted bugs for the suite's negative controls; FAULT is a constexpr, so fault 0 compiles them away.
@@ -58,7 +60,13 @@ class LaunchConfig:
 # wgmma's minimum M, and split-K to put every SM on the weight stream) was not swept; the bench runs it at
 # 0.78-1.14x cuBLAS blockwise for M = 1 and 16 on the four DeepSeek-V3 shapes
 # (reports/cuda-h200/block_fp8_gemm_n*.md).
+# M <= 16 (decode): a 16-row tile takes the mma.sync path. Swept on Llama-3.1-8B's projections (N x K 6144 x
+# 4096, 4096 x 4096, 28672 x 4096, 4096 x 14336; CUDA-graph replays, cold L2, the torch sum of the partials
+# then; reports/cuda-h200/launch_sweeps/block_fp8_launch_sweep.csv): at M = 1, 20.6 / 16.8 / 42.3 / 31.7 us
+# against 20.7 / 16.9 / 46.5 / 31.4 for the 64-row tile, at M = 8 20.8 / 16.8 / 42.3 / 33.0 against 21.2 /
+# 17.0 / 44.5 / 32.8; cuBLAS blockwise 18.4 / 17.8 / 50.0 / 33.5 at M = 1.
 GPU_CONFIGS: tuple[tuple[int, LaunchConfig], ...] = (
+    (16, LaunchConfig(block_m=16, block_n=128, group_m=1, split_k=0, num_warps=4, num_stages=4)),
     (64, LaunchConfig(block_m=64, block_n=128, group_m=1, split_k=0, num_warps=4, num_stages=4)),
     (1 << 62, LaunchConfig(block_m=128, block_n=128, group_m=16, split_k=1, num_warps=8, num_stages=3)),
 )
@@ -286,9 +294,7 @@ def launch_block_fp8_gemm(
     if (cfg.block_n > 128 and cfg.block_n % 128) or (cfg.block_n < 128 and 128 % cfg.block_n):
         raise ValueError(f"config: block_n {cfg.block_n} must divide or be a multiple of {BLOCK}")
     k_blocks = k // BLOCK
-    split = max(1, min(cfg.split_k, k_blocks))
-    k_per_split = triton.cdiv(k_blocks, split)
-    split = triton.cdiv(k_blocks, k_per_split)  # no empty split
+    split, k_per_split = launch_split(k_blocks, cfg.split_k)
     target = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=device)
     c_strides = (0, *out.stride()) if split == 1 else target.stride()
     a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [cfg.block_m, BLOCK])
@@ -322,7 +328,7 @@ def launch_block_fp8_gemm(
         num_stages=cfg.num_stages,
     )
     if split > 1:
-        out.copy_(target.sum(dim=0))  # deterministic fp32 sum of the K ranges (no atomics), then one rounding
+        sum_splits(target, out)  # the K ranges added in split order (deterministic, no atomics), one rounding
     return out
 
 

@@ -30,7 +30,7 @@ computes (exact products of bf16 x and exact weights, fp32 sums, one bf16 roundi
   same bytes (`packed_decode` picks one). The even and odd halves of a K tile
   are two dots of depth BK/2 (low nibbles with x's even elements, high with odd).
 Split-K (both kernels): SPLIT_K programs per output tile each sum a contiguous range of K tiles into an
-fp32 workspace [SPLIT_K, M, N]; `_split_k_sum_kernel` adds the partials in split order and rounds once.
+fp32 workspace [SPLIT_K, M, N]; `kernels.split_k.sum_splits` adds the partials in split order and rounds once.
 
 Contract beyond the mirror's: scale bytes 253 and 254 (2**126, 2**127), the only ones whose weights can
 reach 2**128 and saturate in the mirror, are outside the kernel's contract: the GEMV path uses the exact
@@ -47,6 +47,7 @@ import triton.language as tl
 from kernels import platform
 from kernels._boundary import check_device, runs_interpreted
 from kernels.platform import Platform
+from kernels.split_k import launch_split, sum_splits
 from reference.gemm.w4a16_mxfp4 import check_w4a16_args
 from reference.quant.mxfp4 import MX_BLOCK_SIZE
 
@@ -570,17 +571,6 @@ def _dot_kernel(
         tl.store(out, acc.to(tl.bfloat16), mask=mask)
 
 
-@triton.jit
-def _split_k_sum_kernel(partial_ptr, y_ptr, numel, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr):
-    """y = bf16(sum over splits of the fp32 partials, added in split order)."""
-    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offsets < numel
-    total = tl.load(partial_ptr + offsets, mask=mask, other=0.0)
-    for split in tl.static_range(1, SPLIT_K):
-        total += tl.load(partial_ptr + split * numel + offsets, mask=mask, other=0.0)
-    tl.store(y_ptr + offsets, total.to(tl.bfloat16), mask=mask)
-
-
 PACKED_MIN_CAPABILITY = (9, 0)  # mul.rn.bf16x2 (PTX ISA 7.8) needs sm_90; ptxas refuses it for sm_80 and sm_89
 
 
@@ -630,10 +620,7 @@ def launch(
         return y.zero_()
     kind, block_n, block_m, groups, split_k, warps, stages = config or launch_config(m, x.device)
     n_blocks = k // MX_BLOCK_SIZE
-    k_tiles = triton.cdiv(n_blocks, groups)
-    split_k = max(1, min(split_k, k_tiles))
-    tiles_per_split = triton.cdiv(k_tiles, split_k)
-    split_k = triton.cdiv(k_tiles, tiles_per_split)  # no empty splits
+    split_k, tiles_per_split = launch_split(triton.cdiv(n_blocks, groups), split_k)
     out = y if split_k == 1 else torch.empty(split_k, m, n, dtype=torch.float32, device=x.device)
     words = x.view(torch.int32)  # [M, K/2] bf16 pairs
     common = dict(
@@ -681,8 +668,7 @@ def launch(
             **common,
         )
     if split_k > 1:
-        block = 1024
-        _split_k_sum_kernel[(triton.cdiv(m * n, block),)](out, y, m * n, SPLIT_K=split_k, BLOCK=block)
+        sum_splits(out, y)
     return y
 
 
