@@ -89,7 +89,7 @@ def sweep_m(x, codes, scales, w, memcpy: float, only: str | None, model: bool) -
         f"{shape}: op through torch.ops (default config, eager) {dispatch * 1e3:.1f} us",
         time_us=dispatch * 1e3,
     )
-    table = kernel.launch_config(m, x.device)
+    table = kernel.launch_config(m, n, x.device)
     results = []
     for config in candidates(m, model):
         if only and config[0] != only:

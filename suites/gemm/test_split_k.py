@@ -40,7 +40,9 @@ def test_empty_output(device):
     assert sum_splits(torch.empty(2, 0, 4, device=device), out).numel() == 0
 
 
-@pytest.mark.parametrize(("k_tiles", "asked", "want"), [(10, 1, (1, 10)), (10, 4, (4, 3)), (10, 6, (5, 2)), (3, 8, (3, 1))])
+@pytest.mark.parametrize(
+    ("k_tiles", "asked", "want"), [(10, 1, (1, 10)), (10, 4, (4, 3)), (10, 6, (5, 2)), (3, 8, (3, 1))]
+)
 def test_split_arithmetic(k_tiles, asked, want):
     """At least one K tile a split, no empty split: 10 tiles asked in 6 splits are 5 of 2."""
     assert launch_split(k_tiles, asked) == want
