@@ -61,10 +61,10 @@ class LaunchConfig:
 # 0.78-1.14x cuBLAS blockwise for M = 1 and 16 on the four DeepSeek-V3 shapes
 # (reports/cuda-h200/block_fp8_gemm_n*.md).
 # M <= 16 (decode): a 16-row tile takes the mma.sync path. Swept on Llama-3.1-8B's projections (N x K 6144 x
-# 4096, 4096 x 4096, 28672 x 4096, 4096 x 14336; CUDA-graph replays, cold L2, the torch sum of the partials
-# then; reports/cuda-h200/launch_sweeps/block_fp8_launch_sweep.csv): at M = 1, 20.6 / 16.8 / 42.3 / 31.7 us
-# against 20.7 / 16.9 / 46.5 / 31.4 for the 64-row tile, at M = 8 20.8 / 16.8 / 42.3 / 33.0 against 21.2 /
-# 17.0 / 44.5 / 32.8; cuBLAS blockwise 18.4 / 17.8 / 50.0 / 33.5 at M = 1.
+# 4096, 4096 x 4096, 28672 x 4096, 4096 x 14336; CUDA-graph replays, cold L2, the split sum of kernels.split_k;
+# reports/cuda-h200/launch_sweeps/block_fp8_launch_sweep.csv): at M = 1, 18.1 / 14.1 / 43.1 / 29.3 us against
+# 18.0 / 14.5 / 47.0 / 29.0 for the 64-row row below, at M = 8 18.3 / 14.3 / 43.3 / 30.2 against 18.3 / 14.6 /
+# 44.7 / 30.1; cuBLAS blockwise 18.4 / 17.9 / 50.1 / 33.4 at M = 1.
 GPU_CONFIGS: tuple[tuple[int, LaunchConfig], ...] = (
     (16, LaunchConfig(block_m=16, block_n=128, group_m=1, split_k=0, num_warps=4, num_stages=4)),
     (64, LaunchConfig(block_m=64, block_n=128, group_m=1, split_k=0, num_warps=4, num_stages=4)),
