@@ -46,7 +46,6 @@ FAMILY_MODULES = (
     "bench.moe.fused_moe",
     "bench.moe.block_fp8_moe",
     "bench.moe.mxfp4_moe",
-    "bench.gemm.block_fp8_linear",
     "bench.gemm.block_fp8",
 )
 

@@ -28,11 +28,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels._boundary import check_device, f32_bits, runs_interpreted
-from kernels.fp8_quant import quantize_rows_e4m3fn
+from kernels._boundary import check_device, runs_interpreted
 from kernels.split_k import launch_split, sum_splits
 from reference.gemm.block_fp8 import BLOCK, check_block_fp8_gemm_args
-from reference.quant.fp8 import DEFAULT_EPS
 
 # Planted bugs for the suite's negative controls; FAULT is a constexpr, so fault 0 compiles them away.
 FAULTS = {
@@ -136,11 +134,9 @@ def _gemm_tile(
     stride_ask,
     stride_bsn,
     stride_bsk,
-    eps_bits,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
-    QUANT_A: tl.constexpr,
     FAULT: tl.constexpr,
 ):
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -158,10 +154,7 @@ def _gemm_tile(
     for kb in tl.range(k_lo, k_hi, warp_specialize=WARP_SPECIALIZE):
         a = a_desc.load([pid_m * BLOCK_M, kb * 128])
         b = b_desc.load([pid_n * BLOCK_N, kb * 128])
-        if QUANT_A:  # a is x's bf16/fp16 tile: its rows are the 1x128 groups (rows past M read 0)
-            a, a_s = quantize_rows_e4m3fn(a, eps_bits)
-        else:
-            a_s = tl.load(as_ptr + offs_m * stride_asm + kb * stride_ask, mask=offs_m < M, other=0.0)
+        a_s = tl.load(as_ptr + offs_m * stride_asm + kb * stride_ask, mask=offs_m < M, other=0.0)
         kb_w = kb
         if FAULT == 1:
             kb_w = (kb + 1) % k_blocks
@@ -195,14 +188,12 @@ def _block_fp8_gemm_kernel(
     stride_ask,
     stride_bsn,
     stride_bsk,
-    eps_bits,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr,
     PERSISTENT: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
-    QUANT_A: tl.constexpr,
     FAULT: tl.constexpr,
 ):
     num_m = tl.cdiv(M, BLOCK_M)
@@ -230,11 +221,9 @@ def _block_fp8_gemm_kernel(
                 stride_ask,
                 stride_bsn,
                 stride_bsk,
-                eps_bits,
                 BLOCK_M,
                 BLOCK_N,
                 WARP_SPECIALIZE,
-                QUANT_A,
                 FAULT,
             )
     else:
@@ -259,11 +248,9 @@ def _block_fp8_gemm_kernel(
             stride_ask,
             stride_bsn,
             stride_bsk,
-            eps_bits,
             BLOCK_M,
             BLOCK_N,
             WARP_SPECIALIZE,
-            QUANT_A,
             FAULT,
         )
 
@@ -294,18 +281,12 @@ def launch_block_fp8_gemm(
     named bug (negative controls only)."""
     check_block_fp8_gemm_args(a, a_scales, b, b_scales, out_dtype)
     device = check_device(a=a, a_scales=a_scales, b=b, b_scales=b_scales)
-    return launch(a, a_scales, b, b_scales, out_dtype, device, config, fault)
-
-
-def launch(a, a_scales, b, b_scales, out_dtype, device, config, fault) -> torch.Tensor:
-    """Allocate and launch on validated arguments. `a_scales` None: `a` is the bf16/fp16 activations, and the
-    kernel quantizes each 1x128 group as it loads it (`kernels.block_fp8_linear`)."""
     m, k = a.shape
     n = b.shape[0]
     out = torch.empty(m, n, dtype=out_dtype, device=device)
     if m == 0 or n == 0:
         return out
-    _check_tma_operand("a" if a_scales is not None else "x", a)
+    _check_tma_operand("a", a)
     _check_tma_operand("b", b)
     cfg = config or choose_config(m, n, k, device)
     if cfg.split_k == 0:
@@ -322,12 +303,11 @@ def launch(a, a_scales, b, b_scales, out_dtype, device, config, fault) -> torch.
     programs = tiles
     if cfg.persistent:
         programs = min(tiles, _device_sms(device))
-    quant_a = a_scales is None
     _block_fp8_gemm_kernel[(programs,)](
         a_desc,
         b_desc,
         target,
-        b_scales if quant_a else a_scales,  # not read when the kernel quantizes a
+        a_scales,
         b_scales,
         m,
         n,
@@ -335,16 +315,14 @@ def launch(a, a_scales, b, b_scales, out_dtype, device, config, fault) -> torch.
         k_per_split,
         programs,
         *c_strides,
-        *((0, 0) if quant_a else a_scales.stride()),
+        *a_scales.stride(),
         *b_scales.stride(),
-        f32_bits(DEFAULT_EPS),
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         GROUP_M=cfg.group_m,
         SPLIT_K=split,
         PERSISTENT=cfg.persistent,
         WARP_SPECIALIZE=cfg.warp_specialize,
-        QUANT_A=quant_a,
         FAULT=FAULTS[fault],
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,

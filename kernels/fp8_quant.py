@@ -54,23 +54,6 @@ def _encode_e4m3fnuz(v):
 
 
 @triton.jit
-def group_scale(amax_bits, eps_bits, FP8_MAX: tl.constexpr):
-    """A group's scale from its amax as |x|'s fp32 bits: clamped by eps (as bits: the integer max keeps NaN),
-    then amax / FP8_MAX by IEEE division."""
-    return tl.div_rn(tl.maximum(amax_bits, eps_bits).to(tl.float32, bitcast=True), FP8_MAX)
-
-
-@triton.jit
-def quantize_rows_e4m3fn(x, eps_bits):
-    """x [R, G] (any float type), each row one group -> (e4m3fn codes [R, G], fp32 scales [R]): the quantize
-    kernel's rule for group scales in e4m3fn without UE8M0, the same bytes (`kernels.block_fp8_linear`)."""
-    x = x.to(tl.float32)
-    scale = group_scale(tl.max(x.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1), eps_bits, 448.0)
-    recip = tl.div_rn(tl.full(scale.shape, 1.0, tl.float32), scale)
-    return (x * recip[:, None]).to(tl.float8e4nv), scale  # RNE, saturating at 448, NaN -> 0x7F
-
-
-@triton.jit
 def _amax_bits_kernel(x_ptr, amax_ptr, n_rows, row_len, x_row_stride, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     """amax_ptr[0] = max over the tensor of |x|'s fp32 bits (int32 atomics: the patterns are non-negative)."""
     row = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -119,7 +102,8 @@ def _quantize_fp8_kernel(
             if FAULT == 1:
                 magnitude = tl.where((lane < group_len - 1)[None, :], magnitude, 0)
             amax_bits = tl.max(magnitude, axis=1)
-        scale = group_scale(amax_bits, eps_bits, FP8_MAX)
+        amax_bits = tl.maximum(amax_bits, eps_bits)  # fp32 eps as bits: the integer max keeps NaN
+        scale = tl.div_rn(amax_bits.to(tl.float32, bitcast=True), FP8_MAX)
         if UE8M0:  # 2**ceil(log2 scale), exact; Inf/NaN stay
             bits = scale.to(tl.int32, bitcast=True)
             pow2 = (bits & 0x7F800000) + tl.where((bits & 0x7FFFFF) != 0, 0x800000, 0)

@@ -1,7 +1,6 @@
 """Block FP8 W8A8 (DeepSeek-V3's layout): E4M3 weight with one fp32 scale per 128 x 128 tile, activations
 quantized per token per 128 columns at run time; the product is the block-FP8 GEMM
-(`kernels.block_fp8_gemm` on CUDA, after `kernels.fp8_quant` or, for a few rows, quantizing inside it:
-`kernels.block_fp8_linear`; its precision mirror `reference.gemm.block_fp8` elsewhere).
+(`kernels.block_fp8_gemm` on CUDA, its precision mirror `reference.gemm.block_fp8` elsewhere).
 
 The GEMM takes K in whole blocks, so K is zero-padded to a multiple of 128 once at load (the weight) and per
 call (the activation): zero columns add nothing to a sum and never raise a group's amax."""
@@ -15,10 +14,6 @@ from runner.model.quant.online import OnlineScheme, zero_pad_columns
 from runner.model.quant.scheme import uses_kernels
 
 SLAB_ROWS = 16 * BLOCK
-# Up to this many rows (decode) the activations are quantized inside the GEMM (`kernels.block_fp8_linear`, the
-# same bytes as the quantize kernel then the GEMM, one launch fewer); past it, where every N tile would
-# quantize the same rows again, by the quantize kernel first.
-FUSED_MAX_ROWS = 16
 
 
 class Fp8Block(OnlineScheme):
@@ -75,10 +70,6 @@ class Fp8Block(OnlineScheme):
             from kernels.block_fp8_gemm import block_fp8_gemm
             from kernels.fp8_quant import quantize_fp8
 
-            if a.shape[0] <= FUSED_MAX_ROWS:
-                from kernels.block_fp8_linear import block_fp8_linear
-
-                return block_fp8_linear(a, layer.weight_fp8, layer.weight_scale_inv, x.dtype)
             aq, a_s = quantize_fp8(a, granularity="group", group_size=BLOCK)
             return block_fp8_gemm(aq, a_s, layer.weight_fp8, layer.weight_scale_inv, x.dtype)
         from reference.gemm.block_fp8 import block_fp8_gemm_mirror
