@@ -44,24 +44,20 @@ LARGE_M = (
 )
 # Weight-bandwidth-bound candidates (M <= 64): few tiles, so split K (0 = from the SM count); BLOCK_M 16 takes
 # the mma.sync path (fp8 widened to fp16), 64 the wgmma one.
+# The rows: (BLOCK_M, BLOCK_N, split-K choices); stages 4 at BLOCK_N 128, 6 at 64. Narrow tiles at fixed
+# splits too: a decode step's 4096-row projections have only 32 tiles of 128.
 SMALL_M = (
-    C(64, 128, 1, 0, num_warps=4, num_stages=4),
-    C(64, 128, 1, 1, num_warps=4, num_stages=4),
-    C(64, 128, 1, 2, num_warps=4, num_stages=4),
-    C(64, 128, 1, 4, num_warps=4, num_stages=4),
-    C(64, 128, 1, 8, num_warps=4, num_stages=4),
-    C(64, 64, 1, 0, num_warps=4, num_stages=6),
-    C(16, 128, 1, 0, num_warps=4, num_stages=4),
-    C(16, 64, 1, 0, num_warps=4, num_stages=6),
+    *(
+        C(bm, bn, 1, split, num_warps=4, num_stages=4 if bn == 128 else 6)
+        for bm, bn, splits in (
+            (64, 128, (0, 1, 2, 4, 8)),
+            (64, 64, (0, 2, 4)),
+            (16, 128, (0, 2, 4)),
+            (16, 64, (0, 2, 4, 8)),
+        )
+        for split in splits
+    ),
     C(64, 128, 1, 0, warp_specialize=True, num_warps=4, num_stages=4),
-    # Narrow tiles at fixed splits: a decode step's 4096-row projections have only 32 tiles of 128.
-    C(16, 64, 1, 2, num_warps=4, num_stages=6),
-    C(16, 64, 1, 4, num_warps=4, num_stages=6),
-    C(16, 64, 1, 8, num_warps=4, num_stages=6),
-    C(64, 64, 1, 2, num_warps=4, num_stages=6),
-    C(64, 64, 1, 4, num_warps=4, num_stages=6),
-    C(16, 128, 1, 2, num_warps=4, num_stages=4),
-    C(16, 128, 1, 4, num_warps=4, num_stages=4),
 )
 DSV3 = [
     (m, n, k) for n, k in ((2112, 7168), (24576, 1536), (7168, 16384), (7168, 2048)) for m in (1, 16, 128, 1024, 4096)
