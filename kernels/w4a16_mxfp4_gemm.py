@@ -100,8 +100,9 @@ _GPU_CONFIGS = (
     (None, "dot", 128, 128, 4, 1, 8, 3),
 )
 # Wide projections (N >= WIDE_N, e.g. Llama-3.1-8B's gate_up, N 28672 x K 4096) at M = 1: GROUPS 16 and 2 warps,
-# 30.3 us against 32.0 for the row above, the same in two H200 sweeps (`--set model`, CUDA-graph replays, cold
-# L2). The other 8B projections (N 4096 and 6144) were within 0.3 us of the row above.
+# 30.2-30.3 us against 32.0 for the row above in three H200 sweeps (`--set model`, CUDA-graph replays, cold L2;
+# the last: reports/cuda-h200/launch_sweeps/w4a16_mxfp4_launch_sweep_llama8b.csv). The other 8B projections
+# (N 4096 and 6144) were within 0.5 us of the row above.
 WIDE_N = 16384
 _GPU_CONFIGS_WIDE = ((1, "gemv", 16, 1, 16, 1, 2, 2), *_GPU_CONFIGS[1:])
 # The interpreter costs ~1 ms per program and much more per tl.dot: few programs, one-tile-wide K loops.
