@@ -165,30 +165,15 @@ def _tile_loads(
 
 
 @triton.jit
-def _tile_weights(
-    codes_ptr,
-    scales_ptr,
-    n,
-    n_mask,
-    block,
-    codes_row_stride,
-    scales_row_stride,
-    n_blocks,
-    EVEN_K: tl.constexpr,
-    FAULT: tl.constexpr,
-):
-    """Decoded weights of one tile, split by nibble: (low, high), each fp32 [BLOCK_N, GROUPS, 16]; element
-    (r, g, i) of `low` is W[n[r], 32 * block[g] + 2i], of `high` W[n[r], 32 * block[g] + 2i + 1]."""
-    codes, scale = _tile_loads(
-        codes_ptr, scales_ptr, n, n_mask, block, codes_row_stride, scales_row_stride, n_blocks, 16, EVEN_K, FAULT
-    )
+def _tile_weights(codes, scale):
+    """Decoded weights of one tile from `_tile_loads`' codes (bytes [BLOCK_N, GROUPS, 16]) and scale bytes, split
+    by nibble: (low, high), each fp32 [BLOCK_N, GROUPS, 16]; element (r, g, i) of `low` is W[n[r], 32 * block[g]
+    + 2i], of `high` W[n[r], 32 * block[g] + 2i + 1]."""
     codes = codes.to(tl.int32)
     scale = _scale_values(scale.to(tl.uint32))[:, :, None]
     # * 2**126 gives the E2M1 value, * scale the weight: both exact (2**126 * scale itself could overflow).
     low = _signed_nibble(codes << 28) * 8.507059173023462e37 * scale
     high = _signed_nibble(codes << 24) * 8.507059173023462e37 * scale
-    if FAULT == 2:
-        low, high = high, low
     return low, high
 
 
@@ -239,24 +224,10 @@ def _scale_bf16(scale):
 
 
 @triton.jit
-def _packed_weights(
-    pairs_ptr,
-    scales_ptr,
-    n,
-    n_mask,
-    block,
-    pairs_row_stride,
-    scales_row_stride,
-    n_blocks,
-    EVEN_K: tl.constexpr,
-    FAULT: tl.constexpr,
-):
+def _packed_weights(codes, scale):
     """`_tile_weights` as bf16, decoded by packed integer and bf16x2 instructions (`_PACKED_DECODE_ASM`; NVIDIA
-    sm_90+ only, the interpreter runs no PTX) from the codes read as 16-bit elements (`pairs_ptr`: byte pairs, row
-    stride in pairs): (low, high) bf16 [BLOCK_N, GROUPS, 16], the same values."""
-    codes, scale = _tile_loads(
-        pairs_ptr, scales_ptr, n, n_mask, block, pairs_row_stride, scales_row_stride, n_blocks, 8, EVEN_K, FAULT
-    )
+    sm_90+ only, the interpreter runs no PTX) from the codes read as 16-bit elements (byte pairs [BLOCK_N,
+    GROUPS, 8]): (low, high) bf16 [BLOCK_N, GROUPS, 16], the same values."""
     scale = tl.broadcast_to(_scale_bf16(scale.to(tl.uint16))[:, :, None], codes.shape)
     low_even, low_odd, high_even, high_odd = tl.inline_asm_elementwise(
         _PACKED_DECODE_ASM,
@@ -268,8 +239,6 @@ def _packed_weights(
     )
     low = tl.reshape(tl.join(low_even, low_odd), [codes.shape[0], codes.shape[1], 16])
     high = tl.reshape(tl.join(high_even, high_odd), [codes.shape[0], codes.shape[1], 16])
-    if FAULT == 2:
-        low, high = high, low
     return low, high
 
 
@@ -287,16 +256,19 @@ def _weight_tile(
     FAULT: tl.constexpr,
     PACKED: tl.constexpr,
 ):
-    """One tile's (low, high) weights, exact: `_packed_weights` (codes_ptr in byte pairs) when PACKED, else
-    `_tile_weights` (codes_ptr in bytes); `packed_decode` says which a device runs."""
+    """One tile's (low, high) weights, exact: `_packed_weights` (codes_ptr in byte pairs, 8 a block and row) when
+    PACKED, else `_tile_weights` (codes_ptr in bytes, 16 a block and row); `packed_decode` says which a device
+    runs."""
+    UNITS: tl.constexpr = 8 if PACKED else 16
+    codes, scale = _tile_loads(
+        codes_ptr, scales_ptr, n, n_mask, block, codes_row_stride, scales_row_stride, n_blocks, UNITS, EVEN_K, FAULT
+    )
     if PACKED:
-        low, high = _packed_weights(
-            codes_ptr, scales_ptr, n, n_mask, block, codes_row_stride, scales_row_stride, n_blocks, EVEN_K, FAULT
-        )
+        low, high = _packed_weights(codes, scale)
     else:
-        low, high = _tile_weights(
-            codes_ptr, scales_ptr, n, n_mask, block, codes_row_stride, scales_row_stride, n_blocks, EVEN_K, FAULT
-        )
+        low, high = _tile_weights(codes, scale)
+    if FAULT == 2:
+        low, high = high, low
     return low, high
 
 
