@@ -12,9 +12,11 @@ Two launches:
    range a tile of TILE_N tokens (TILE_N / block_size blocks, each gathered through the block table) at a time
    with an online softmax in the exp2 domain, p = exp2(s * scale * log2 e - m), and writes the unnormalised
    acc [group, D] and (m, l) in fp32. Keys, values and table entries past the sequence are never loaded
-   (masked to 0, scores to -inf). FP8 caches (the constexpr FP8; the bf16/fp16 code is unchanged): K's codes
-   go to the tensor cores in q's dtype and each score column is multiplied by its scale; V is dequantized,
-   rounded to q's dtype and used as the bf16/fp16 path uses its V tile.
+   (masked to 0, scores to -inf). FP8 caches (the constexpr FP8, `_fp8_tiles`): the codes are read as 32-bit
+   words of four and converted to fp16 in the load's layout (kernels._e4m3: one cvt per two codes on sm_90),
+   and q goes to the tensor cores in fp16 too (a bf16 q scaled by a power of two); each score column is
+   multiplied by its K scale; V's scales fold into p, which is rounded to fp16 within the tile's power-of-two
+   range. The codes are never dequantized, so neither K nor V costs a rounding of its own.
 2. `_combine_kernel`, grid (B, Hq): the mirror's combine with 2^(m_s - M) weights (IEEE division), rounded
    once to q's dtype. With one split (the runner's decode) there is no combine launch: the split kernel ends
    with the same arithmetic, whose weight is then 2^0 = 1 (out = acc / l, 0 where l = 0), so the bits are the
@@ -31,6 +33,8 @@ import triton
 import triton.language as tl
 
 from kernels._boundary import runs_interpreted
+from kernels._e4m3 import e4m3_words_to_fp16
+from kernels._packed_ptx import packed_ptx
 from kernels._paged import FAULTS, LOG2E, MIN_DOT, check_launch
 from reference.attention.paged import check_num_splits, check_paged_args
 
@@ -39,17 +43,130 @@ from reference.attention.paged import check_num_splits, check_paged_args
 # (`python -m bench.attention.paged_decode_launch_sweep`, bf16, block size 16, 32/8 heads of 128): batch 128 x
 # 4096, 1 split: 507 us = 0.966x SDPA on contiguous KV, 0.998x memcpy; batch 8 x 32k, 8 splits: 0.970x memcpy.
 # Tiles of 32 lose 15-20 %, 8 warps 5-25 %; tiles of 128 are within 3 % at batch 128 and 15 % slower at 8 x 32k;
-# stages 2-4 are within 1 %. FP8 caches with the same shape (`--fp8 --quick`): stages 3 is 10 % faster than 2
-# (0.40x memcpy on the bytes read); FP8 uses it.
-_GPU = {"tile_n": 64, "warps": 4, "stages": 2, "fp8_stages": 3, "combine_warps": 4}
+# stages 2-4 are within 1 %. FP8 caches, same shapes (`--fp8`; GB/s on the codes and scales read): tile 128, 4
+# warps, 2 stages: batch 128 x 4096 0.65x memcpy (402 us, against 490-500 us for the bf16 cache), 8 x 32k at 16
+# splits 0.58x. Tile 64 ran 0.44x at 4 warps and 0.62x at 2; 8 warps 0.31-0.38x, and 3 stages within 1 % of 2
+# (those two on an earlier build of the same loop, with V's codes in bf16).
+_GPU = {"tile_n": 64, "warps": 4, "stages": 2, "fp8_tile_n": 128, "fp8_warps": 4, "fp8_stages": 2, "combine_warps": 4}
 # The interpreter costs per program and per loop step, not per element: one wide tile a step.
-_INTERPRETER = {"tile_n": 64, "warps": 4, "stages": 1, "fp8_stages": 1, "combine_warps": 4}
+_INTERPRETER = {
+    "tile_n": 64,
+    "warps": 4,
+    "stages": 1,
+    "fp8_tile_n": 64,
+    "fp8_warps": 4,
+    "fp8_stages": 1,
+    "combine_warps": 4,
+}
 
 
 # Arguments that change from step to step in a serving loop (how wide the step's block table is, how many splits)
 # and carry no alignment the kernel uses: not specialized, so a new value (== 1, % 16 == 0, other) never
 # recompiles inside a timed run. The q/cache strides stay specialized (their % 16 lets loads vectorize).
 _PER_STEP = ("num_splits", "table_stride")
+
+
+@triton.jit
+def _kv_tile(ptr, rows, valid, HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, FP8: tl.constexpr, PTX: tl.constexpr):
+    """A K or V tile [TILE_N, HEAD_PAD], 0 in rows not `valid` and columns past HEAD: the cache's dtype, or for
+    an FP8 cache its codes in fp16. `rows`: each token's offset in the cache, in elements; for FP8 caches in
+    32-bit words of four codes, read whole and decoded before the tile changes layout (`e4m3_words_to_fp16`)."""
+    if FP8:
+        w = tl.arange(0, HEAD_PAD // 4)
+        words = tl.load(
+            ptr.to(tl.pointer_type(tl.uint32)) + rows[:, None] + w[None, :],
+            mask=valid[:, None] & (w < HEAD // 4)[None, :],
+            other=0,
+        )
+        tile = e4m3_words_to_fp16(words, PTX)
+    else:
+        d = tl.arange(0, HEAD_PAD)
+        tile = tl.load(ptr + rows[:, None] + d[None, :], mask=valid[:, None] & (d < HEAD)[None, :], other=0.0)
+    return tile
+
+
+@triton.jit
+def _fp16_range(largest):
+    """(down, up): powers of two with largest * down in [2**14, 2**15) (fp16's top binade but one: a product
+    of it and p <= 1 stays finite) and up = 1 / down, both fp32 normals (exponents clamped; largest 0 or
+    subnormal gives down = 2**126). Multiplying by either is exact."""
+    biased = tl.maximum((largest.to(tl.uint32, bitcast=True) >> 23) & 0xFF, 15)
+    down = ((268 - biased) << 23).to(tl.float32, bitcast=True)
+    up = ((biased - 14) << 23).to(tl.float32, bitcast=True)
+    return down, up
+
+
+@triton.jit
+def _physical(table_row, logical, in_split, FAULT: tl.constexpr):
+    """The cache blocks of logical blocks `logical` (int64; 0 outside the split, never used)."""
+    if FAULT == 1:
+        physical = tl.load(table_row + logical + 1, mask=in_split, other=0)
+    else:
+        physical = tl.load(table_row + logical, mask=in_split, other=0)
+    return physical.to(tl.int64)
+
+
+@triton.jit
+def _fp8_tiles(
+    q, k_ptr, v_ptr, ks_ptr, vs_ptr, table_row, first, last, length, kv_head, qk_scale,
+    k_block_stride, k_pos_stride, k_head_stride, v_block_stride, v_pos_stride, v_head_stride,
+    ks_block_stride, ks_pos_stride, ks_head_stride, vs_block_stride, vs_pos_stride, vs_head_stride,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, HEAD: tl.constexpr, HEAD_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, PTX: tl.constexpr, FAULT: tl.constexpr,
+):  # fmt: skip
+    """The split's online softmax over an FP8 cache: (acc [GROUP_PAD, HEAD_PAD], m, l) as the bf16/fp16 loop
+    gives them. The codes go to the tensor cores in fp16 (`_kv_tile`), so q does: a bf16 q is scaled by the
+    power of two that puts its largest |q| in [2**14, 2**15), undone on the score (exact). (Transposed, tokens
+    as the MMA's M, Triton issues Hopper's warpgroup MMA from shared memory with 20 % fewer instructions, but
+    the H200 decode at batch 128 x 4096 ran 0.51x memcpy against this orientation's 0.64x.)"""
+    q_up = 1.0
+    if q.dtype == tl.bfloat16:
+        q_down, q_up = _fp16_range(tl.max(tl.max(tl.abs(q.to(tl.float32)), axis=1), axis=0))
+        q = (q.to(tl.float32) * q_down).to(tl.float16)
+    g = tl.arange(0, GROUP_PAD)
+    spare = g == GROUP_PAD - 1  # a padding row when GROUP < GROUP_PAD
+    n = tl.arange(0, TILE_N)
+    in_block = n % BLOCK_SIZE
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_PAD], tl.float32)
+    for start in range(first, last, TILE_N // BLOCK_SIZE):
+        logical = start + n // BLOCK_SIZE
+        in_split = logical < last
+        valid = in_split & (logical * BLOCK_SIZE + in_block < length)
+        physical = _physical(table_row, logical, in_split, FAULT)
+        k_sc = tl.load(
+            ks_ptr + physical * ks_block_stride + in_block * ks_pos_stride + kv_head * ks_head_stride,
+            mask=valid,
+            other=0.0,
+        )
+        v_sc = tl.load(
+            vs_ptr + physical * vs_block_stride + in_block * vs_pos_stride + kv_head * vs_head_stride,
+            mask=valid,
+            other=0.0,
+        )
+        k_rows = physical * k_block_stride + in_block * k_pos_stride + kv_head * k_head_stride
+        k = _kv_tile(k_ptr, k_rows, valid, HEAD, HEAD_PAD, True, PTX)
+        # exact fp16 products, fp32 sums; q's power of two back (exact), then K's scale, then the softmax's
+        s = tl.dot(q, tl.trans(k)) * q_up * k_sc[None, :] * qk_scale  # [GROUP_PAD, TILE_N]
+        s = tl.where(valid[None, :], s, float("-inf"))
+        if GROUP < GROUP_PAD:  # the tile's largest V scale rides in the padding row of the max: one reduction
+            tile_max = tl.max(tl.where(spare[:, None], v_sc[None, :], s), axis=1)
+            v_range = _fp16_range(tl.max(tl.where(spare, tile_max, 0.0), axis=0))
+        else:
+            tile_max = tl.max(s, axis=1)
+            v_range = _fp16_range(tl.max(v_sc, axis=0))
+        m_new = tl.maximum(m_i, tile_max)
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v_rows = physical * v_block_stride + in_block * v_pos_stride + kv_head * v_head_stride
+        v = _kv_tile(v_ptr, v_rows, valid, HEAD, HEAD_PAD, True, PTX)
+        # V's scale folds into p, rounded to fp16 in the tile's power-of-two range, undone after the MMA
+        pv = tl.dot((p * (v_sc * v_range[0])[None, :]).to(tl.float16), v) * v_range[1]
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    return acc, m_i, l_i
 
 
 @triton.jit(do_not_specialize=_PER_STEP)
@@ -90,6 +207,7 @@ def _split_kernel(
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
     FP8: tl.constexpr,
+    PTX: tl.constexpr,
     FAULT: tl.constexpr,
     DIRECT: tl.constexpr,
 ):
@@ -111,50 +229,37 @@ def _split_kernel(
         mask=(g < GROUP)[:, None] & d_ok[None, :],
         other=0.0,
     )
-
     n = tl.arange(0, TILE_N)
     in_block = n % BLOCK_SIZE
     table_row = table_ptr + seq * table_stride
-    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([GROUP_PAD], tl.float32)
-    acc = tl.zeros([GROUP_PAD, HEAD_PAD], tl.float32)
-    for start in range(first, last, TILE_N // BLOCK_SIZE):
-        logical = start + n // BLOCK_SIZE
-        in_split = logical < last
-        valid = in_split & (logical * BLOCK_SIZE + in_block < length)
-        if FAULT == 1:
-            physical = tl.load(table_row + logical + 1, mask=in_split, other=0)
-        else:
-            physical = tl.load(table_row + logical, mask=in_split, other=0)
-        physical = physical.to(tl.int64)
-        kv_mask = valid[:, None] & d_ok[None, :]
-        k_rows = k_ptr + physical * k_block_stride + in_block * k_pos_stride + kv_head * k_head_stride
-        k = tl.load(k_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if FP8:  # codes are exact in q's dtype; the scale multiplies the score, exact products as for bf16
-            k_sc = tl.load(
-                ks_ptr + physical * ks_block_stride + in_block * ks_pos_stride + kv_head * ks_head_stride,
-                mask=valid,
-                other=0.0,
-            )
-            s = tl.dot(q, tl.trans(k.to(q.dtype))) * k_sc[None, :] * qk_scale
-        else:
+    if FP8:
+        acc, m_i, l_i = _fp8_tiles(
+            q, k_ptr, v_ptr, ks_ptr, vs_ptr, table_row, first, last, length, kv_head, qk_scale,
+            k_block_stride, k_pos_stride, k_head_stride, v_block_stride, v_pos_stride, v_head_stride,
+            ks_block_stride, ks_pos_stride, ks_head_stride, vs_block_stride, vs_pos_stride, vs_head_stride,
+            GROUP, GROUP_PAD, HEAD, HEAD_PAD, BLOCK_SIZE, TILE_N, PTX, FAULT,
+        )  # fmt: skip
+    else:
+        m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+        l_i = tl.zeros([GROUP_PAD], tl.float32)
+        acc = tl.zeros([GROUP_PAD, HEAD_PAD], tl.float32)
+        for start in range(first, last, TILE_N // BLOCK_SIZE):
+            logical = start + n // BLOCK_SIZE
+            in_split = logical < last
+            valid = in_split & (logical * BLOCK_SIZE + in_block < length)
+            physical = _physical(table_row, logical, in_split, FAULT)
+            k_rows = physical * k_block_stride + in_block * k_pos_stride + kv_head * k_head_stride
+            k = _kv_tile(k_ptr, k_rows, valid, HEAD, HEAD_PAD, False, False)
             s = tl.dot(q, tl.trans(k)) * qk_scale  # [GROUP_PAD, TILE_N], log2 domain
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v_rows = v_ptr + physical * v_block_stride + in_block * v_pos_stride + kv_head * v_head_stride
-        v = tl.load(v_rows[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if FP8:
-            v_sc = tl.load(
-                vs_ptr + physical * vs_block_stride + in_block * vs_pos_stride + kv_head * vs_head_stride,
-                mask=valid,
-                other=0.0,
-            )
-            v = (v.to(tl.float32) * v_sc[:, None]).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+            s = tl.where(valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v_rows = physical * v_block_stride + in_block * v_pos_stride + kv_head * v_head_stride
+            v = _kv_tile(v_ptr, v_rows, valid, HEAD, HEAD_PAD, False, False)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
 
     g_ok = g < GROUP
     if DIRECT:  # one split: the combine's arithmetic with weight 2^0 = 1 (same bits), without its launch
@@ -207,6 +312,18 @@ def _config(device: torch.device) -> dict:
     return _INTERPRETER if runs_interpreted(device) else _GPU
 
 
+def _word_strides(name: str, cache: torch.Tensor) -> tuple[int, int, int]:
+    """An FP8 cache's block, position and head strides in 32-bit words; ValueError naming the cache unless its
+    head size, strides and address allow whole-word reads."""
+    strides = cache.stride()[:3]
+    if cache.shape[3] % 4 or any(st % 4 for st in strides) or cache.data_ptr() % 4:
+        raise ValueError(
+            f"{name}: an FP8 cache is read in 4-byte words: head size, strides and address must be multiples of 4, "
+            f"got head {cache.shape[3]}, strides {cache.stride()}, address {cache.data_ptr()}"
+        )
+    return tuple(st // 4 for st in strides)
+
+
 def launch_paged_decode(
     q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, k_scale=None, v_scale=None, fault="none"
 ):
@@ -226,7 +343,8 @@ def launch_paged_decode(
     cfg = _config(device)
     group = hq // hkv
     head_pad = max(MIN_DOT, triton.next_power_of_2(head))
-    tile_n = max(cfg["tile_n"], block_size, MIN_DOT)
+    key = "fp8_" if fp8 else ""
+    tile_n = max(cfg[key + "tile_n"], block_size, MIN_DOT)
     direct = num_splits == 1  # the split kernel writes `out` itself; no partials, no combine launch
     acc = out if direct else torch.empty((batch, hq, num_splits, head), dtype=torch.float32, device=device)
     ml = out if direct else torch.empty((batch, hq, num_splits, 2), dtype=torch.float32, device=device)
@@ -234,6 +352,9 @@ def launch_paged_decode(
         k_scale = v_scale = ml  # never read: FP8 is a constexpr
     ks = k_scale.stride() if fp8 else (0, 0, 0)
     vs = v_scale.stride() if fp8 else (0, 0, 0)
+    k_strides, v_strides = k_cache.stride()[:3], v_cache.stride()[:3]
+    if fp8:  # the codes are read as 32-bit words of four
+        k_strides, v_strides = _word_strides("k_cache", k_cache), _word_strides("v_cache", v_cache)
     _split_kernel[(batch, hkv, num_splits)](
         q,
         k_cache,
@@ -249,12 +370,8 @@ def launch_paged_decode(
         out.stride(1),
         q.stride(0),
         q.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        v_cache.stride(0),
-        v_cache.stride(1),
-        v_cache.stride(2),
+        *k_strides,
+        *v_strides,
         block_table.stride(0),
         k_scale,
         v_scale,
@@ -267,10 +384,11 @@ def launch_paged_decode(
         BLOCK_SIZE=block_size,
         TILE_N=tile_n,
         FP8=fp8,
+        PTX=fp8 and packed_ptx(device),
         FAULT=FAULTS[fault],
         DIRECT=direct,
-        num_warps=cfg["warps"],
-        num_stages=cfg["fp8_stages" if fp8 else "stages"],
+        num_warps=cfg[key + "warps"],
+        num_stages=cfg[key + "stages"],
     )
     if direct:
         return out

@@ -44,9 +44,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import platform
 from kernels._boundary import check_device, runs_interpreted
-from kernels.platform import Platform
+from kernels._packed_ptx import packed_ptx
 from kernels.split_k import launch_split, sum_splits
 from reference.gemm.w4a16_mxfp4 import check_w4a16_args
 from reference.quant.mxfp4 import MX_BLOCK_SIZE
@@ -549,21 +548,11 @@ def _dot_kernel(
         tl.store(out, acc.to(tl.bfloat16), mask=mask)
 
 
-PACKED_MIN_CAPABILITY = (9, 0)  # mul.rn.bf16x2 (PTX ISA 7.8) needs sm_90; ptxas refuses it for sm_80 and sm_89
-
-
-def packed_decode_runs_on(platform: Platform) -> bool:
-    """Whether this platform's GPU runs the packed PTX: NVIDIA (not ROCm) of compute capability 9.0 or later."""
-    return platform.is_cuda() and platform.has_device_capability(PACKED_MIN_CAPABILITY)
-
-
 def packed_decode(device: torch.device) -> bool:
     """Whether MXFP4 weight tiles are decoded by the packed PTX (`_packed_weights`: NVIDIA sm_90 and later) or
     in fp32 (`_tile_weights`: the interpreter, which runs no PTX, ROCm and older NVIDIA GPUs). Both give the
     same bytes."""
-    if runs_interpreted(device) or device.type != "cuda":
-        return False
-    return packed_decode_runs_on(platform.current_platform)
+    return packed_ptx(device)
 
 
 def launch_config(m: int, n: int, device: torch.device) -> tuple:

@@ -58,7 +58,8 @@ def sweep(batch: int, context: int, splits: tuple[int, ...], configs, memcpy: fl
     for num_splits in splits:
         mirror = ref.paged_decode_mirror(q, k_cache, v_cache, table, lens, scale, num_splits, *scales)
         for tile_n, warps, stages in configs:
-            kernel._GPU.update(tile_n=tile_n, warps=warps, stages=stages, fp8_stages=stages)
+            key = "fp8_" if fp8 else ""
+            kernel._GPU.update({key + "tile_n": tile_n, key + "warps": warps, key + "stages": stages})
             name = f"  B{batch} L{context} splits={num_splits:2d} tile={tile_n:3d} warps={warps} stages={stages}"
             call = functools.partial(
                 kernel.launch_paged_decode, q, k_cache, v_cache, table, lens, scale, num_splits, *scales

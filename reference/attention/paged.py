@@ -33,12 +33,21 @@ dtype. Empty splits (more splits than blocks) contribute nothing. The kernel run
 tiles inside each split, so its p is rounded against a running maximum rather than the split's: max_rel
 2.3e-3 in bf16 at block size 8 with one split, 0 when each split is one tile; the ("paged_decode", dtype)
 tolerance rows cover that and nothing more.
-Over an FP8 cache, with q's dtype as the "cache dtype" above: K's scale is folded into the scores, s =
-fp32(q.code) * k_scale (exact products: every e4m3 code is a bf16 and an fp16; fp32 sums; then one fp32
-multiply per score, before the softmax scale), so K costs no rounding; V is dequantized per element,
-fp32(code) * v_scale (one fp32 multiply, RNE), rounded once (RNE) to q's dtype, then p @ v as above.
-(Dequantizing K the same way would cost a rounding that the score's size amplifies: over 400 suite draws it
-takes the bf16 mirror's worst SQNR against the ideal from 48.8 to 19.4 dB.)
+Over an FP8 cache both scales fold into the softmax side and the codes reach the tensor cores as they are,
+in fp16 (every e4m3 code is an fp16; sm_90 converts e4m3 to fp16 in one instruction and has no conversion to
+bf16), so K and V cost no rounding of their own:
+- K: s = fp32(q.code) * k_scale (exact products, fp32 sums, then one fp32 multiply per score, before the
+  softmax scale). For the fp16 tensor cores the kernel scales a bf16 q by the power of two that puts its
+  group's largest |q| in [2**14, 2**15) and scales the dot back: exact, except elements 2**24 or more below
+  that largest one, which fp16's subnormals shorten (no such q occurs in a model; the mirror keeps them).
+  Dequantizing K first would cost a rounding that the score's size amplifies: over 400 suite draws it takes
+  the bf16 mirror's worst SQNR against the ideal from 48.8 to 19.4 dB.
+- V: each p is multiplied by its token's v_scale (one fp32 multiply, RNE) and rounded (RNE) to fp16's 11
+  significant bits, whatever q's dtype (`round_to_fp16_precision`); the tensor cores take (that) @ code in
+  fp32. The kernel rounds in fp16 within each KV tile's power-of-two range (the tile's largest v_scale put in
+  [2**14, 2**15)), which is the same rounding but for products 2**24 or more below that scale (fp16
+  subnormals there). One rounding per (p, token) pair, finer than bf16's, where dequantizing V would add a
+  second, per element.
 
 `paged_prefill_mirror` has the prefill kernel's precision and KV tiling: per sequence, scores in fp32 times
 scale * log2(e) (fp32), the causal mask, then an online softmax over KV tiles of `tile_n` positions aligned at
@@ -53,9 +62,8 @@ key/value row a query attends to makes that query head's output NaN; a +Inf scor
 the softmax), as does a row whose scores are all -Inf; a single -Inf score only gets weight 0, as in
 torch.softmax. The mirrors round the output to nearest even once; subnormal outputs are kept. FP8 caches: a
 NaN code or scale (reference.kv.store writes NaN for a head that held NaN) in an attended slot makes the
-output NaN like a NaN value; codes and scales of unattended slots are never read. Dequantized V values
-beyond fp16's range (only from fp32 inputs stored into the cache) become +-Inf in an fp16 decode, as the
-kernel's conversion does (K's never leave fp32).
+output NaN like a NaN value; codes and scales of unattended slots are never read. An FP8 scale or q so large
+that the fp32 score or p * v_scale overflows makes the output Inf or NaN in both.
 """
 
 from __future__ import annotations
@@ -253,6 +261,14 @@ def check_num_splits(num_splits: int) -> None:
         raise ValueError(f"num_splits: must be a positive int, got {num_splits!r}")
 
 
+def round_to_fp16_precision(x: torch.Tensor) -> torch.Tensor:
+    """fp32 `x` rounded to nearest even at 11 significant bits (fp16's precision, fp32's exponent range), as
+    fp32; zeros, Inf and NaN pass through."""
+    mantissa, exponent = torch.frexp(x)  # x = mantissa * 2**exponent, 0.5 <= |mantissa| < 1
+    rounded = torch.ldexp(torch.round(mantissa * 2048.0), exponent - 11)  # torch.round: half to even
+    return torch.where(torch.isfinite(x), rounded, x).to(torch.float32)
+
+
 def paged_decode_mirror(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -274,7 +290,11 @@ def paged_decode_mirror(
     for b, (_, _, length) in enumerate(seqs):
         k = gather_kv(k_cache.view(torch.uint8) if k_scale is not None else k_cache, block_table[b], length)
         k = k.view(k_cache.dtype).repeat_interleave(group, dim=1)  # [L, Hq, D]: the codes of an FP8 cache
-        v = gather_dequantized(v_cache, v_scale, block_table[b], length, q.dtype).repeat_interleave(group, dim=1)
+        v = gather_kv(v_cache.view(torch.uint8) if v_scale is not None else v_cache, block_table[b], length)
+        v = v.view(v_cache.dtype).repeat_interleave(group, dim=1)  # [L, Hq, D]: codes of an FP8 cache
+        fold = None  # FP8: p's factor per (query head, token), its v_scale
+        if v_scale is not None:
+            fold = gather_kv(v_scale, block_table[b], length).repeat_interleave(group, dim=1).T
         scores = torch.einsum("hd,jhd->hj", q[b].float(), k.float())
         if k_scale is not None:
             scores = scores * gather_kv(k_scale, block_table[b], length).repeat_interleave(group, dim=1).T
@@ -287,7 +307,8 @@ def paged_decode_mirror(
             s = scores[:, lo:hi]
             m = s.max(dim=1).values
             p = torch.exp(s - m[:, None])
-            acc = torch.einsum("hj,jhd->hd", p.to(v.dtype).float(), v[lo:hi].float())
+            weights = p.to(q.dtype).float() if fold is None else round_to_fp16_precision(p * fold[:, lo:hi])
+            acc = torch.einsum("hj,jhd->hd", weights, v[lo:hi].float())
             parts.append((m, p.sum(dim=1), acc))
         big_m = torch.stack([m for m, _, _ in parts]).max(dim=0).values
         num = sum(torch.exp(m - big_m)[:, None] * acc for m, _, acc in parts)

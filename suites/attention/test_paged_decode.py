@@ -29,7 +29,7 @@ def decode_problems(draw):
         dtype=draw(st.sampled_from(DTYPES)),
         block_size=draw(st.sampled_from([16, 32])),
         kv_heads=draw(st.integers(1, 2)),
-        group=draw(st.sampled_from([1, 2, 4, 8])),
+        group=draw(st.sampled_from([1, 2, 4, 8, 16])),
         head=draw(st.sampled_from([64, 128])),
         seq_lens=draw(st.lists(st.integers(1, 300), min_size=1, max_size=3)),
         num_splits=draw(st.sampled_from([1, 2, 3, 8])),
@@ -113,8 +113,9 @@ def test_one_dominant_key_takes_all_weight(device):
 def test_fp8_dominant_key_by_its_scale_alone(device):
     """FP8: every key row is constant, so every code is 448 (e4m3's max) and only the scales tell the keys
     apart: 0.25 / 448 everywhere but token 37's (block 5, row 5) 25 / 448. A query of ones scores it
-    64 * (25 - 0.25) / 8 = 198 above the rest (e^-198 = 0 in fp32), so the output is token 37's dequantized
-    V row, fp32(code) * v_scale rounded to bf16, exactly; a kernel ignoring k_scale would average 50 rows."""
+    64 * (25 - 0.25) / 8 = 198 above the rest (e^-198 = 0 in fp32), so its weight is 1 and the output is token
+    37's V row as the fold computes it: the weight times v_scale rounded to fp16 (a normal fp16 here), times
+    each code (exact in fp32), rounded to bf16, exactly; a kernel ignoring k_scale would average 50 rows."""
     k_cache, v_cache = make_cache(16, 1, 64, torch.float8_e4m3fn, 6)
     k_scale, v_scale = torch.full((6, 16, 1), torch.nan), torch.full((6, 16, 1), torch.nan)
     table = torch.tensor([[4, 1, 5, 0]], dtype=torch.int32)
@@ -126,7 +127,8 @@ def test_fp8_dominant_key_by_its_scale_alone(device):
     assert k_cache[5, 5].view(torch.uint8).eq(0x7E).all() and k_cache[4, 0].view(torch.uint8).eq(0x7E).all()
     q = torch.ones(1, 4, 64, dtype=torch.bfloat16)
     lens = torch.tensor([50], dtype=torch.int32)
-    want = (v_cache[5, 5].float() * v_scale[5, 5, :, None]).bfloat16().expand(1, 4, 64)
+    assert 2**-14 < v_scale[5, 5].item() < 2**15  # so its fp16 rounding is the 11-bit one
+    want = (v_cache[5, 5].float() * v_scale[5, 5, :, None].half().float()).bfloat16().expand(1, 4, 64)
     mirror = ref.paged_decode_mirror(q, k_cache, v_cache, table, lens, 0.125, 3, k_scale, v_scale)
     got = kernel.paged_decode(
         *on(device, q, k_cache, v_cache, table, lens),

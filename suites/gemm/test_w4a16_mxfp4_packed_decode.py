@@ -18,8 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels._packed_ptx import packed_ptx_runs_on
 from kernels.platform import Platform
-from kernels.w4a16_mxfp4_gemm import _PACKED_DECODE_ASM, _scale_bf16, packed_decode, packed_decode_runs_on
+from kernels.w4a16_mxfp4_gemm import _PACKED_DECODE_ASM, _scale_bf16, packed_decode
 from reference.quant.mxfp4 import dequantize_mxfp4
 from suites.gemm import ptx_subset
 
@@ -128,7 +129,7 @@ def test_scale_operand_equals_the_reference_on_every_byte(device):
 )
 def test_packed_decode_only_where_its_ptx_assembles(platform, runs):
     """mul.rn.bf16x2 needs sm_90 (ptxas refuses it for sm_80 and sm_89); ROCm runs no PTX, whatever its pair."""
-    assert packed_decode_runs_on(platform) is runs
+    assert packed_ptx_runs_on(platform) is runs
 
 
 def test_interpreter_and_cpu_take_the_fp32_decode():

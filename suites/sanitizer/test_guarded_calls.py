@@ -1,5 +1,5 @@
-"""Every kernel that reads per-block scales or writes packed outputs, called with guard bytes after each input
-and with its outputs and workspaces allocated from poisoned memory (suites.guard_bytes): the same bytes as
+"""Every kernel that reads per-block (or per-slot) scales or writes packed outputs, called with guard bytes after
+each input and with its outputs and workspaces allocated from poisoned memory (suites.guard_bytes): the same bytes as
 with zeroed surroundings, every guard byte intact. Shapes have ragged edges (rows and blocks that do not fill
 a tile) so that masks at the ends are exercised. Small on purpose: `python -m suites.sanitize` runs this file
 under compute-sanitizer's memcheck, racecheck and initcheck.
@@ -14,11 +14,12 @@ import functools
 import pytest
 import torch
 
-from kernels import block_fp8_gemm, fp8_quant, mxfp4, nvfp4, rms_norm, w4a16_mxfp4_gemm
+from kernels import block_fp8_gemm, fp8_quant, mxfp4, nvfp4, paged_decode, rms_norm, w4a16_mxfp4_gemm
 from reference.quant.fp8 import quantize_fp8 as ref_quantize_fp8
 from reference.quant.fp8 import quantize_fp8_blocks
 from reference.quant.mxfp4 import quantize_mxfp4
 from reference.quant.nvfp4_global_scale import DecodeScale, EncodeScale, tensor_amax
+from suites.attention.paged_cases import build_fp8
 from suites.guard_bytes import assert_guarded_call_agrees
 
 
@@ -43,6 +44,30 @@ def _block_fp8_inputs() -> dict[str, torch.Tensor]:
     a, a_scales = ref_quantize_fp8(_x(5, 256, seed=3), granularity="group", group_size=128)
     b, b_scales = quantize_fp8_blocks(_x(200, 256, seed=4), block=128)
     return {"a": a, "a_scales": a_scales, "b": b, "b_scales": b_scales}
+
+
+def _paged_decode_fp8_inputs() -> dict[str, torch.Tensor]:
+    """Two sequences (37 and 20 tokens: partial last blocks) over an FP8 cache with per-slot scales."""
+    p = dict(
+        dtype=torch.bfloat16,
+        block_size=16,
+        kv_heads=2,
+        group=4,
+        head=64,
+        seq_lens=[37, 20],
+        num_splits=2,
+        share_prefix=False,
+        extra_width=0,
+        spare_blocks=1,
+        unused="minus_one",
+        sharpness=1.0,
+        seed=5,
+        spread=2.0,
+    )
+    names = ("q", "k_cache", "v_cache", "block_table", "seq_lens", "scale", "k_scale", "v_scale")
+    inputs = dict(zip(names, build_fp8(p), strict=True))
+    del inputs["scale"]
+    return inputs
 
 
 CASES = {
@@ -71,6 +96,10 @@ CASES = {
     "w4a16_mxfp4_gemm (gemv)": (w4a16_mxfp4_gemm.w4a16_mxfp4_gemm, lambda: _w4a16_inputs(1)),
     "w4a16_mxfp4_gemm (dot)": (w4a16_mxfp4_gemm.w4a16_mxfp4_gemm, lambda: _w4a16_inputs(17)),
     "rms_norm": (functools.partial(rms_norm.rms_norm, eps=1e-6), lambda: {"x": _x(5, 72), "weight": _x(1, 72)[0]}),
+    "paged_decode (FP8 cache)": (
+        functools.partial(paged_decode.paged_decode, scale=0.125, num_splits=2),
+        _paged_decode_fp8_inputs,
+    ),
 }
 
 
