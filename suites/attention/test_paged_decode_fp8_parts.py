@@ -117,11 +117,11 @@ def test_v_scales_far_outside_fp16_range(factor, group, device):
     assert_lossy(families.PAGED_DECODE, got.cpu(), mirror, ideal, f"v_scale x {factor}")
 
 
-def test_fp8_cache_needs_whole_words():
+def test_fp8_cache_needs_whole_words(device):
     """Head size 30 is not a whole number of 4-code words: a one-line ValueError naming the cache."""
     k_cache, v_cache = make_cache(16, 1, 30, torch.float8_e4m3fn, 2)
     scales = torch.ones(2, 16, 1)
     q = torch.ones(1, 2, 30, dtype=torch.bfloat16)
     table, lens = torch.tensor([[0, 1]], dtype=torch.int32), torch.tensor([5], dtype=torch.int32)
     with pytest.raises(ValueError, match="k_cache: an FP8 cache is read in 4-byte words"):
-        kernel.launch_paged_decode(q, k_cache, v_cache, table, lens, 0.2, 1, scales, scales)
+        kernel.launch_paged_decode(*on(device, q, k_cache, v_cache, table, lens), 0.2, 1, *on(device, scales, scales))
