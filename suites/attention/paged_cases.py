@@ -21,6 +21,31 @@ def make_cache(block_size: int, kv_heads: int, head: int, dtype: torch.dtype, nu
     return views["k"], views["v"]
 
 
+FIXED = dict(
+    dtype=torch.bfloat16,
+    block_size=16,
+    kv_heads=1,
+    group=4,
+    head=64,
+    seq_lens=[200, 17],
+    num_splits=1,
+    share_prefix=False,
+    extra_width=0,
+    spare_blocks=1,
+    unused="minus_one",
+    sharpness=1.0,
+    seed=0,
+)
+
+
+def fixed(**changes) -> dict:
+    """A fixed problem for `build` / `build_fp8` (FIXED with `changes`): the named tests' shapes."""
+    unknown = set(changes) - set(FIXED) - {"news", "spread"}
+    if unknown:
+        raise KeyError(f"fixed: unknown keys {sorted(unknown)}")
+    return FIXED | changes
+
+
 def build(p: dict):
     """(q, k_cache, v_cache, block_table, seq_lens, scale) on the CPU. Physical blocks are a random permutation
     with `spare_blocks` never-owned (NaN) blocks among them; sequence 1 may share sequence 0's full leading

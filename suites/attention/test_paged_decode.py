@@ -18,7 +18,17 @@ from hypothesis import strategies as st
 from kernels.tolerances import assert_lossy, families
 from reference.attention import paged as ref
 from reference.kv.store import store_kv
-from suites.attention.paged_cases import DTYPES, build, build_fp8, dominant_key, equal_keys, make_cache, named, on
+from suites.attention.paged_cases import (
+    DTYPES,
+    build,
+    build_fp8,
+    dominant_key,
+    equal_keys,
+    fixed,
+    make_cache,
+    named,
+    on,
+)
 
 kernel = pytest.importorskip("kernels.paged_decode")
 
@@ -145,19 +155,15 @@ def test_fp8_dominant_key_by_its_scale_alone(device):
 def test_ideal_prefill_matches_dense_causal_attention():
     """paged_attention_ideal with a cached prefix (3 new tokens after 37 cached; 5 and 9 new with no prefix)
     equals fp64 SDPA on the gathered contiguous K/V with the query rows at the sequence's last positions."""
-    p = dict(
+    p = fixed(
         dtype=torch.float16,
-        block_size=16,
         kv_heads=2,
         group=2,
-        head=64,
         seq_lens=[40, 5, 9],
-        num_splits=1,
         share_prefix=True,
         extra_width=1,
         spare_blocks=2,
         unused="garbage",
-        sharpness=1.0,
         seed=5,
     )
     _, k_cache, v_cache, table, lens, scale = build(p)
@@ -178,21 +184,7 @@ def test_ideal_prefill_matches_dense_causal_attention():
 def test_mirror_is_close_to_the_ideal(num_splits, fp8):
     """The mirror alone (got = mirror) holds the table's SQNR floor against the ideal, at one and four splits,
     on a bf16 cache and on an FP8 one (whose ideal is on the exactly dequantized K/V)."""
-    p = dict(
-        dtype=torch.bfloat16,
-        block_size=16,
-        kv_heads=1,
-        group=4,
-        head=64,
-        seq_lens=[200, 17],
-        num_splits=num_splits,
-        share_prefix=False,
-        extra_width=0,
-        spare_blocks=1,
-        unused="minus_one",
-        sharpness=4.0,
-        seed=11,
-    )
+    p = fixed(num_splits=num_splits, sharpness=4.0, seed=11)
     q, k_cache, v_cache, table, lens, scale, k_scale, v_scale = (
         build_fp8(p | dict(spread=4.0)) if fp8 else (*build(p), None, None)
     )
@@ -288,21 +280,7 @@ def test_reference_checks_lengths_and_table_values():
 
 
 def test_opcheck(device):
-    p = dict(
-        dtype=torch.bfloat16,
-        block_size=16,
-        kv_heads=2,
-        group=2,
-        head=64,
-        seq_lens=[20, 3],
-        num_splits=2,
-        share_prefix=False,
-        extra_width=1,
-        spare_blocks=1,
-        unused="minus_one",
-        sharpness=1.0,
-        seed=3,
-    )
+    p = fixed(kv_heads=2, group=2, seq_lens=[20, 3], num_splits=2, extra_width=1, seed=3)
     q, k_cache, v_cache, table, lens, scale = build(p)
     k_cache, v_cache = k_cache.nan_to_num(0.0), v_cache.nan_to_num(0.0)  # opcheck compares inputs with ==
     # One opcheck, on the bf16 path (k_scale = v_scale = None): opcheck compares float8 tensors with ops torch lacks.
@@ -316,21 +294,7 @@ def test_opcheck(device):
 def test_negative_control_block_table_off_by_one(fp8, device):
     """Logical block j read through entry j + 1: the next block's data, and past a sequence's last block an
     unused entry (here a never-owned NaN block); on the FP8 path the scales come through the same entry."""
-    p = dict(
-        dtype=torch.bfloat16,
-        block_size=16,
-        kv_heads=1,
-        group=2,
-        head=64,
-        seq_lens=[40, 7],
-        num_splits=2,
-        share_prefix=False,
-        extra_width=1,
-        spare_blocks=2,
-        unused="garbage",
-        sharpness=1.0,
-        seed=4,
-    )
+    p = fixed(group=2, seq_lens=[40, 7], num_splits=2, extra_width=1, spare_blocks=2, unused="garbage", seed=4)
     p = p | dict(spread=4.0) if fp8 else p
     with pytest.raises(AssertionError, match="paged decode"):
         check(p, device, fault="block_table_off_by_one")

@@ -16,7 +16,7 @@ from kernels._e4m3 import e4m3_words_to_fp16
 from kernels._packed_ptx import packed_ptx
 from kernels.tolerances import assert_lossy, families
 from reference.attention import paged as ref
-from suites.attention.paged_cases import build_fp8, make_cache, on
+from suites.attention.paged_cases import build_fp8, fixed, make_cache, on
 
 kernel = pytest.importorskip("kernels.paged_decode")
 
@@ -65,22 +65,7 @@ def test_fp16_range_named_values(device):
 
 
 def _problem(dtype: torch.dtype, spread: float, group: int = 4) -> dict:
-    return dict(
-        dtype=dtype,
-        block_size=16,
-        kv_heads=2,
-        group=group,
-        head=64,
-        seq_lens=[150, 37],
-        num_splits=2,
-        share_prefix=False,
-        extra_width=0,
-        spare_blocks=1,
-        unused="minus_one",
-        sharpness=1.0,
-        seed=21,
-        spread=spread,
-    )
+    return fixed(dtype=dtype, kv_heads=2, group=group, seq_lens=[150, 37], num_splits=2, seed=21, spread=spread)
 
 
 @pytest.mark.parametrize("q_scale", [2.0**20, 2.0**-20], ids=["q-huge", "q-tiny"])

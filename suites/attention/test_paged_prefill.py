@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from kernels.tolerances import assert_lossy, families
 from reference.attention import paged as ref
-from suites.attention.paged_cases import DTYPES, build, dominant_key, equal_keys, named, on
+from suites.attention.paged_cases import DTYPES, build, dominant_key, equal_keys, fixed, named, on
 
 kernel = pytest.importorskip("kernels.paged_prefill")
 
@@ -125,22 +125,7 @@ def test_dominant_key_is_seen_only_from_its_position(device):
 @pytest.mark.parametrize("tile_n", [16, 64])
 def test_mirror_is_close_to_the_ideal(tile_n):
     """The mirror alone (got = mirror) holds the table's SQNR floor against the ideal, at two KV tilings."""
-    p = dict(
-        dtype=torch.bfloat16,
-        block_size=16,
-        kv_heads=1,
-        group=4,
-        head=64,
-        news=[40, 1],
-        seq_lens=[200, 17],
-        num_splits=1,
-        share_prefix=False,
-        extra_width=0,
-        spare_blocks=1,
-        unused="minus_one",
-        sharpness=4.0,
-        seed=11,
-    )
+    p = fixed(news=[40, 1], sharpness=4.0, seed=11)
     q, k_cache, v_cache, table, lens, cu, scale = build_prefill(p)
     mirror = ref.paged_prefill_mirror(q, k_cache, v_cache, table, lens, cu, scale, tile_n)
     ideal = ref.paged_attention_ideal(q, k_cache, v_cache, table, lens, scale, cu_seqlens=cu)
@@ -193,22 +178,7 @@ def test_reference_checks_query_counts():
 
 
 def test_opcheck(device):
-    p = dict(
-        dtype=torch.bfloat16,
-        block_size=16,
-        kv_heads=2,
-        group=2,
-        head=64,
-        news=[3, 1],
-        seq_lens=[20, 1],
-        num_splits=1,
-        share_prefix=False,
-        extra_width=1,
-        spare_blocks=1,
-        unused="minus_one",
-        sharpness=1.0,
-        seed=3,
-    )
+    p = fixed(kv_heads=2, group=2, news=[3, 1], seq_lens=[20, 1], extra_width=1, seed=3)
     q, k_cache, v_cache, table, lens, cu, scale = build_prefill(p)
     k_cache, v_cache = k_cache.nan_to_num(0.0), v_cache.nan_to_num(0.0)  # opcheck compares inputs with ==
     torch.library.opcheck(
@@ -220,22 +190,7 @@ def test_opcheck(device):
 def test_negative_control_block_table_off_by_one(device):
     """Logical block j read through entry j + 1: the next block's data, and past a sequence's last block an
     unused entry (here any block id, NaN spares included)."""
-    p = dict(
-        dtype=torch.bfloat16,
-        block_size=16,
-        kv_heads=1,
-        group=2,
-        head=64,
-        news=[12, 7],
-        seq_lens=[40, 7],
-        num_splits=1,
-        share_prefix=False,
-        extra_width=1,
-        spare_blocks=2,
-        unused="garbage",
-        sharpness=1.0,
-        seed=4,
-    )
+    p = fixed(group=2, news=[12, 7], seq_lens=[40, 7], extra_width=1, spare_blocks=2, unused="garbage", seed=4)
     with pytest.raises(AssertionError, match="paged prefill"):
         check(p, device, fault="block_table_off_by_one")
     check(p, device)

@@ -19,7 +19,7 @@ from reference.quant.fp8 import quantize_fp8 as ref_quantize_fp8
 from reference.quant.fp8 import quantize_fp8_blocks
 from reference.quant.mxfp4 import quantize_mxfp4
 from reference.quant.nvfp4_global_scale import DecodeScale, EncodeScale, tensor_amax
-from suites.attention.paged_cases import build_fp8
+from suites.attention.paged_cases import build_fp8, fixed
 from suites.guard_bytes import assert_guarded_call_agrees
 
 
@@ -48,22 +48,7 @@ def _block_fp8_inputs() -> dict[str, torch.Tensor]:
 
 def _paged_decode_fp8_inputs() -> dict[str, torch.Tensor]:
     """Two sequences (37 and 20 tokens: partial last blocks) over an FP8 cache with per-slot scales."""
-    p = dict(
-        dtype=torch.bfloat16,
-        block_size=16,
-        kv_heads=2,
-        group=4,
-        head=64,
-        seq_lens=[37, 20],
-        num_splits=2,
-        share_prefix=False,
-        extra_width=0,
-        spare_blocks=1,
-        unused="minus_one",
-        sharpness=1.0,
-        seed=5,
-        spread=2.0,
-    )
+    p = fixed(kv_heads=2, seq_lens=[37, 20], num_splits=2, seed=5, spread=2.0)
     names = ("q", "k_cache", "v_cache", "block_table", "seq_lens", "scale", "k_scale", "v_scale")
     inputs = dict(zip(names, build_fp8(p), strict=True))
     del inputs["scale"]
