@@ -40,6 +40,7 @@ FAMILY_MODULES = (
     "bench.mamba.state_update",
     "bench.mamba.conv1d_update",
     "bench.norm.rms_norm",
+    "bench.activation.silu_and_mul",
     "bench.rotary.rope",
     "bench.attention.paged_decode",
     "bench.attention.paged_prefill",

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from kernels._boundary import as_rows, check_device, f32_bits, runs_interpreted
+from kernels._fp8_groups import group_scale
 from kernels._tiles import block_offsets
 from reference.quant.fp8 import DEFAULT_EPS, FP8_FORMATS, check_quantize_fp8_args, scale_shape
 
@@ -102,8 +103,7 @@ def _quantize_fp8_kernel(
             if FAULT == 1:
                 magnitude = tl.where((lane < group_len - 1)[None, :], magnitude, 0)
             amax_bits = tl.max(magnitude, axis=1)
-        amax_bits = tl.maximum(amax_bits, eps_bits)  # fp32 eps as bits: the integer max keeps NaN
-        scale = tl.div_rn(amax_bits.to(tl.float32, bitcast=True), FP8_MAX)
+        scale = group_scale(amax_bits, eps_bits, FP8_MAX)  # eps as fp32 bits: the integer max keeps NaN
         if UE8M0:  # 2**ceil(log2 scale), exact; Inf/NaN stay
             bits = scale.to(tl.int32, bitcast=True)
             pow2 = (bits & 0x7F800000) + tl.where((bits & 0x7FFFFF) != 0, 0x800000, 0)

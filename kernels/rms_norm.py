@@ -17,8 +17,10 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._boundary import as_rows, check_device
+from kernels._boundary import as_rows, check_device, f32_bits
+from kernels._fp8_groups import e4m3fn_groups
 from reference.norm.rms_norm import check_rms_norm_args
+from reference.quant.fp8 import DEFAULT_EPS
 
 MAX_HIDDEN = 8192  # the row lives in registers: 8192 fp32 over 16 warps is 16 values a thread
 # Planted bugs for the suite's negative controls; FAULT is a constexpr, so fault 0 compiles them away.
@@ -50,8 +52,11 @@ def _rms_norm_kernel(
     x_row_stride,
     res_row_stride,
     eps,
+    scale_ptr,
+    eps_bits,
     BLOCK: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    FP8: tl.constexpr,
     FAULT: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -74,11 +79,18 @@ def _rms_norm_kernel(
     out = (w.to(tl.float32) * normed.to(tl.float32)).to(x.dtype)
     if FAULT == 2 and HAS_RESIDUAL:
         out = (out.to(tl.float32) + res.to(tl.float32)).to(x.dtype)
-    tl.store(out_ptr + row * hidden + col, out, mask=mask)
+    if FP8:  # the row's 128-wide groups quantized in registers; padding lanes are 0 and are not stored
+        codes, scale = e4m3fn_groups(tl.reshape(out.to(tl.float32), [BLOCK // 128, 128]), eps_bits)
+        tl.store(out_ptr + row * hidden + col, tl.reshape(codes, [BLOCK]), mask=mask)
+        group = tl.arange(0, BLOCK // 128)
+        tl.store(scale_ptr + row * (hidden // 128) + group, scale, mask=group * 128 < hidden)
+    else:
+        tl.store(out_ptr + row * hidden + col, out, mask=mask)
 
 
-def launch_rms_norm(x, weight, eps, residual=None, fault="none"):
-    """Validate, allocate and launch; returns out, or (out, new_residual). `fault` plants a named bug."""
+def launch_rms_norm(x, weight, eps, residual=None, fault="none", fp8_groups=False):
+    """Validate, allocate and launch; returns out, or (out, new_residual); with `fp8_groups` out is (codes,
+    scales): E4M3 per 128-wide group. `fault` plants a named bug."""
     check_rms_norm_args(x, weight, eps, residual)
     check_device(
         **({"x": x, "weight": weight} if residual is None else {"x": x, "residual": residual, "weight": weight})
@@ -88,27 +100,34 @@ def launch_rms_norm(x, weight, eps, residual=None, fault="none"):
         raise ValueError(f"x: rows of {hidden} elements are longer than the kernel's {MAX_HIDDEN}")
     if weight.stride(0) != 1 and hidden > 1:
         raise ValueError(f"weight: must be contiguous, got stride {weight.stride()}")
+    if fp8_groups and hidden % 128:
+        raise ValueError(f"x: the FP8 form quantizes whole 128-wide groups, got rows of {hidden} elements")
     rows = as_rows(x, "x")
     res_rows = rows if residual is None else as_rows(residual, "residual")
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    out = torch.empty(x.shape, dtype=torch.float8_e4m3fn if fp8_groups else x.dtype, device=x.device)
+    scales = torch.empty((*x.shape[:-1], hidden // 128 if fp8_groups else 0), dtype=torch.float32, device=x.device)
     new_res = out if residual is None else torch.empty(x.shape, dtype=x.dtype, device=x.device)
     if rows.shape[0] and hidden:
-        block = triton.next_power_of_2(hidden)
+        block = max(triton.next_power_of_2(hidden), 128 if fp8_groups else 1)
         _rms_norm_kernel[(rows.shape[0],)](
             rows,
             res_rows,
             weight,
-            out,
+            out.view(torch.uint8) if fp8_groups else out,
             new_res,
             hidden,
             rows.stride(0),
             res_rows.stride(0),
             eps,
+            scales,
+            f32_bits(DEFAULT_EPS),
             BLOCK=block,
             HAS_RESIDUAL=residual is not None,
+            FP8=fp8_groups,
             FAULT=FAULTS[fault],
             num_warps=_warps(block),
         )
+    out = (out, scales) if fp8_groups else out
     return out if residual is None else (out, new_res)
 
 
@@ -136,8 +155,49 @@ def _(x, residual, weight, eps):
     return x.new_empty(x.shape), x.new_empty(x.shape)
 
 
+@torch.library.custom_op("touchstone::rms_norm_fp8", mutates_args=())
+def _rms_norm_fp8_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return launch_rms_norm(x, weight, eps, fp8_groups=True)
+
+
+def _fp8_fake(x, weight, eps, residual):
+    check_rms_norm_args(x, weight, eps, residual)
+    if x.shape[-1] % 128:
+        raise ValueError(f"x: the FP8 form quantizes whole 128-wide groups, got rows of {x.shape[-1]} elements")
+    codes = x.new_empty(x.shape, dtype=torch.float8_e4m3fn)
+    return codes, x.new_empty((*x.shape[:-1], x.shape[-1] // 128), dtype=torch.float32)
+
+
+@_rms_norm_fp8_op.register_fake
+def _(x, weight, eps):
+    return _fp8_fake(x, weight, eps, None)
+
+
+@torch.library.custom_op("touchstone::fused_add_rms_norm_fp8", mutates_args=())
+def _fused_add_rms_norm_fp8_op(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    (codes, scales), new_residual = launch_rms_norm(x, weight, eps, residual, fp8_groups=True)
+    return codes, scales, new_residual
+
+
+@_fused_add_rms_norm_fp8_op.register_fake
+def _(x, residual, weight, eps):
+    return *_fp8_fake(x, weight, eps, residual), x.new_empty(x.shape)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
     """Kernel twin of `reference.norm.rms_norm.rms_norm` (same arguments; outputs within the LOSSY row)."""
     if residual is None:
         return torch.ops.touchstone.rms_norm(x, weight, eps)
     return torch.ops.touchstone.fused_add_rms_norm(x, residual, weight, eps)
+
+
+def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """`rms_norm`'s output quantized to E4M3 per token and 128-wide group in the same launch, for a block-FP8
+    GEMM: (codes, scales), or ((codes, scales), new_residual). The codes and scales equal
+    `reference.quant.fp8.quantize_fp8` of what `rms_norm` writes, bit for bit."""
+    if residual is None:
+        return torch.ops.touchstone.rms_norm_fp8(x, weight, eps)
+    codes, scales, new_residual = torch.ops.touchstone.fused_add_rms_norm_fp8(x, residual, weight, eps)
+    return (codes, scales), new_residual

@@ -51,6 +51,11 @@ SELECTION = {
     "w4a16_mxfp4_gemm": ["suites/gemm/test_w4a16_mxfp4_gemm.py::test_named_cases"],
     "split_k": ["suites/gemm/test_split_k.py::test_sum_is_in_split_order"],
     "rms_norm": ["suites/norm/test_rms_norm.py::test_named_cases"],
+    "_fp8_groups": ["suites/norm/test_rms_norm.py::test_opcheck_fp8"],
+    "silu_and_mul": [
+        "suites/activation/test_silu_and_mul.py::test_named_values",
+        "suites/activation/test_silu_and_mul.py::test_opcheck",
+    ],
     "rope": ["suites/rotary/test_rope.py::test_special_values"],
     "paged_decode": [
         "suites/attention/test_paged_decode.py::test_seq_len_one_returns_its_value_row",

@@ -5,7 +5,10 @@ Bandwidth-bound, measured against the same-run memcpy roof. Bytes per call: plai
 weight read ((2 * rows + 1) * hidden * 2); fused, x and residual read, out and new residual written
 ((4 * rows + 1) * hidden * 2). Implementations: the eager reference (the mirror every row is checked against,
 lossy row "rms_norm"), `runner-eager` (runner/model/layers.py RMSNorm after `h = x + residual`, the ~9 kernels
-the fused op replaces; an ungated peer), torch.compile of the reference (ungated peer), Triton. Timing: CUDA-graph
+the fused op replaces; an ungated peer), torch.compile of the reference (ungated peer), Triton, and `triton-fp8`,
+its form that writes the normalized output quantized for a block-FP8 GEMM (E4M3 codes and a scale per 128,
+checked by dequantizing against the baseline, bench.correctness_fp8; the fused op's new residual is written as
+ever but not compared). Timing: CUDA-graph
 replays (`cuda_graph=True`): a decode-sized norm runs for a few microseconds, less than the host's dispatch.
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from bench.correctness import lossy_check
+from bench.correctness_fp8 import FP8_GROUPS_CHECK
 from bench.quant.sweeps import compiled, kernel, triton_skip
 from bench.registry import Case, Impl, OpBench, register
 from kernels.tolerances import families
@@ -71,6 +75,19 @@ def _runner_eager(inputs):
     return call
 
 
+def _fp8(fused: bool):
+    """The kernel's form quantized for a block-FP8 GEMM (E4M3, group 128): the normalized output alone."""
+
+    def factory(inputs):
+        fn = kernel("kernels.rms_norm", "rms_norm_fp8")
+        x, weight, residual = inputs
+        if fused:
+            return lambda: fn(x, weight, EPS, residual)[0]
+        return lambda: fn(x, weight, EPS)
+
+    return factory
+
+
 def _op(fused: bool, hidden: int) -> OpBench:
     per_row = 4 if fused else 2
     return OpBench(
@@ -85,6 +102,7 @@ def _op(fused: bool, hidden: int) -> OpBench:
             Impl("runner-eager", _runner_eager, gated=False),
             Impl("reference-compiled", _wrap(lambda: compiled(rms_norm)), gated=False),
             Impl("triton", _wrap(lambda: kernel("kernels.rms_norm", "rms_norm")), triton_skip),
+            Impl("triton-fp8", _fp8(fused), triton_skip, check=FP8_GROUPS_CHECK),
         ),
         bytes_model=lambda case: (per_row * case.shape[0] + 1) * case.shape[1] * 2,
         flops_model=lambda case: 4 * case.shape[0] * case.shape[1],

@@ -13,6 +13,7 @@ MAMBA_STATE_UPDATE_OUT = "mamba_state_update"  # out, keyed by x's dtype
 MAMBA_STATE_UPDATE_STATE = "mamba_state_update.state"  # the updated slots, keyed by the state's dtype
 MAMBA_CONV1D_UPDATE = "mamba_conv1d_update"
 RMS_NORM = "rms_norm"
+SILU_AND_MUL = "silu_and_mul"
 FUSED_MOE = "fused_moe"
 BLOCK_FP8_MOE = "block_fp8_moe"
 MXFP4_MOE = "mxfp4_moe"

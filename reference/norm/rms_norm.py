@@ -8,6 +8,10 @@ dtype, THEN the weight multiply in x's dtype (one more rounding; for bf16/fp16 t
 is exact in fp32, so it rounds once). The kernel sums the squares in another order and its rsqrt is
 approximate, so the two can differ by an ulp: a lossy op (kernels.tolerances row "rms_norm").
 
+`rms_norm_fp8` is the output quantized for a block-FP8 GEMM (E4M3 per token and 128-wide group,
+reference.quant.fp8.quantize_fp8): the kernel's fused form quantizes exactly what its unfused form writes, so it
+is held bit for bit to that composition over the kernel's own output.
+
 Edge-case policy (all follow from the formula in fp32, as in the runner):
 - a row of zeros gives zeros (eps > 0 keeps the rsqrt finite), signs of -0 follow the products;
 - a row whose fp32 sum of squares overflows (|x| around 1.8e19 and up) has rsqrt(inf) = 0 and gives zeros
@@ -19,6 +23,8 @@ Edge-case policy (all follow from the formula in fp32, as in the runner):
 from __future__ import annotations
 
 import torch
+
+from reference.quant.fp8 import quantize_fp8
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -50,6 +56,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps)
     out = weight * wide.to(x.dtype)
     return out if residual is None else (out, r)
+
+
+def rms_norm_fp8(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """(codes, scales) of `rms_norm`'s output (E4M3, group 128), or ((codes, scales), x + residual)."""
+    out = rms_norm(x, weight, eps, residual)
+    normed = out if residual is None else out[0]
+    quantized = quantize_fp8(normed, granularity="group", group_size=128)
+    return quantized if residual is None else (quantized, out[1])
 
 
 def rms_norm_ideal(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):

@@ -23,6 +23,7 @@ from torch import nn
 from reference.norm.rms_norm import rms_norm
 from reference.rotary.rope import apply_rope, rope_cos_sin_cache
 from runner.model.attention import uses_kernels
+from runner.model.quant.activation import GROUP, Fp8Groups
 
 
 def default_weight_loader(param: nn.Parameter, tensor: torch.Tensor) -> None:
@@ -47,11 +48,19 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = _param((size,), dtype, device)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, fp8_groups: bool = False):
         """norm(x), or with `residual` (norm(x + residual), x + residual): the residual add fused into the norm
         (one rounding of the sum either way, so the unfused and fused forms give the same bits). On the GPU
         in bf16/fp16 this is the Triton kernel (one launch instead of ~8 torch ops: at SmolLM2's decode step,
-        60 norm sites a step); elsewhere the reference it is checked against."""
+        60 norm sites a step); elsewhere the reference it is checked against. `fp8_groups` (the caller checked
+        `wants_fp8_groups`): the norm comes back as Fp8Groups for a block-FP8 GEMM, quantized in the same launch."""
+        if fp8_groups:
+            from kernels.rms_norm import launch_rms_norm
+
+            out = launch_rms_norm(x, self.weight, self.eps, residual, fp8_groups=True)
+            normed = out if residual is None else out[0]
+            groups = Fp8Groups(*normed, x.dtype)
+            return groups if residual is None else (groups, out[1])
         if uses_kernels(x):  # the launcher, not the op: runner.model.attention says why
             from kernels.rms_norm import launch_rms_norm
 
@@ -83,9 +92,17 @@ class RotaryEmbedding(nn.Module):
 
 
 class SiluAndMul(nn.Module):
-    """[T, 2I] -> silu(first half) * second half, [T, I]."""
+    """[T, 2I] -> silu(first half) * second half, [T, I]. On the GPU in bf16/fp16 the Triton kernel (one
+    launch; the eager form below is two, and rounds the silu once more); with `fp8_groups` (the caller checked
+    `wants_fp8_groups`) its output comes back as Fp8Groups for a block-FP8 GEMM, quantized in the same launch."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, fp8_groups: bool = False) -> torch.Tensor | Fp8Groups:
+        if uses_kernels(x):  # the launcher, not the op: runner.model.attention says why
+            from kernels.silu_and_mul import launch_silu_and_mul
+
+            if fp8_groups:
+                return Fp8Groups(*launch_silu_and_mul(x, GROUP), x.dtype)
+            return launch_silu_and_mul(x)
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
 

@@ -27,6 +27,7 @@ from runner.model.attention import AttentionBatch, paged_attention
 from runner.model.config import LlamaConfig
 from runner.model.layers import Embedding, GateUpLinear, Linear, QKVLinear, RMSNorm, RotaryEmbedding, SiluAndMul
 from runner.model.moe import EXPERT_PART, EXPERT_TENSOR, SparseMoE
+from runner.model.quant.activation import Fp8Groups, wants_fp8_groups
 
 # (fused parameter's name part, checkpoint name part, shard id)
 STACKED_PARAMS = (
@@ -71,13 +72,13 @@ class LlamaAttention(nn.Module):
         self,
         rotary_emb: RotaryEmbedding,
         positions: torch.Tensor,
-        x: torch.Tensor,
+        x: torch.Tensor | Fp8Groups,
         batch: AttentionBatch,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
         """rotary_emb: the model's one RotaryEmbedding (its cos/sin table is shared by every layer)."""
-        tokens = x.shape[0]
-        q, k, v = self.qkv_proj.split(self.qkv_proj(x))
+        q, k, v = self.qkv_proj.split(self.qkv_proj(x))  # x: a tensor, or Fp8Groups for a block-FP8 qkv_proj
+        tokens = q.shape[0]
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
@@ -97,8 +98,9 @@ class LlamaMLP(nn.Module):
         self.act = SiluAndMul()
         self.down_proj = Linear(inter, h, dtype, device, _scheme(quant, f"{prefix}.down_proj"))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor | Fp8Groups) -> torch.Tensor:
+        h = self.gate_up_proj(x)
+        return self.down_proj(self.act(h, wants_fp8_groups(self.down_proj, h, h.shape[-1] // 2)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -137,13 +139,17 @@ class LlamaDecoderLayer(nn.Module):
         """The residual stream h is carried as (x, residual) with h = x + residual (residual None: h = x), so
         each residual add fuses into the norm after it: h = h + attn(norm(h)); h = h + mlp(norm(h)), with the
         same roundings (one per add)."""
+        columns = x.shape[-1]
+        quantized = wants_fp8_groups(self.self_attn.qkv_proj, x, columns)  # a block-FP8 qkv_proj takes Fp8Groups
         if residual is None:
-            x, residual = self.input_layernorm(x), x
+            x, residual = self.input_layernorm(x, fp8_groups=quantized), x
         else:
-            x, residual = self.input_layernorm(x, residual)
+            x, residual = self.input_layernorm(x, residual, fp8_groups=quantized)
         x = self.self_attn(rotary_emb, positions, x, batch, kv_cache)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return getattr(self, self.mlp_name)(x), residual
+        mlp = getattr(self, self.mlp_name)
+        quantized = isinstance(mlp, LlamaMLP) and wants_fp8_groups(mlp.gate_up_proj, x, columns)
+        x, residual = self.post_attention_layernorm(x, residual, fp8_groups=quantized)
+        return mlp(x), residual
 
 
 class LlamaModel(nn.Module):

@@ -13,9 +13,14 @@ from hypothesis import strategies as st
 
 from kernels.tolerances import assert_exact, assert_lossy, families
 from reference.norm import rms_norm as ref
+from reference.quant.fp8 import quantize_fp8
 
 kernel = pytest.importorskip("kernels.rms_norm")
 EPS = 1e-5
+
+
+def ref_quantize(t: torch.Tensor):
+    return quantize_fp8(t, granularity="group", group_size=128)
 
 
 @st.composite
@@ -116,6 +121,44 @@ def test_nan_poisons_only_its_row(device):
     x[1, 7] = math.nan
     out = kernel.rms_norm(x.to(device), weight.to(device), EPS).cpu()
     assert out[1].isnan().all() and torch.isfinite(out[[0, 2]]).all()
+
+
+@given(p=problems().filter(lambda p: p["shape"][-1] % 128 == 0 and p["dtype"] != torch.float32))
+def test_fp8_form_is_the_quantized_unfused_output(p, device):
+    """rms_norm_fp8: codes and scales == reference quantize_fp8 (group 128) of the unfused kernel's output, bit for
+    bit; the new residual as the unfused form's."""
+    x, weight, residual = (None if t is None else t.to(device) for t in make_inputs(p))
+    fused = kernel.rms_norm_fp8(x, weight, p["eps"], residual)
+    plain = kernel.rms_norm(x, weight, p["eps"], residual)
+    if residual is not None:
+        assert_exact(fused[1].cpu(), plain[1].cpu(), "new residual")
+        fused, plain = fused[0], plain[0]
+    want_codes, want_scales = ref_quantize(plain.cpu())
+    assert_exact(fused[0].cpu().view(torch.uint8), want_codes.view(torch.uint8), "codes")
+    assert_exact(fused[1].cpu(), want_scales, "scales")
+
+
+def test_fp8_reference_is_the_composition():
+    x, weight, residual = make_inputs(dict(shape=(2, 256), dtype=torch.bfloat16, seed=9, scale=1.0, residual=True))
+    (codes, scales), new_residual = ref.rms_norm_fp8(x, weight, EPS, residual)
+    out, want_residual = ref.rms_norm(x, weight, EPS, residual)
+    want_codes, want_scales = ref_quantize(out)
+    assert_exact(codes.view(torch.uint8), want_codes.view(torch.uint8), "codes")
+    assert_exact(scales, want_scales, "scales")
+    assert_exact(new_residual, want_residual, "new residual")
+
+
+def test_fp8_form_needs_whole_groups(device):
+    x, weight, _ = make_inputs(dict(shape=(2, 200), dtype=torch.bfloat16, seed=1, scale=1.0, residual=False))
+    with pytest.raises(ValueError, match="x: the FP8 form quantizes whole 128-wide groups"):
+        kernel.launch_rms_norm(x.to(device), weight.to(device), EPS, fp8_groups=True)
+
+
+def test_opcheck_fp8(device):
+    x, weight, residual = make_inputs(dict(shape=(3, 256), dtype=torch.bfloat16, seed=7, scale=1.0, residual=True))
+    x, weight, residual = x.to(device), weight.to(device), residual.to(device)
+    torch.library.opcheck(torch.ops.touchstone.rms_norm_fp8.default, (x, weight, EPS))
+    torch.library.opcheck(torch.ops.touchstone.fused_add_rms_norm_fp8.default, (x, residual, weight, EPS))
 
 
 def test_opcheck(device):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from reference.gemm.block_fp8 import BLOCK
+from runner.model.quant.activation import Fp8Groups
 from runner.model.quant.online import OnlineScheme, zero_pad_columns
 from runner.model.quant.scheme import uses_kernels
 
@@ -22,6 +23,7 @@ SLAB_ROWS = 16 * BLOCK
 
 class Fp8Block(OnlineScheme):
     name = "fp8_block"
+    takes_fp8_groups = True  # RMSNorm and SiLU-and-mul can hand over their output already quantized
 
     def __init__(self, online: bool = True) -> None:
         self.online = online
@@ -68,7 +70,11 @@ class Fp8Block(OnlineScheme):
         layer.register_buffer("weight_fp8", q)
         layer.register_buffer("weight_scale_inv", s)  # the name HF's fine-grained FP8 checkpoints use
 
-    def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
+    def apply(self, layer, x: torch.Tensor | Fp8Groups) -> torch.Tensor:
+        if isinstance(x, Fp8Groups):  # quantized by the kernel that produced it (whole groups, no padding)
+            from kernels.block_fp8_gemm import block_fp8_gemm
+
+            return block_fp8_gemm(x.codes, x.scales, layer.weight_fp8, layer.weight_scale_inv, x.dtype)
         a = zero_pad_columns(x, BLOCK)
         if uses_kernels(x):
             from kernels.block_fp8_gemm import block_fp8_gemm

@@ -21,6 +21,7 @@ from torch import nn
 class LinearScheme:
     name = "unquantized"
     online = False  # quantizes an unquantized checkpoint as it loads
+    takes_fp8_groups = False  # `apply` also takes runner.model.quant.activation.Fp8Groups
 
     def create_weights(self, layer: nn.Module) -> None:
         raise NotImplementedError

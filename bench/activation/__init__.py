@@ -1,0 +1,1 @@
+"""Benchmarks of the decoder MLP's activation: SiLU-and-mul."""

@@ -1,0 +1,1 @@
+"""SiLU-and-mul: the kernel against its references."""
