@@ -150,7 +150,8 @@ _SILU_AND_MUL_WHY = (
     "/ rms_rel 6.2e-8; SQNR vs the fp64 ideal min 52.9 dB (bf16), 71.8 dB (fp16), 143.6 dB (fp32), each the "
     "mirror's own; inputs scaled by 2**-8 make fp16 outputs subnormal (products near 2**-17), where the "
     "mirror's own SQNR falls to 51.7 dB (hypothesis). Bounds: two ulps max (2**-7, 2**-10), rms a quarter, SQNR "
-    "6 dB under the mirror's worst; fp32 40 ulps for ex2.approx. The FP8 form is held bit for bit to the "
+    "6 dB under the mirror's worst; fp32 40 ulps for ex2.approx. H200 (bench silu_and_mul_i14336, 1-4096 "
+    "rows of 14336): max_rel 0, bit-equal to the mirror. The FP8 form is held bit for bit to the "
     "reference quantizer over the unfused output (no row). Fault gate_up_swapped: max_rel ~1."
 )
 _FUSED_MOE_WHY = (

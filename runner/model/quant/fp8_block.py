@@ -15,10 +15,11 @@ from runner.model.quant.online import OnlineScheme, zero_pad_columns
 from runner.model.quant.scheme import uses_kernels
 
 SLAB_ROWS = 16 * BLOCK
-# Decode's activations are quantized by their own kernel before the GEMM. Quantizing them inside the GEMM
-# instead (one launch fewer a layer, the same bytes) was built at 66e67e6 and dropped: on the H200,
-# Llama-3.1-8B's shape decoded 265 output tok/s at batch 1 with it against 279 without (`python -m
-# bench.llm.quant_decode --schemes bf16,fp8_block`), and gate_up alone ran at 0.62x memcpy either way.
+# Where the input comes from an RMSNorm or a SiLU-and-mul on the kernels, that kernel quantizes it
+# (Fp8Groups: runner.model.quant.activation); elsewhere (o_proj's attention output) its own kernel does, before
+# the GEMM. H200, Llama-3.1-8B's shape, batch 1 (`python -m bench.llm.quant_decode`): 279 output tok/s with a
+# quantization launch before every GEMM, 300 with the producers quantizing (1.36x -> 1.47x bf16). Quantizing
+# inside the GEMM instead (66e67e6) was dropped: 265 tok/s, and gate_up alone ran at 0.62x memcpy either way.
 
 
 class Fp8Block(OnlineScheme):
