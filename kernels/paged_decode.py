@@ -130,6 +130,8 @@ def _fp8_tiles(
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_PAD], tl.float32)
+    # The tile walk repeats the bf16 loop's four lines: one helper returning (valid, physical) for both took the
+    # bf16 loop from 115 to 149 registers (sm_90 SASS), a CTA fewer per SM.
     for start in range(first, last, TILE_N // BLOCK_SIZE):
         logical = start + n // BLOCK_SIZE
         in_split = logical < last

@@ -238,14 +238,9 @@ def _op(name: str, x_name: str, full: list[Case], small: list[Case], fp8: bool =
     )
 
 
-BATCH_OP = register(
-    _op(
-        f"paged_decode_ctx{BATCH_OP_CONTEXT}",
-        "batch",
-        [_case(b, BATCH_OP_CONTEXT, b) for b in FULL_BATCHES],
-        [_case(b, SMALL_BATCH_CONTEXT, b) for b in SMALL_BATCHES],
-    )
-)
+_BATCH_FULL = [_case(b, BATCH_OP_CONTEXT, b) for b in FULL_BATCHES]
+_BATCH_SMALL = [_case(b, SMALL_BATCH_CONTEXT, b) for b in SMALL_BATCHES]
+BATCH_OP = register(_op(f"paged_decode_ctx{BATCH_OP_CONTEXT}", "batch", _BATCH_FULL, _BATCH_SMALL))
 CONTEXT_OP = register(
     _op(
         f"paged_decode_batch{CONTEXT_OP_BATCH}",
@@ -254,12 +249,4 @@ CONTEXT_OP = register(
         [_case(SMALL_CONTEXT_BATCH, c, c) for c in SMALL_CONTEXTS],
     )
 )
-FP8_OP = register(
-    _op(
-        f"paged_decode_fp8_ctx{BATCH_OP_CONTEXT}",
-        "batch",
-        [_case(b, BATCH_OP_CONTEXT, b) for b in FULL_BATCHES],
-        [_case(b, SMALL_BATCH_CONTEXT, b) for b in SMALL_BATCHES],
-        fp8=True,
-    )
-)
+FP8_OP = register(_op(f"paged_decode_fp8_ctx{BATCH_OP_CONTEXT}", "batch", _BATCH_FULL, _BATCH_SMALL, fp8=True))
