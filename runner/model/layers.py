@@ -54,18 +54,16 @@ class RMSNorm(nn.Module):
         in bf16/fp16 this is the Triton kernel (one launch instead of ~8 torch ops: at SmolLM2's decode step,
         60 norm sites a step); elsewhere the reference it is checked against. `fp8_groups` (the caller checked
         `wants_fp8_groups`): the norm comes back as Fp8Groups for a block-FP8 GEMM, quantized in the same launch."""
-        if fp8_groups:
-            from kernels.rms_norm import launch_rms_norm
+        if not (fp8_groups or uses_kernels(x)):
+            return rms_norm(x, self.weight, self.eps, residual)
+        from kernels.rms_norm import launch_rms_norm  # the launcher, not the op: runner.model.attention says why
 
-            out = launch_rms_norm(x, self.weight, self.eps, residual, fp8_groups=True)
-            normed = out if residual is None else out[0]
-            groups = Fp8Groups(*normed, x.dtype)
-            return groups if residual is None else (groups, out[1])
-        if uses_kernels(x):  # the launcher, not the op: runner.model.attention says why
-            from kernels.rms_norm import launch_rms_norm
-
-            return launch_rms_norm(x, self.weight, self.eps, residual)
-        return rms_norm(x, self.weight, self.eps, residual)
+        out = launch_rms_norm(x, self.weight, self.eps, residual, fp8_groups=fp8_groups)
+        if not fp8_groups:
+            return out
+        if residual is None:
+            return Fp8Groups(*out, x.dtype)
+        return Fp8Groups(*out[0], x.dtype), out[1]
 
 
 class RotaryEmbedding(nn.Module):
