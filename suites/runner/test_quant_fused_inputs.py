@@ -32,7 +32,7 @@ def _force_kernels(monkeypatch) -> None:
 def test_block_fp8_mlp_with_quantized_inputs_equals_its_unfused_form(monkeypatch, device):
     """A block-FP8 LlamaMLP: gate_up_proj takes the caller's Fp8Groups (as the decoder layer's RMSNorm makes
     them) and down_proj SiLU-and-mul's; the output equals the MLP that takes bf16 and quantizes in each GEMM."""
-    from kernels.rms_norm import launch_rms_norm
+    from runner.model.layers import RMSNorm
 
     config = ALIGNED_128
     mlp = llama.LlamaMLP(config, torch.bfloat16, device, online_config("fp8_block"), "model.layers.0.mlp")
@@ -42,15 +42,20 @@ def test_block_fp8_mlp_with_quantized_inputs_equals_its_unfused_form(monkeypatch
         mlp.gate_up_proj.weight_loader(mlp.gate_up_proj.weight, w.bfloat16().to(device), shard)
     w = torch.randn(config.hidden_size, config.intermediate_size, generator=g) / 16
     mlp.down_proj.weight_loader(mlp.down_proj.weight, w.bfloat16().to(device))
-    h = torch.randn(3, config.hidden_size, generator=g).bfloat16().to(device)
-    norm_weight = torch.ones(config.hidden_size, dtype=torch.bfloat16, device=device)
+    h, residual = (torch.randn(3, config.hidden_size, generator=g).bfloat16().to(device) for _ in range(2))
+    norm = RMSNorm(config.hidden_size, 1e-5, torch.bfloat16, device)
+    with torch.no_grad():
+        norm.weight.copy_((1 + torch.randn(config.hidden_size, generator=g) / 4).bfloat16())
     if device == "cpu":
         _force_kernels(monkeypatch)
-    groups = Fp8Groups(*launch_rms_norm(h, norm_weight, 1e-5, fp8_groups=True), torch.bfloat16)
+    groups, new_residual = norm(h, residual, fp8_groups=True)
+    assert isinstance(groups, Fp8Groups) and groups.codes.dtype == torch.float8_e4m3fn
     fused = mlp(groups)
     monkeypatch.setattr(llama, "wants_fp8_groups", lambda *args: False)
-    plain = mlp(launch_rms_norm(h, norm_weight, 1e-5))
+    normed, plain_residual = norm(h, residual)
+    plain = mlp(normed)
     assert_exact(fused.cpu(), plain.cpu(), "MLP output")
+    assert_exact(new_residual.cpu(), plain_residual.cpu(), "new residual")
     # negative control: groups whose scales belong to the next token give another output
     shifted = Fp8Groups(groups.codes, groups.scales.roll(1, dims=0), torch.bfloat16)
     assert not torch.equal(mlp(shifted).cpu(), plain.cpu())
