@@ -21,14 +21,16 @@ computes (exact products of bf16 x and exact weights, fp32 sums, one bf16 roundi
   (and x = 0, +-Inf, NaN); smaller |x| may lose bits to fp32 subnormals, larger overflows to Inf. The
   block-sum scaling never forms a weight, so no saturation applies (see the contract below).
 - `_dot_kernel` (larger M): tensor cores (wgmma on sm_90). The product is computed transposed, y^T tile
-  [BLOCK_N, BLOCK_M] = W tile [BLOCK_N, BK] @ x tile^T, so the dequantized weights (registers) are tl.dot's
-  first operand and BLOCK_M may be 16 ("swap AB": M = 2..16 pays for no more MMA rows than M = 16). Weights
-  are decoded exactly to bf16: on NVIDIA sm_90 and later by packed integer instructions and bf16x2 multiplies
-  on the codes read as byte pairs (`_packed_weights`, ~2.75 instructions a weight; 1.25x faster at M = 16 on
-  the H200 than the fp32 decode); elsewhere (the interpreter, which runs no PTX, ROCm, older NVIDIA GPUs) in
-  fp32 (`_tile_weights`: `_signed_nibble`, then * 2**126 * block scale). Both are exact, so both give the
-  same bytes (`packed_decode` picks one). The even and odd halves of a K tile
-  are two dots of depth BK/2 (low nibbles with x's even elements, high with odd).
+  [BLOCK_N, BLOCK_M] = W tile [BLOCK_N, BK] @ x tile^T, so the dequantized weights are tl.dot's first operand
+  and BLOCK_M may be 16 ("swap AB": M = 2..16 pays for no more MMA rows than M = 16). Weights are decoded
+  exactly to bf16: on NVIDIA sm_90 and later by packed integer instructions and bf16x2 multiplies
+  (`_blocked_weights`): the codes are read as int32 words, whole 16-byte block rows a thread, so a thread
+  needs one scale per block row and its loads are 16 bytes wide; each word gives four bf16x2 registers of
+  nibbles two bytes apart, and x's K tile is permuted to that order (`_in_word_k_order`), one
+  dot a K tile. Elsewhere (the interpreter, which runs no PTX, ROCm, older NVIDIA GPUs) in fp32
+  (`_tile_weights`: `_signed_nibble`, then * 2**126 * block scale), the even and odd halves of a K tile two
+  dots of depth BK/2 (low nibbles with x's even elements, high with odd). Both decodes are exact, so both
+  give the same bytes (`packed_decode` picks one).
 Split-K (both kernels): SPLIT_K programs per output tile each sum a contiguous range of K tiles into an
 fp32 workspace [SPLIT_K, M, N]; `kernels.split_k.sum_splits` adds the partials in split order and rounds once.
 
@@ -85,17 +87,25 @@ FAULTS = {
 #   0.97 waves; each scheduler issues 0.44 instructions a cycle (3.35 warps active, 0.77 eligible). The sm_90
 #   SASS of its K loop (679 instructions for a thread's 128 weights a tile): the packed decode ~2.6 a weight,
 #   the E8M0 -> bf16 scale operand ~1.1 (the 0 / 255 selects, byte extraction and pairing, for every scale a
-#   thread's layout holds), pairing the 16-bit code loads 0.25, x and the loop ~0.5. Next: scales stored as bf16
-#   and codes in the order the MMA operand layout reads them, prepared once at load.
-# - Above M = 64, compute bound, 128 x 64 (M <= 256) and 128 x 128 tiles, K tile 128 (GROUPS = 4): with the
-#   packed decode 0.41x (M = 128) and 0.33x (M = 1024) bf16 matmul (reports/cuda-h200/w4a16_mxfp4_gemm.md).
+#   thread's layout holds), pairing the 16-bit code loads 0.25, x and the loop ~0.5.
+# - The blocked decode (`_blocked_weights`: whole block rows a thread, one scale a block row, 16-byte code
+#   loads) replaced that operand-layout decode; its sm_90 SASS K loop at 64 x 16 is 279 instructions for a
+#   thread's 64 weights (the operand-layout decode: 758 for 128). Swept on the H200 (this sweep's dot list,
+#   N = K = 8192, CUDA-graph replays with an L2 flush; bf16 matmul 44.5 / 45.7 / 46.8 / 188 us at M = 16 /
+#   64 / 128 / 1024): M = 16 best (64, 16, 4, split 4, 4 warps) 37.6 us = 1.18x bf16 (the previous decode
+#   39.7 us in the report); M = 64 (128, 64, 4, split 4, 8 warps) 52.7 us = 0.87x; M = 128 (128, 128, 4,
+#   split 2, 8 warps) 78.9 us = 0.59x (the previous decode 113 us); M = 1024 (128, 128, 4, split 1, 8 warps)
+#   511 us = 0.37x (538 us). A prototype that read the codes permuted at load time, so that x needs no
+#   permute, with the * 2**126 folded into the scale, reached 27.2 us at M = 16 and 37.5 us at M = 64 (CUDA-
+#   graph replays over 4 weight copies, not the sweep's timing): the next step, a weight layout prepared once
+#   at load.
 # Every row here and every candidate of the sweep compiles for sm_90 (Triton 3.6, no GPU) with no
 # local-memory spills: wgmma for the dot kernel; registers 92-224 (GEMV), 70-255 (dot).
 _GPU_CONFIGS = (
     (1, "gemv", 16, 1, 32, 1, 4, 2),
-    (16, "dot", 128, 16, 4, 8, 4, 3),
-    (64, "dot", 128, 64, 4, 4, 4, 3),
-    (256, "dot", 128, 64, 4, 1, 4, 3),
+    (16, "dot", 64, 16, 4, 4, 4, 3),
+    (64, "dot", 128, 64, 4, 4, 8, 3),
+    (256, "dot", 128, 128, 4, 2, 8, 3),
     (None, "dot", 128, 128, 4, 1, 8, 3),
 )
 # Wide projections (N >= WIDE_N, e.g. Llama-3.1-8B's gate_up, N 28672 x K 4096) at M = 1: GROUPS 16 and 2 warps,
@@ -239,6 +249,76 @@ def _packed_weights(codes, scale):
     low = tl.reshape(tl.join(low_even, low_odd), [codes.shape[0], codes.shape[1], 16])
     high = tl.reshape(tl.join(high_even, high_odd), [codes.shape[0], codes.shape[1], 16])
     return low, high
+
+
+@triton.jit
+def _scale_pairs(scale):
+    """E8M0 bytes -> int32 bf16x2 (2**(s - 127), the same) per byte: `_scale_bf16` in both halves, for the
+    packed decode's scale operand."""
+    bits = tl.where(scale == 0, 0x00400040, scale * 0x00800080)
+    return tl.where(scale == 255, 0x7FC07FC0, bits).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _in_word_k_order(x, BK: tl.constexpr):
+    """x [rows, BK] (K in order) with each 8 columns put in the order of a `_blocked_weights` tile's word:
+    elements 0, 4, 1, 5, 2, 6, 3, 7 (the word's four bf16x2 registers, each a pair of nibbles two bytes apart,
+    in the order `_blocked_weights` joins them), as reshapes and a permute of the loaded tile."""
+    rows: tl.constexpr = x.shape[0]
+    return tl.reshape(tl.permute(tl.reshape(x, [rows, BK // 8, 2, 4]), [0, 1, 3, 2]), [rows, BK])
+
+
+@triton.jit
+def _blocked_weights(
+    codes_ptr,
+    scales_ptr,
+    n,
+    n_mask,
+    tile,
+    codes_row_stride,
+    scales_row_stride,
+    n_blocks,
+    GROUPS: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    FAULT: tl.constexpr,
+):
+    """K tile `tile` of the rows n, decoded exactly to bf16 by the packed decode: [BLOCK_N, GROUPS * 32], columns
+    in `_word_k_order`. codes_ptr holds int32 words (8 codes each, 4 a block and row), so a thread's loads are
+    whole 16-byte block rows and it needs one scale per block and row; rows past N and blocks past K read as
+    code 0 and scale 127."""
+    WORDS: tl.constexpr = GROUPS * 4
+    word = tile * WORDS + tl.arange(0, WORDS)
+    block = tile * GROUPS + tl.arange(0, GROUPS)
+    scale_block = block
+    if FAULT == 1:
+        scale_block = tl.minimum(block + 1, n_blocks - 1)
+    if FAULT == 3:
+        scale_block = block + 1
+    code_offsets = n[:, None] * codes_row_stride + word[None, :]
+    scale_offsets = n[:, None] * scales_row_stride + scale_block[None, :]
+    if EVEN_K:
+        codes = tl.load(codes_ptr + code_offsets, mask=n_mask[:, None], other=0)
+        scale = tl.load(scales_ptr + scale_offsets, mask=n_mask[:, None], other=127)
+    else:
+        codes = tl.load(codes_ptr + code_offsets, mask=n_mask[:, None] & (word // 4 < n_blocks)[None, :], other=0)
+        scale = tl.load(scales_ptr + scale_offsets, mask=n_mask[:, None] & (block < n_blocks)[None, :], other=127)
+    pairs = tl.broadcast_to(_scale_pairs(scale.to(tl.uint32))[:, :, None], [n.shape[0], GROUPS, 4])
+    pairs = tl.reshape(pairs, [n.shape[0], WORDS])
+    lo0, lo1, hi0, hi1 = tl.inline_asm_elementwise(
+        _PACKED_DECODE_ASM,
+        "=r,=r,=r,=r,r,r",
+        [codes, pairs],
+        dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
+        is_pure=True,
+        pack=1,
+    )
+    if FAULT == 2:
+        lo0, lo1, hi0, hi1 = hi0, hi1, lo0, lo1
+    regs = tl.reshape(tl.join(tl.join(lo0, lo1), tl.join(hi0, hi1)), [n.shape[0], WORDS * 4]).to(
+        tl.uint32, bitcast=True
+    )
+    halves = tl.join((regs & 0xFFFF).to(tl.uint16), (regs >> 16).to(tl.uint16))
+    return tl.reshape(halves, [n.shape[0], WORDS * 8]).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit
@@ -512,34 +592,51 @@ def _dot_kernel(
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     first = split * tiles_per_split
     last = tl.minimum(first + tiles_per_split, tl.cdiv(n_blocks, GROUPS))
-    for tile in range(first, last):
-        block = tile * GROUPS + tl.arange(0, GROUPS)
-        low, high = _weight_tile(
-            codes_ptr,
-            scales_ptr,
-            n,
-            n_mask,
-            block,
-            codes_row_stride,
-            scales_row_stride,
-            n_blocks,
-            EVEN_K,
-            FAULT,
-            PACKED,
-        )
-        low = tl.reshape(low, [BLOCK_N, HALF]).to(tl.bfloat16)  # exact: every value is a bf16 value
-        high = tl.reshape(high, [BLOCK_N, HALF]).to(tl.bfloat16)
-        x_offsets = m[None, :] * x_row_stride + (tile * HALF + word)[:, None]  # x^T words [HALF, BLOCK_M]
-        if EVEN_K:
-            words = tl.load(x_ptr + x_offsets)
-        else:
-            in_k = (tile * GROUPS + word // 16) < n_blocks
-            words = tl.load(x_ptr + x_offsets, mask=in_k[:, None], other=0)
-        words = words.to(tl.uint32, bitcast=True)
-        even = (words & 0xFFFF).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-        odd = (words >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-        acc = tl.dot(low, even, acc)
-        acc = tl.dot(high, odd, acc)
+    if PACKED:
+        # x_ptr: bf16 [M, K]; codes_ptr: int32 words; one dot a K tile, x's rows gathered in the tile's K order.
+        BK: tl.constexpr = GROUPS * 32
+        for tile in range(first, last):
+            w = _blocked_weights(
+                codes_ptr, scales_ptr, n, n_mask, tile, codes_row_stride, scales_row_stride, n_blocks, GROUPS,
+                EVEN_K, FAULT,
+            )  # fmt: skip
+            k = tile * BK + tl.arange(0, BK)
+            x_offsets = m[:, None] * x_row_stride + k[None, :]  # [BLOCK_M, BK], read in K order
+            if EVEN_K:
+                x = tl.load(x_ptr + x_offsets)
+            else:
+                x = tl.load(x_ptr + x_offsets, mask=(k < n_blocks * 32)[None, :], other=0.0)
+            acc = tl.dot(w, tl.trans(_in_word_k_order(x, BK)), acc)
+    else:
+        # x_ptr: int32 words (bf16 pairs); the even and odd halves of a K tile are two dots of depth BK / 2.
+        for tile in range(first, last):
+            block = tile * GROUPS + tl.arange(0, GROUPS)
+            low, high = _weight_tile(
+                codes_ptr,
+                scales_ptr,
+                n,
+                n_mask,
+                block,
+                codes_row_stride,
+                scales_row_stride,
+                n_blocks,
+                EVEN_K,
+                FAULT,
+                False,
+            )
+            low = tl.reshape(low, [BLOCK_N, HALF]).to(tl.bfloat16)  # exact: every value is a bf16 value
+            high = tl.reshape(high, [BLOCK_N, HALF]).to(tl.bfloat16)
+            x_offsets = m[None, :] * x_row_stride + (tile * HALF + word)[:, None]  # x^T words [HALF, BLOCK_M]
+            if EVEN_K:
+                words = tl.load(x_ptr + x_offsets)
+            else:
+                in_k = (tile * GROUPS + word // 16) < n_blocks
+                words = tl.load(x_ptr + x_offsets, mask=in_k[:, None], other=0)
+            words = words.to(tl.uint32, bitcast=True)
+            even = (words & 0xFFFF).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+            odd = (words >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+            acc = tl.dot(low, even, acc)
+            acc = tl.dot(high, odd, acc)
     out = out_ptr + split.to(tl.int64) * out_split_stride + m[None, :] * out_row_stride + n[:, None]
     mask = n_mask[:, None] & m_mask[None, :]
     if OUT_FP32:
@@ -617,12 +714,13 @@ def launch(
             **common,
         )
     else:
-        # On sm_90+ the weights are decoded by packed instructions from the codes read as byte pairs.
+        # On sm_90+ the weights are decoded by packed instructions from the codes read as int32 words, and x is
+        # read as bf16 elements in the decoded tile's K order; elsewhere x is read as bf16 pairs.
         packed = packed_decode(x.device)
-        code_units = codes.view(torch.int16) if packed else codes
-        strides = (words.stride(0), code_units.stride(0), scales.stride(0), n, m * n)
+        x_arg, code_units = (x, codes.view(torch.int32)) if packed else (words, codes)
+        strides = (x_arg.stride(0), code_units.stride(0), scales.stride(0), n, m * n)
         _dot_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m), split_k)](
-            words,
+            x_arg,
             code_units,
             scales,
             out,

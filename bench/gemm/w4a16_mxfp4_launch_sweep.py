@@ -61,7 +61,7 @@ GEMV_MODEL = [
 
 def dot_configs(m: int, splits: tuple[int, ...] | None = None) -> list[tuple]:
     block_ms = [b for b in (16, 32, 64, 128) if b <= max(16, m)][-2:]
-    splits = splits or ((1, 2, 4) if m <= 64 else (1,))
+    splits = splits or ((2, 4, 8) if m <= 64 else (1, 2))
     return [("dot", bn, bm, 4, s, w, 3) for bn, bm, s, w in itertools.product((64, 128), block_ms, splits, (4, 8))]
 
 
