@@ -197,9 +197,12 @@ def _dequantize_mxfp4_kernel(
     BLOCKS: tl.constexpr,
     OUTPUT: tl.constexpr,
     CONTIGUOUS: tl.constexpr,
+    PREPARED: tl.constexpr = False,
 ):
     # The output is written as words holding one element pair: OUTPUT 0 bf16 / 1 fp16 pairs in int32
-    # words, 2 fp32 pairs in int64 words; word j of a block is exactly code byte j's two nibbles.
+    # words, 2 fp32 pairs in int64 words; word j of a block is exactly code byte j's two nibbles, or, for codes
+    # in the W4A16 GEMM's prepared layout (PREPARED, `kernels.w4a16_mxfp4_layout`), where code bytes 4t .. 4t + 3
+    # hold elements 8t + (0, 2), (4, 6), (1, 3), (5, 7), pairs of same-nibble values two bytes apart.
     block = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
     in_range = block < n_blocks
     code_offset = block_offsets(block, blocks_per_row, codes_row_stride, 16, CONTIGUOUS)
@@ -212,6 +215,12 @@ def _dequantize_mxfp4_kernel(
     scale_value = scale_value.to(tl.float32, bitcast=True)
     low = _e2m1_bits(packed & 0xF, scale_value, OUTPUT)
     high = _e2m1_bits(packed >> 4, scale_value, OUTPUT)
+    if PREPARED:
+        # [block, word t, byte b // 2, byte b % 2, nibble] -> word 4t + q holds byte (q // 2) and byte (q // 2) + 2
+        # of word t, nibble q % 2 of each.
+        both = tl.join(tl.reshape(low, [BLOCKS, 4, 2, 2]), tl.reshape(high, [BLOCKS, 4, 2, 2]))
+        low, high = tl.split(tl.permute(both, [0, 1, 3, 4, 2]))
+        low, high = tl.reshape(low, [BLOCKS, 16]), tl.reshape(high, [BLOCKS, 16])
     nan_block = (scale == 255)[:, None]
     store_block_words(out_ptr, block, in_range, low, high, nan_block, 16, OUTPUT)
 
@@ -243,7 +252,8 @@ def launch_quantize(x: torch.Tensor, scale_mode: str, fault: str = "none"):
     return codes, scales
 
 
-def launch_dequantize(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype):
+def launch_dequantize(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, prepared: bool = False):
+    """Validate, allocate and launch; `prepared`: the codes are in `kernels.w4a16_mxfp4_layout`'s layout."""
     check_dequantize_args(codes, scales, dtype)
     check_device(codes=codes, scales=scales)
     code_rows, scale_rows, contiguous = packed_rows(codes, scales)
@@ -263,6 +273,7 @@ def launch_dequantize(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
             BLOCKS=blocks,
             OUTPUT=_DTYPE_ID[dtype],
             CONTIGUOUS=contiguous,
+            PREPARED=prepared,
             num_warps=warps,
         )
     return out
@@ -294,6 +305,17 @@ def _(codes, scales, dtype):
     return codes.new_empty(*codes.shape[:-1], codes.shape[-1] * 2, dtype=dtype)
 
 
+@torch.library.custom_op("touchstone::dequantize_mxfp4_prepared", mutates_args=())
+def _dequantize_prepared_op(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return launch_dequantize(codes, scales, dtype, prepared=True)
+
+
+@_dequantize_prepared_op.register_fake
+def _(codes, scales, dtype):
+    check_dequantize_args(codes, scales, dtype)
+    return codes.new_empty(*codes.shape[:-1], codes.shape[-1] * 2, dtype=dtype)
+
+
 def quantize_mxfp4(x: torch.Tensor, *, scale_mode: str = "floor") -> tuple[torch.Tensor, torch.Tensor]:
     """Kernel twin of `reference.quant.mxfp4.quantize_mxfp4` (same arguments, same bytes)."""
     return torch.ops.touchstone.quantize_mxfp4(x, scale_mode)
@@ -302,3 +324,11 @@ def quantize_mxfp4(x: torch.Tensor, *, scale_mode: str = "floor") -> tuple[torch
 def dequantize_mxfp4(codes: torch.Tensor, scales: torch.Tensor, *, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """Kernel twin of `reference.quant.mxfp4.dequantize_mxfp4`."""
     return torch.ops.touchstone.dequantize_mxfp4(codes, scales, dtype)
+
+
+def dequantize_mxfp4_prepared(
+    codes: torch.Tensor, scales: torch.Tensor, *, dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
+    """`dequantize_mxfp4` of codes in the W4A16 GEMM's prepared layout (`kernels.w4a16_mxfp4_layout`): the same
+    values as `dequantize_mxfp4(interchange_codes(codes), scales)`."""
+    return torch.ops.touchstone.dequantize_mxfp4_prepared(codes, scales, dtype)

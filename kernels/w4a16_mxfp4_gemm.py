@@ -385,6 +385,7 @@ def _gemv_kernel(
     EVEN_K: tl.constexpr,
     OUT_FP32: tl.constexpr,
     FAULT: tl.constexpr,
+    PREPARED: tl.constexpr = False,
 ):
     # x_ptr: int32 words (bf16 pairs) [M, K/2]; codes_ptr: int32 view of the codes; program (n tile, m, split).
     # Tiles are [GROUPS, BLOCK_N, 4] (block, row, code word): with the block dim first Triton's default layout
@@ -434,7 +435,7 @@ def _gemv_kernel(
                 EVEN_K,
                 FAULT,
             )
-            acc += _gemv_tile_sum(codes, scale, pairs, spread_mask, GROUPS, FAULT)
+            acc += _gemv_tile_sum(codes, scale, pairs, spread_mask, GROUPS, FAULT, PREPARED)
             codes, scale, pairs = next_codes, next_scale, next_pairs
     else:
         for tile in range(first, last):
@@ -453,7 +454,7 @@ def _gemv_kernel(
                 EVEN_K,
                 FAULT,
             )
-            acc += _gemv_tile_sum(codes, scale, pairs, spread_mask, GROUPS, FAULT)
+            acc += _gemv_tile_sum(codes, scale, pairs, spread_mask, GROUPS, FAULT, PREPARED)
     y = tl.sum(acc, axis=0)
     out = out_ptr + split.to(tl.int64) * out_split_stride + m.to(tl.int64) * out_row_stride + n
     if OUT_FP32:
@@ -502,7 +503,7 @@ def _gemv_tile_loads(
 
 
 @triton.jit
-def _gemv_tile_sum(codes, scale, pairs, spread_mask, GROUPS: tl.constexpr, FAULT: tl.constexpr):
+def _gemv_tile_sum(codes, scale, pairs, spread_mask, GROUPS: tl.constexpr, FAULT: tl.constexpr, PREPARED: tl.constexpr):
     """[GROUPS, BLOCK_N] fp32: each block's dot product with x, scaled (the operands of `_gemv_tile_loads`)."""
     # x * 2**64 meets w * 2**-126: exact products for 2**-77 <= |x| < 2**64 (see the module doc).
     even, odd = _x_halves(pairs)
@@ -516,10 +517,16 @@ def _gemv_tile_sum(codes, scale, pairs, spread_mask, GROUPS: tl.constexpr, FAULT
     # Bytes 0 and 2 of each code word decode from one sign-spread word, bytes 1 and 3 from another (the word
     # shifted down a byte); then one FFMA chain per code word over its 8 elements, 3 adds over a block's words.
     spread02, spread13 = _sign_spread(codes, spread_mask), _sign_spread(codes >> 8, spread_mask)
-    partial = _byte_products(spread02, 22, even0, odd0, tl.zeros_like(even0[:, None, :] * codes), FAULT)
-    partial = _byte_products(spread13, 22, even1, odd1, partial, FAULT)
-    partial = _byte_products(spread02, 6, even2, odd2, partial, FAULT)
-    partial = _byte_products(spread13, 6, even3, odd3, partial, FAULT)
+    # Byte b's nibbles meet x elements (2b, 2b + 1) of the code word's 8; in the prepared layout
+    # (`kernels.w4a16_mxfp4_layout`) bytes 0, 1 hold elements (0, 2), (4, 6) and bytes 2, 3 (1, 3), (5, 7).
+    if PREPARED:
+        lows, highs = (even0, even2, odd0, odd2), (even1, even3, odd1, odd3)
+    else:
+        lows, highs = (even0, even1, even2, even3), (odd0, odd1, odd2, odd3)
+    partial = _byte_products(spread02, 22, lows[0], highs[0], tl.zeros_like(even0[:, None, :] * codes), FAULT)
+    partial = _byte_products(spread13, 22, lows[1], highs[1], partial, FAULT)
+    partial = _byte_products(spread02, 6, lows[2], highs[2], partial, FAULT)
+    partial = _byte_products(spread13, 6, lows[3], highs[3], partial, FAULT)
     block_sum = tl.sum(partial, axis=2) * 4611686018427387904.0  # * 2**62: back to x * w
     return block_sum * _scale_values(scale.to(tl.uint32))
 
@@ -563,6 +570,19 @@ def _byte_products(spread, SHIFT: tl.constexpr, even, odd, acc, FAULT: tl.conste
 
 
 @triton.jit
+def _x_elements(x_ptr, m, x_row_stride, words, upper, in_k, EVEN_K: tl.constexpr):
+    """x^T [len(words), BLOCK_M] bf16: of each int32 word (bf16 pair) `words` of rows m, the upper element where
+    `upper` holds, else the lower; words past K (`in_k` false) read as 0."""
+    offsets = m[None, :] * x_row_stride + words[:, None]
+    if EVEN_K:
+        pairs = tl.load(x_ptr + offsets)
+    else:
+        pairs = tl.load(x_ptr + offsets, mask=in_k[:, None], other=0)
+    pairs = pairs.to(tl.uint32, bitcast=True)
+    return tl.where(upper[:, None], pairs >> 16, pairs & 0xFFFF).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
 def _dot_kernel(
     x_ptr,
     codes_ptr,
@@ -584,6 +604,7 @@ def _dot_kernel(
     OUT_FP32: tl.constexpr,
     FAULT: tl.constexpr,
     PACKED: tl.constexpr = False,
+    PREPARED: tl.constexpr = False,
 ):
     # x_ptr: int32 words (bf16 pairs) [M, K/2]; program (n tile, m tile, split); acc is y^T's tile.
     pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -612,7 +633,9 @@ def _dot_kernel(
                 x = tl.load(x_ptr + x_offsets)
             else:
                 x = tl.load(x_ptr + x_offsets, mask=(k < n_blocks * 32)[None, :], other=0.0)
-            acc = tl.dot(w, tl.trans(_in_word_k_order(x, BK)), acc)
+            if not PREPARED:  # prepared codes decode in K order (`kernels.w4a16_mxfp4_layout`)
+                x = _in_word_k_order(x, BK)
+            acc = tl.dot(w, tl.trans(x), acc)
     else:
         # x_ptr: int32 words (bf16 pairs); the even and odd halves of a K tile are two dots of depth BK / 2.
         for tile in range(first, last):
@@ -632,15 +655,18 @@ def _dot_kernel(
             )
             low = tl.reshape(low, [BLOCK_N, HALF]).to(tl.bfloat16)  # exact: every value is a bf16 value
             high = tl.reshape(high, [BLOCK_N, HALF]).to(tl.bfloat16)
-            x_offsets = m[None, :] * x_row_stride + (tile * HALF + word)[:, None]  # x^T words [HALF, BLOCK_M]
-            if EVEN_K:
-                words = tl.load(x_ptr + x_offsets)
+            in_k = (tile * GROUPS + word // 16) < n_blocks
+            if PREPARED:
+                # Code byte i of a block (word t = i // 4, byte b = i % 4) holds elements 8t + (0, 4, 1, 5)[b] (low
+                # nibble) and 8t + (2, 6, 3, 7)[b] (high): x words 4t + 2 (b % 2) and the next, half b // 2 of each.
+                byte = word % 16
+                first_word = tile * HALF + word - byte % 4 + (byte % 2) * 2
+                upper = (byte % 4) // 2 == 1
+                even = _x_elements(x_ptr, m, x_row_stride, first_word, upper, in_k, EVEN_K)
+                odd = _x_elements(x_ptr, m, x_row_stride, first_word + 1, upper, in_k, EVEN_K)
             else:
-                in_k = (tile * GROUPS + word // 16) < n_blocks
-                words = tl.load(x_ptr + x_offsets, mask=in_k[:, None], other=0)
-            words = words.to(tl.uint32, bitcast=True)
-            even = (words & 0xFFFF).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-            odd = (words >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+                even = _x_elements(x_ptr, m, x_row_stride, tile * HALF + word, word < 0, in_k, EVEN_K)
+                odd = _x_elements(x_ptr, m, x_row_stride, tile * HALF + word, word >= 0, in_k, EVEN_K)
             acc = tl.dot(low, even, acc)
             acc = tl.dot(high, odd, acc)
     out = out_ptr + split.to(tl.int64) * out_split_stride + m[None, :] * out_row_stride + n[:, None]
@@ -668,10 +694,15 @@ def launch_config(m: int, n: int, device: torch.device) -> tuple:
 
 
 def launch(
-    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, config: tuple | None = None, fault: str = "none"
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    config: tuple | None = None,
+    fault: str = "none",
+    prepared: bool = False,
 ) -> torch.Tensor:
     """Validate, allocate and launch. `config` overrides the table (launch sweeps); `fault` plants a named bug
-    (negative controls only)."""
+    (negative controls only); `prepared`: the codes are in `kernels.w4a16_mxfp4_layout`'s layout."""
     check_w4a16_args(x, codes, scales)
     check_device(x=x, codes=codes, scales=scales)
     for name, t in (("x", x), ("codes", codes), ("scales", scales)):
@@ -697,7 +728,12 @@ def launch(
     out = y if split_k == 1 else torch.empty(split_k, m, n, dtype=torch.float32, device=x.device)
     words = x.view(torch.int32)  # [M, K/2] bf16 pairs
     common = dict(
-        EVEN_K=n_blocks % groups == 0, OUT_FP32=split_k > 1, FAULT=FAULTS[fault], num_warps=warps, num_stages=stages
+        EVEN_K=n_blocks % groups == 0,
+        OUT_FP32=split_k > 1,
+        FAULT=FAULTS[fault],
+        PREPARED=prepared,
+        num_warps=warps,
+        num_stages=stages,
     )
     if kind == "gemv":
         code_words = codes.view(torch.int32)
@@ -760,3 +796,20 @@ def _(x, codes, scales):
 def w4a16_mxfp4_gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """Kernel twin of `reference.gemm.w4a16_mxfp4.w4a16_mxfp4_gemm_mirror` (bf16 [M, N])."""
     return torch.ops.touchstone.w4a16_mxfp4_gemm(x, codes, scales)
+
+
+@torch.library.custom_op("touchstone::w4a16_mxfp4_gemm_prepared", mutates_args=())
+def _prepared_op(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return launch(x, codes, scales, prepared=True)
+
+
+@_prepared_op.register_fake
+def _(x, codes, scales):
+    check_w4a16_args(x, codes, scales)
+    return x.new_empty(x.shape[0], codes.shape[0], dtype=torch.bfloat16)
+
+
+def w4a16_mxfp4_gemm_prepared(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """`w4a16_mxfp4_gemm` with the codes in the layout `kernels.w4a16_mxfp4_layout.prepare_codes` makes once at
+    load (the same bytes out: the mirror of `interchange_codes(codes)`)."""
+    return torch.ops.touchstone.w4a16_mxfp4_gemm_prepared(x, codes, scales)

@@ -7,7 +7,9 @@ one to read. Implementations:
 - reference-eager: the mirror reference (dequantize to bf16, fp32 matmul, one rounding): the baseline;
 - reference-compiled: the same under torch.compile (an ungated peer);
 - bf16-matmul: torch.matmul(x, W_bf16^T) on the dequantized weights (cuBLAS; an ungated peer, the speed bar);
-- triton: kernels.w4a16_mxfp4_gemm.
+- triton: kernels.w4a16_mxfp4_gemm, on the interchange codes;
+- triton-prepared: kernels.w4a16_mxfp4_gemm_prepared, on the codes in the layout the runner prepares once at
+  load (kernels.w4a16_mxfp4_layout; prepared before timing).
 Correctness: lossy against the mirror (kernels.tolerances row "w4a16_mxfp4_gemm").
 
 Timing: every impl is timed as a CUDA-graph replay (`cuda_graph=True`; bench.timing.graphed says why: the
@@ -28,7 +30,7 @@ from kernels.tolerances import families
 from reference.gemm.w4a16_mxfp4 import w4a16_mxfp4_gemm_mirror
 from reference.quant.mxfp4 import MX_BLOCK_SIZE, dequantize_mxfp4
 
-FULL_M = (1, 4, 16, 128, 1024)
+FULL_M = (1, 4, 16, 64, 128, 1024)  # the bars: M = 1, 16, 64
 FULL_NK = 8192
 SMALL_M = (1, 4)
 SMALL_NK = 512  # the CPU sweep only exercises the harness (eager mirror ~0.1 s per call there)
@@ -71,6 +73,15 @@ def _with(get_fn: Callable[[], Callable]) -> Callable[[tuple], Callable[[], obje
     return factory
 
 
+def _prepared(args: tuple[torch.Tensor, ...]) -> Callable[[], object]:
+    from kernels.w4a16_mxfp4_gemm import w4a16_mxfp4_gemm_prepared
+    from kernels.w4a16_mxfp4_layout import prepare_codes
+
+    x, codes, scales, _ = args
+    prepared = prepare_codes(codes)
+    return lambda: w4a16_mxfp4_gemm_prepared(x, prepared, scales)
+
+
 def _matmul(args: tuple[torch.Tensor, ...]) -> Callable[[], object]:
     x, _, _, w = args
     return lambda: torch.matmul(x, w.T)
@@ -89,13 +100,14 @@ W4A16 = register(
             Impl("reference-compiled", _with(lambda: compiled(w4a16_mxfp4_gemm_mirror)), gated=False),
             Impl("bf16-matmul", _matmul, gated=False),
             Impl("triton", _with(lambda: kernel("kernels.w4a16_mxfp4_gemm", "w4a16_mxfp4_gemm")), triton_skip),
+            Impl("triton-prepared", _prepared, triton_skip),
         ),
         bytes_model=gemm_bytes,
         flops_model=gemm_flops,
         roof="memcpy",
         baselines=("reference-eager", "reference-compiled"),
         compare_to="bf16-matmul",
-        headline=(("triton", "bf16-matmul"), ("triton", "memcpy")),
+        headline=(("triton-prepared", "bf16-matmul"), ("triton-prepared", "memcpy"), ("triton-prepared", "triton")),
         check=lossy_check(families.W4A16_MXFP4_GEMM),
         cuda_graph=True,
     )

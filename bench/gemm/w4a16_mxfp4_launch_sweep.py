@@ -2,6 +2,10 @@
 of the same run, and weight GB/s against a memcpy of the same run.
 
     python -m bench.gemm.w4a16_mxfp4_launch_sweep [--m 1 4 16 128 1024] [--shapes 8192x8192] [--set full|model]
+        [--prepared]
+
+`--prepared` times the kernels on the codes in the layout the runner prepares at load
+(kernels.w4a16_mxfp4_layout; the op `w4a16_mxfp4_gemm_prepared`), which the table serves too.
 
 `--set model` is the shorter list for a model's projection shapes (e.g. Llama-3.1-8B's, N x K:
 6144x4096,4096x4096,28672x4096,4096x14336), where the grid, not the decode, decides: GEMV and dot candidates
@@ -27,6 +31,7 @@ from bench.gemm.w4a16_mxfp4 import SCALE_RANGE
 from bench.launch_sweep import failed, gpu_args, line, memcpy_gbps, note, parser, time_ms
 from kernels import w4a16_mxfp4_gemm as kernel
 from kernels.tolerances import families, lossy_bound, lossy_metrics
+from kernels.w4a16_mxfp4_layout import prepare_codes
 from reference.gemm.w4a16_mxfp4 import w4a16_mxfp4_gemm_mirror
 from reference.quant.mxfp4 import dequantize_mxfp4
 
@@ -75,12 +80,13 @@ def candidates(m: int, model: bool = False) -> list[tuple]:
     return gemv + dot_configs(m)
 
 
-def sweep_m(x, codes, scales, w, memcpy: float, only: str | None, model: bool) -> None:
+def sweep_m(x, codes, scales, w, memcpy: float, only: str | None, model: bool, prepared: bool = False) -> None:
     m, n = x.shape[0], codes.shape[0]
     shape = f"N={n} K={x.shape[1]} M={m}"
     weight_bytes = codes.numel() + scales.numel()
     bound = lossy_bound(families.W4A16_MXFP4_GEMM, torch.bfloat16)
     want = w4a16_mxfp4_gemm_mirror(x, codes, scales)
+    layout_codes = prepare_codes(codes) if prepared else codes
     matmul = time_ms(lambda: torch.matmul(x, w.T), cuda_graph=True)
     dispatch = time_ms(lambda: kernel.w4a16_mxfp4_gemm(x, codes, scales))
     note(f"{shape} bf16 matmul", f"{shape}: bf16 matmul {matmul * 1e3:.1f} us", time_us=matmul * 1e3)
@@ -95,10 +101,13 @@ def sweep_m(x, codes, scales, w, memcpy: float, only: str | None, model: bool) -
         if only and config[0] != only:
             continue
         try:
-            got = kernel.launch(x, codes, scales, config=config)
+            got = kernel.launch(x, layout_codes, scales, config=config, prepared=prepared)
             metrics = lossy_metrics(got, want, want)
             ok = metrics.max_rel <= bound.max_rel and metrics.rms_rel <= bound.rms_rel
-            ms = time_ms(lambda config=config: kernel.launch(x, codes, scales, config=config), cuda_graph=True)
+            ms = time_ms(
+                lambda config=config: kernel.launch(x, layout_codes, scales, config=config, prepared=prepared),
+                cuda_graph=True,
+            )
         except Exception as err:  # a config that does not compile or fit is a line, not the end of the sweep
             failed(f"{shape} {config}", err)
             continue
@@ -122,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_argument("--shapes", default="8192x8192", help="comma-separated NxK (weight rows x columns)")
     cli.add_argument("--set", choices=("full", "model"), default="full", help="candidate list (see above)")
     cli.add_argument("--only", choices=("gemv", "dot"), help="restrict to one kernel")
+    cli.add_argument("--prepared", action="store_true", help="the codes in the prepared layout")
     args = gpu_args(cli, argv, "w4a16_mxfp4_launch_sweep")
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     memcpy = memcpy_gbps(1 << 30, f"shapes N x K {args.shapes}")
@@ -133,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"N = {n}, K = {k}: weights {(codes.numel() + scales.numel()) / 2**20:.1f} MiB", flush=True)
         for m in args.m:
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda", generator=gen)
-            sweep_m(x, codes, scales, w, memcpy, args.only, args.set == "model")
+            sweep_m(x, codes, scales, w, memcpy, args.only, args.set == "model", args.prepared)
         del codes, scales, w
     return 0
 

@@ -79,6 +79,7 @@ def dequantized_weights(quantized):
     from reference.quant.nvfp4 import dequantize_nvfp4
     from reference.quant.nvfp4_global_scale import DecodeScale
     from runner.model.layers import Linear
+    from runner.model.quant.mxfp4 import interchange_weight
 
     for name, layer in quantized.named_modules():
         if not isinstance(layer, Linear) or not layer.scheme.online:
@@ -89,7 +90,7 @@ def dequantized_weights(quantized):
         elif scheme == "fp8_block":
             deq = dequantize_fp8_blocks(layer.weight_fp8, layer.weight_scale_inv)
         elif scheme == "mxfp4":
-            deq = dequantize_mxfp4(layer.weight_codes, layer.weight_scales, dtype=torch.float32)
+            deq = dequantize_mxfp4(*interchange_weight(layer), dtype=torch.float32)
         else:
             scale = DecodeScale(layer.weight_scale_2)
             deq = dequantize_nvfp4(layer.weight_codes, layer.weight_scales, scale, dtype=torch.float32)

@@ -321,8 +321,9 @@ def test_the_kernel_branch_agrees_with_the_references(monkeypatch, device, schem
         family = families.BLOCK_FP8_GEMM
     else:
         a = zero_pad_columns(x, 32)
-        mirror = w4a16_mxfp4.w4a16_mxfp4_gemm_mirror(a, layer.weight_codes, layer.weight_scales)
-        ideal = w4a16_mxfp4.w4a16_mxfp4_gemm_ideal(a, layer.weight_codes, layer.weight_scales)
+        codes, scales = mxfp4.interchange_weight(layer)  # prepared for the kernels on a GPU tier
+        mirror = w4a16_mxfp4.w4a16_mxfp4_gemm_mirror(a, codes, scales)
+        ideal = w4a16_mxfp4.w4a16_mxfp4_gemm_ideal(a, codes, scales)
         family = families.W4A16_MXFP4_GEMM
     assert_lossy(family, got, mirror, ideal, f"{scheme} layer")
 
@@ -365,3 +366,22 @@ def test_mxfp4_even_mode_equals_amd_quarks_quantizer_on_every_weight_of_the_embe
         assert_exact(ours, theirs, name)
         checked += 1
     assert checked == 4 * config.num_hidden_layers
+
+
+def test_mxfp4_codes_are_stored_prepared_where_the_kernels_run(device):
+    """A bf16 layer on a GPU keeps its codes in the W4A16 GEMM's prepared layout (kernels.w4a16_mxfp4_layout),
+    on the CPU tier in the interchange layout; either way `interchange_weight` gives the quantizer's bytes."""
+    from kernels.w4a16_mxfp4_layout import prepare_codes
+    from runner.model.quant.mxfp4 import interchange_weight
+
+    w = torch.randn(48, 96, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    layer = Linear(96, 48, torch.bfloat16, device, make_scheme("mxfp4", online=True))
+    layer.weight_loader(layer.weight, w.to(device))
+    codes, scales = quantize_mxfp4(w, scale_mode="floor")
+    codes = positive_zeros(codes)
+    on_gpu = device != "cpu"
+    assert layer.codes_prepared is on_gpu
+    assert_exact(layer.weight_codes.cpu(), prepare_codes(codes) if on_gpu else codes, "stored codes")
+    got_codes, got_scales = interchange_weight(layer)
+    assert_exact(got_codes.cpu(), codes, "interchange codes")
+    assert_exact(got_scales.cpu(), scales, "scales")

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from kernels import block_fp8_gemm, fp8_quant, mxfp4, nvfp4, paged_decode, rms_norm, w4a16_mxfp4_gemm
+from kernels.w4a16_mxfp4_layout import prepare_codes
 from reference.quant.fp8 import quantize_fp8 as ref_quantize_fp8
 from reference.quant.fp8 import quantize_fp8_blocks
 from reference.quant.mxfp4 import quantize_mxfp4
@@ -30,6 +31,11 @@ def _x(rows: int, cols: int, seed: int = 0, dtype=torch.bfloat16) -> torch.Tenso
 def _w4a16_inputs(m: int) -> dict[str, torch.Tensor]:
     codes, scales = quantize_mxfp4(_x(19, 96, seed=1), scale_mode="even")
     return {"x": _x(m, 96, seed=2), "codes": codes, "scales": scales}
+
+
+def _w4a16_prepared_inputs(m: int) -> dict[str, torch.Tensor]:
+    inputs = _w4a16_inputs(m)
+    return {**inputs, "codes": prepare_codes(inputs["codes"])}
 
 
 def _nvfp4_quantize(x):
@@ -80,6 +86,12 @@ CASES = {
     "block_fp8_gemm": (functools.partial(block_fp8_gemm.block_fp8_gemm, out_dtype=torch.bfloat16), _block_fp8_inputs),
     "w4a16_mxfp4_gemm (gemv)": (w4a16_mxfp4_gemm.w4a16_mxfp4_gemm, lambda: _w4a16_inputs(1)),
     "w4a16_mxfp4_gemm (dot)": (w4a16_mxfp4_gemm.w4a16_mxfp4_gemm, lambda: _w4a16_inputs(17)),
+    "w4a16_mxfp4_gemm_prepared (gemv)": (w4a16_mxfp4_gemm.w4a16_mxfp4_gemm_prepared, lambda: _w4a16_prepared_inputs(1)),
+    "w4a16_mxfp4_gemm_prepared (dot)": (w4a16_mxfp4_gemm.w4a16_mxfp4_gemm_prepared, lambda: _w4a16_prepared_inputs(17)),
+    "dequantize_mxfp4_prepared": (
+        mxfp4.dequantize_mxfp4_prepared,
+        lambda: {name: t for name, t in _w4a16_prepared_inputs(1).items() if name != "x"},
+    ),
     "rms_norm": (functools.partial(rms_norm.rms_norm, eps=1e-6), lambda: {"x": _x(5, 72), "weight": _x(1, 72)[0]}),
     "paged_decode (FP8 cache)": (
         functools.partial(paged_decode.paged_decode, scale=0.125, num_splits=2),

@@ -5,7 +5,11 @@ and multiplied in the activation dtype: the fake-quantized model of the MX emula
 
 Negative zero: a weight that rounds to zero keeps its sign bit in the E2M1 code (0x8) in some quantizers and
 not in others; AMD Quark's checkpoints hold positive zeros only, and vLLM's online-MXFP4 test normalizes -0
-before comparing. The load normalizes too: no 0x8 nibble is ever stored (it dequantizes to the same value)."""
+before comparing. The load normalizes too: no 0x8 nibble is ever stored (it dequantizes to the same value).
+
+Where apply takes the kernel branch (CUDA, bf16), the codes are stored once, at load, in the W4A16 GEMM's
+prepared layout (`kernels.w4a16_mxfp4_layout`: each word's nibbles reordered so that the packed decode yields
+weights in K order); `interchange_weight` gives them back in the interchange layout."""
 
 from __future__ import annotations
 
@@ -64,24 +68,41 @@ class Mxfp4W4A16(OnlineScheme):
             return super().process_weights_after_loading(layer)
         codes, scales = layer.weight.data, layer.weight_scale.data
         del layer.weight, layer.weight_scale
-        layer.register_buffer("weight_codes", positive_zeros(codes))
-        layer.register_buffer("weight_scales", scales)
+        store_weight(layer, positive_zeros(codes), scales)
 
     def quantize(self, layer, w: torch.Tensor) -> None:
-        codes, scales = quantize_weight(zero_pad_columns(w, MX_BLOCK_SIZE).contiguous(), self.scale_mode)
-        layer.register_buffer("weight_codes", codes)
-        layer.register_buffer("weight_scales", scales)
+        store_weight(layer, *quantize_weight(zero_pad_columns(w, MX_BLOCK_SIZE).contiguous(), self.scale_mode))
 
     def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
         x = zero_pad_columns(x, MX_BLOCK_SIZE)
         if uses_kernels(x):
+            from kernels import mxfp4, w4a16_mxfp4_gemm
+
+            prepared = layer.codes_prepared
             if x.shape[0] >= DEQUANTIZE_FROM_ROWS:
-                from kernels.mxfp4 import dequantize_mxfp4
-
-                return F.linear(x, dequantize_mxfp4(layer.weight_codes, layer.weight_scales, dtype=x.dtype))
-            from kernels.w4a16_mxfp4_gemm import w4a16_mxfp4_gemm
-
-            return w4a16_mxfp4_gemm(x, layer.weight_codes, layer.weight_scales)
+                dequantize = mxfp4.dequantize_mxfp4_prepared if prepared else mxfp4.dequantize_mxfp4
+                return F.linear(x, dequantize(layer.weight_codes, layer.weight_scales, dtype=x.dtype))
+            gemm = w4a16_mxfp4_gemm.w4a16_mxfp4_gemm_prepared if prepared else w4a16_mxfp4_gemm.w4a16_mxfp4_gemm
+            return gemm(x, layer.weight_codes, layer.weight_scales)
         from reference.quant.mxfp4 import dequantize_mxfp4
 
-        return F.linear(x, dequantize_mxfp4(layer.weight_codes, layer.weight_scales, dtype=x.dtype))
+        return F.linear(x, dequantize_mxfp4(*interchange_weight(layer), dtype=x.dtype))
+
+
+def store_weight(layer, codes: torch.Tensor, scales: torch.Tensor) -> None:
+    """The layer's final weight: interchange codes and scales, the codes in the W4A16 GEMM's prepared layout where
+    apply takes the kernel branch (a CUDA layer in bf16: `uses_kernels`)."""
+    from kernels.w4a16_mxfp4_layout import prepare_codes
+
+    layer.codes_prepared = codes.is_cuda and layer.dtype == torch.bfloat16
+    layer.register_buffer("weight_codes", prepare_codes(codes) if layer.codes_prepared else codes)
+    layer.register_buffer("weight_scales", scales)
+
+
+def interchange_weight(layer) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's (codes, scales) in the interchange layout (`reference.quant.mxfp4`'s), whatever it stores."""
+    if not layer.codes_prepared:
+        return layer.weight_codes, layer.weight_scales
+    from kernels.w4a16_mxfp4_layout import interchange_codes
+
+    return interchange_codes(layer.weight_codes), layer.weight_scales
