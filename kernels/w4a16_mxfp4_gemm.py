@@ -95,10 +95,12 @@ FAULTS = {
 #   64 / 128 / 1024): M = 16 best (64, 16, 4, split 4, 4 warps) 37.6 us = 1.18x bf16 (the previous decode
 #   39.7 us in the report); M = 64 (128, 64, 4, split 4, 8 warps) 52.7 us = 0.87x; M = 128 (128, 128, 4,
 #   split 2, 8 warps) 78.9 us = 0.59x (the previous decode 113 us); M = 1024 (128, 128, 4, split 1, 8 warps)
-#   511 us = 0.37x (538 us). A prototype that read the codes permuted at load time, so that x needs no
-#   permute, with the * 2**126 folded into the scale, reached 27.2 us at M = 16 and 37.5 us at M = 64 (CUDA-
-#   graph replays over 4 weight copies, not the sweep's timing): the next step, a weight layout prepared once
-#   at load.
+#   511 us = 0.37x (538 us).
+# - The prepared layout (`w4a16_mxfp4_gemm_prepared`, `--prepared`: x read in K order, no permute), same sweep
+#   and shapes: M = 16 (64, 16, 4, split 4, 4 warps) 33.0 us = 1.35x bf16; M = 64 (128, 64, 4, split 4, 8 warps)
+#   43.3 us = 1.08x; M = 128 (64, 128, 4, split 2, 4 warps) 52.9 us = 0.88x (the table's M <= 256 row stays the
+#   interchange layout's best: the runner dequantizes from 128 rows). Llama-3.1-8B's projections with the table:
+#   M = 8 1.21-1.30x bf16 (the best per shape 1.26-1.37x), M = 32 1.13-1.19x (1.19-1.31x).
 # - Llama-3.1-8B's projections (`--shapes 4096x14336,28672x4096,6144x4096 --m 8 32 --only dot`): at M = 8 the
 #   M <= 16 row is within 2 us of the best (1.13-1.16x bf16); at M = 32 BLOCK_M 32, 64 x 32 tiles and 4 warps
 #   win on all three (1.01-1.06x bf16; best split 8, 2 and 4 by shape, split 4 in the table). With the
