@@ -128,7 +128,7 @@ def fp8_tiles(first: Tiles, second: Tiles) -> tuple[Tiles, Tiles]:
 MX_GPU_TILES = (
     (0.5, (64, 256, 4, 3), (64, 512, 4, 2)),
     (32, (64, 128, 4, 3), (64, 128, 4, 3)),
-    (None, (64, 128, 8, 3), (256, 64, 8, 3)),
+    (None, (64, 128, 4, 3), (256, 64, 8, 3)),
 )
 
 
@@ -182,25 +182,25 @@ def _mx_k_loop(
                     w_base, ws_base, up_n, cmask, tile, stride_wn, stride_wsn, n_blocks, GROUPS, EVEN_K, mx_fault
                 )
                 acc_up_t = tl.dot(w, xt, acc_up_t)
-    else:
-        for tile in range(0, tl.cdiv(K, BK)):
-            block = tile * GROUPS + tl.arange(0, GROUPS)
-            x_offsets = a_rows[None, :] * stride_am + (tile * HALF + word)[:, None]  # x^T words [HALF, BM]
-            in_k = (tile * HALF + word) < K // 2
-            words = tl.load(a_ptr + x_offsets, mask=in_k[:, None] & valid[None, :], other=0).to(tl.uint32, bitcast=True)
-            even = (words & 0xFFFF).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-            odd = (words >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        return tl.trans(acc_t), tl.trans(acc_up_t)
+    for tile in range(0, tl.cdiv(K, BK)):
+        block = tile * GROUPS + tl.arange(0, GROUPS)
+        x_offsets = a_rows[None, :] * stride_am + (tile * HALF + word)[:, None]  # x^T words [HALF, BM]
+        in_k = (tile * HALF + word) < K // 2
+        words = tl.load(a_ptr + x_offsets, mask=in_k[:, None] & valid[None, :], other=0).to(tl.uint32, bitcast=True)
+        even = (words & 0xFFFF).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        odd = (words >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        low, high = _weight_tile(
+            w_base, ws_base, gate_n, cmask, block, stride_wn, stride_wsn, n_blocks, EVEN_K, mx_fault
+        )
+        acc_t = tl.dot(tl.reshape(low, [BN, HALF]).to(tl.bfloat16), even, acc_t)  # exact: bf16 values
+        acc_t = tl.dot(tl.reshape(high, [BN, HALF]).to(tl.bfloat16), odd, acc_t)
+        if ACT != 0:
             low, high = _weight_tile(
-                w_base, ws_base, gate_n, cmask, block, stride_wn, stride_wsn, n_blocks, EVEN_K, mx_fault
+                w_base, ws_base, up_n, cmask, block, stride_wn, stride_wsn, n_blocks, EVEN_K, mx_fault
             )
-            acc_t = tl.dot(tl.reshape(low, [BN, HALF]).to(tl.bfloat16), even, acc_t)  # exact: bf16 values
-            acc_t = tl.dot(tl.reshape(high, [BN, HALF]).to(tl.bfloat16), odd, acc_t)
-            if ACT != 0:
-                low, high = _weight_tile(
-                    w_base, ws_base, up_n, cmask, block, stride_wn, stride_wsn, n_blocks, EVEN_K, mx_fault
-                )
-                acc_up_t = tl.dot(tl.reshape(low, [BN, HALF]).to(tl.bfloat16), even, acc_up_t)
-                acc_up_t = tl.dot(tl.reshape(high, [BN, HALF]).to(tl.bfloat16), odd, acc_up_t)
+            acc_up_t = tl.dot(tl.reshape(low, [BN, HALF]).to(tl.bfloat16), even, acc_up_t)
+            acc_up_t = tl.dot(tl.reshape(high, [BN, HALF]).to(tl.bfloat16), odd, acc_up_t)
     return tl.trans(acc_t), tl.trans(acc_up_t)
 
 
