@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from kernels._boundary import runs_interpreted
-from kernels.w4a16_mxfp4_gemm import _blocked_weights, _in_word_k_order, _weight_tile, packed_decode
+from kernels.w4a16_mxfp4_gemm import _weight_tile, packed_decode
 
 ACTIVATIONS = {"none": 0, "silu": 1, "swiglu_oai": 2}
 ALPHA, LIMIT = 1.702, 7.0  # gpt-oss's clamped SwiGLU (reference.moe.experts)
@@ -150,13 +150,12 @@ def _mx_k_loop(
     ACT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
     FAULT: tl.constexpr, PACKED: tl.constexpr,
 ):  # fmt: skip
-    """MXFP4's K loop: (gate, up) accumulators [BM, BN]. `kernels.w4a16_mxfp4_gemm`'s dot path, the products
-    computed transposed, W tile @ x^T, so BN is the MMA's M and a decode block of 16 rows costs no more MMA rows
-    than BN. PACKED (sm_90+): weight tiles [BN, BK] decoded by its `_blocked_weights` (codes read as int32 words:
-    w_base and stride_wn in words), the input read as bf16 rows and permuted to the tile's K order, one dot a K
-    tile. Otherwise `_tile_weights` (16 code bytes and one scale a row and 32-block) and the input read as int32
-    words of bf16 pairs (a_ptr, stride_am in words), whose even elements meet the codes' low nibbles and odd ones
-    the high nibbles, two dots a K tile."""
+    """MXFP4's K loop: (gate, up) accumulators [BM, BN]. `kernels.w4a16_mxfp4_gemm`'s dot path: the input read
+    as int32 words of bf16 pairs (a_ptr, stride_am in words), whose even elements meet the codes' low nibbles and
+    odd ones the high nibbles; weight tiles [BN, BK / 2] decoded exactly to bf16 by its `_packed_weights` on
+    sm_90+ (the codes read as byte pairs: w_base and stride_wn in pairs) or `_tile_weights` (16 code bytes and one
+    scale a row and 32-block, contiguous loads); the products computed transposed, W tile @ x^T, so BN is the
+    MMA's M and a decode block of 16 rows costs no more MMA rows than BN."""
     HALF: tl.constexpr = BK // 2  # words (element pairs) per K tile
     GROUPS: tl.constexpr = BK // 32  # MX blocks per K tile
     word = tl.arange(0, HALF)
@@ -166,23 +165,6 @@ def _mx_k_loop(
     mx_fault = MX_FAULT_C if FAULT == 4 else 0
     acc_t = tl.zeros([BN, BM], tl.float32)
     acc_up_t = tl.zeros([BN, BM], tl.float32)
-    if PACKED:
-        # a_ptr: bf16 rows (stride_am in elements); w_base: int32 code words (stride_wn in words).
-        for tile in range(0, tl.cdiv(K, BK)):
-            k = tile * BK + tl.arange(0, BK)
-            in_k = valid[:, None] & (k < K)[None, :]
-            x = tl.load(a_ptr + a_rows[:, None] * stride_am + k[None, :], mask=in_k, other=0.0)
-            xt = tl.trans(_in_word_k_order(x, BK))
-            w = _blocked_weights(
-                w_base, ws_base, gate_n, cmask, tile, stride_wn, stride_wsn, n_blocks, GROUPS, EVEN_K, mx_fault
-            )
-            acc_t = tl.dot(w, xt, acc_t)
-            if ACT != 0:
-                w = _blocked_weights(
-                    w_base, ws_base, up_n, cmask, tile, stride_wn, stride_wsn, n_blocks, GROUPS, EVEN_K, mx_fault
-                )
-                acc_up_t = tl.dot(w, xt, acc_up_t)
-        return tl.trans(acc_t), tl.trans(acc_up_t)
     for tile in range(0, tl.cdiv(K, BK)):
         block = tile * GROUPS + tl.arange(0, GROUPS)
         x_offsets = a_rows[None, :] * stride_am + (tile * HALF + word)[:, None]  # x^T words [HALF, BM]
@@ -191,13 +173,13 @@ def _mx_k_loop(
         even = (words & 0xFFFF).to(tl.uint16).to(tl.bfloat16, bitcast=True)
         odd = (words >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
         low, high = _weight_tile(
-            w_base, ws_base, gate_n, cmask, block, stride_wn, stride_wsn, n_blocks, EVEN_K, mx_fault
+            w_base, ws_base, gate_n, cmask, block, stride_wn, stride_wsn, n_blocks, EVEN_K, mx_fault, PACKED
         )
         acc_t = tl.dot(tl.reshape(low, [BN, HALF]).to(tl.bfloat16), even, acc_t)  # exact: bf16 values
         acc_t = tl.dot(tl.reshape(high, [BN, HALF]).to(tl.bfloat16), odd, acc_t)
         if ACT != 0:
             low, high = _weight_tile(
-                w_base, ws_base, up_n, cmask, block, stride_wn, stride_wsn, n_blocks, EVEN_K, mx_fault
+                w_base, ws_base, up_n, cmask, block, stride_wn, stride_wsn, n_blocks, EVEN_K, mx_fault, PACKED
             )
             acc_up_t = tl.dot(tl.reshape(low, [BN, HALF]).to(tl.bfloat16), even, acc_up_t)
             acc_up_t = tl.dot(tl.reshape(high, [BN, HALF]).to(tl.bfloat16), odd, acc_up_t)
@@ -322,13 +304,12 @@ def launch_moe_gemm(
     if not expert_ids.numel() or not n:
         return out
     grid = (expert_ids.numel() * triton.cdiv(n, bn),)
-    # MX on sm_90+: the codes are read as int32 words by the packed decode (strides in words; K / 2 is a multiple
-    # of 4) and the input as bf16 rows, except for a handful of (token, expert) assignments, where each program has
-    # one row and the fp32 decode's shorter dependency chain wins (both give the same bytes); the fp32 decode reads
-    # the input as int32 words of bf16 pairs.
+    a_arg, stride_am = (a.view(torch.int32), a.stride(0) // 2) if mx else (a, a.stride(0))  # MX: bf16 pairs
+    # MX on sm_90+: the codes are read as byte pairs by the packed decode (strides in pairs; K / 2 is even),
+    # except for a handful of (token, expert) assignments, where each program has one row and the fp32 decode's
+    # shorter dependency chain wins (both give the same bytes).
     packed = mx and packed_decode(a.device) and n_assign > FP32_DECODE_MAX_ASSIGNMENTS
-    a_arg, stride_am = (a.view(torch.int32), a.stride(0) // 2) if mx and not packed else (a, a.stride(0))
-    w_arg = w.view(torch.int32) if packed else w
+    w_arg = w.view(torch.int16) if packed else w
     _moe_gemm_kernel[grid](
         a_arg, w_arg, bias if bias is not None else w, out, sorted_ids, expert_ids, post, weights,
         n_assign, n, k, a_div, w.shape[0], stride_am, w_arg.stride(0), w_arg.stride(1),

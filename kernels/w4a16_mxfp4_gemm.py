@@ -75,8 +75,7 @@ FAULTS = {
 # - M = 4 and 16: dot (64, 16, 4, split 4) 46.3 us at M = 4 (GEMV 54-56 us); the bench ran this row at 0.96x
 #   and 0.95x bf16 matmul (reports/cuda-h200/w4a16_mxfp4_gemm.md, before the packed decode). Re-swept at M = 16
 #   (4516f71, 12 dot candidates, reports/cuda-h200/launch_sweeps/w4a16_mxfp4_launch_sweep.csv): still the best.
-# - With the packed decode (the same PTX, then on the MMA operand layout, since replaced), swept again (H200,
-#   triton.testing.do_bench_cudagraph without an
+# - With the packed decode (`_packed_weights`), swept again (H200, triton.testing.do_bench_cudagraph without an
 #   L2 flush, so the 34 MiB of MXFP4 weights may sit in the 50 MiB L2: read its figures against each other, not
 #   against bf16; 24 candidates at BLOCK_M 16 and 12 at 64: BLOCK_N 64/128, GROUPS 4/8, split-K 1..16, 4/8
 #   warps, 3/4 stages): M = 16 best (128, 16, 4, split 8)
@@ -195,14 +194,14 @@ def _tile_weights(codes, scale):
     return low, high
 
 
-# PTX of the packed decode (`_blocked_weights`). In: one code word (bytes b0 b1 b2 b3; byte i holds a weight in
-# each nibble) and one bf16x2 register holding its block's scale twice. Out: four bf16x2 registers, each the
-# same nibble of two bytes: (b0, b2) low nibbles, (b1, b3) low, (b0, b2) high, (b1, b3) high. Nibbles j and
-# j + 4 of the word are such a pair. `spread` (one shift, one LOP3 select) keeps the magnitudes of nibbles 0, 1,
-# 4, 5 in place and moves their signs 6 bits up; then one shift and one mask leave a pair as bf16 E2M1 value *
-# 2**-126 (magnitude at bits 8:6, sign at 15, as `_signed_nibble` does in fp32), and two bf16x2 multiplies
-# (* 2**126, * scale) make the weights, both exact. 22 instructions per 8 weights (the fp32 decode of
-# `_tile_weights` and its conversion: ~70).
+# PTX of `_packed_weights`. In: one register of two 16-bit code elements (bytes b0 b1 of element 0, b2 b3 of
+# element 1; byte i holds a weight in each nibble) and one bf16x2 register of their blocks' scales. Out: four
+# bf16x2 registers, each the same nibble of both elements: (b0, b2) low nibbles, (b1, b3) low, (b0, b2) high,
+# (b1, b3) high. Nibbles j and j + 4 of the register are such a pair. `spread` (one shift, one LOP3 select)
+# keeps the magnitudes of nibbles 0, 1, 4, 5 in place and moves their signs 6 bits up; then one shift and one
+# mask leave a pair as bf16 E2M1 value * 2**-126 (magnitude at bits 8:6, sign at 15, as `_signed_nibble`
+# does in fp32), and two bf16x2 multiplies (* 2**126, * scale) make the weights, both exact. 22
+# instructions per 8 weights (the fp32 decode of `_tile_weights` and its conversion: ~70).
 _PACKED_DECODE_ASM = tl.constexpr(
     """
 {
@@ -239,6 +238,25 @@ def _scale_bf16(scale):
     """E8M0 bytes (uint16) -> bf16 2**(s - 127): byte 0 is the subnormal 2**-127 (0x0040), 0xFF is NaN."""
     bits = tl.where(scale == 0, 0x0040, scale << 7)
     return tl.where(scale == 255, 0x7FC0, bits).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _packed_weights(codes, scale):
+    """`_tile_weights` as bf16, decoded by packed integer and bf16x2 instructions (`_PACKED_DECODE_ASM`; NVIDIA
+    sm_90+ only, the interpreter runs no PTX) from the codes read as 16-bit elements (byte pairs [BLOCK_N,
+    GROUPS, 8]): (low, high) bf16 [BLOCK_N, GROUPS, 16], the same values."""
+    scale = tl.broadcast_to(_scale_bf16(scale.to(tl.uint16))[:, :, None], codes.shape)
+    low_even, low_odd, high_even, high_odd = tl.inline_asm_elementwise(
+        _PACKED_DECODE_ASM,
+        "=r,=r,=r,=r,r,r",
+        [codes, scale],
+        dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16),
+        is_pure=True,
+        pack=2,
+    )
+    low = tl.reshape(tl.join(low_even, low_odd), [codes.shape[0], codes.shape[1], 16])
+    high = tl.reshape(tl.join(high_even, high_odd), [codes.shape[0], codes.shape[1], 16])
+    return low, high
 
 
 @triton.jit
@@ -323,13 +341,19 @@ def _weight_tile(
     n_blocks,
     EVEN_K: tl.constexpr,
     FAULT: tl.constexpr,
+    PACKED: tl.constexpr,
 ):
-    """One tile's (low, high) weights, exact, by the fp32 decode `_tile_weights` (codes_ptr in bytes, 16 a block
-    and row): the dot path where the packed decode does not run (`packed_decode`)."""
+    """One tile's (low, high) weights, exact: `_packed_weights` (codes_ptr in byte pairs, 8 a block and row) when
+    PACKED, else `_tile_weights` (codes_ptr in bytes, 16 a block and row); `packed_decode` says which a device
+    runs."""
+    UNITS: tl.constexpr = 8 if PACKED else 16
     codes, scale = _tile_loads(
-        codes_ptr, scales_ptr, n, n_mask, block, codes_row_stride, scales_row_stride, n_blocks, 16, EVEN_K, FAULT
+        codes_ptr, scales_ptr, n, n_mask, block, codes_row_stride, scales_row_stride, n_blocks, UNITS, EVEN_K, FAULT
     )
-    low, high = _tile_weights(codes, scale)
+    if PACKED:
+        low, high = _packed_weights(codes, scale)
+    else:
+        low, high = _tile_weights(codes, scale)
     if FAULT == 2:
         low, high = high, low
     return low, high
@@ -629,6 +653,7 @@ def _dot_kernel(
                 n_blocks,
                 EVEN_K,
                 FAULT,
+                False,
             )
             low = tl.reshape(low, [BLOCK_N, HALF]).to(tl.bfloat16)  # exact: every value is a bf16 value
             high = tl.reshape(high, [BLOCK_N, HALF]).to(tl.bfloat16)
@@ -655,7 +680,7 @@ def _dot_kernel(
 
 
 def packed_decode(device: torch.device) -> bool:
-    """Whether MXFP4 weight tiles are decoded by the packed PTX (`_blocked_weights`: NVIDIA sm_90 and later) or
+    """Whether MXFP4 weight tiles are decoded by the packed PTX (`_packed_weights`: NVIDIA sm_90 and later) or
     in fp32 (`_tile_weights`: the interpreter, which runs no PTX, ROCm and older NVIDIA GPUs). Both give the
     same bytes."""
     return packed_ptx(device)
