@@ -300,7 +300,7 @@ def _dequantize_op(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype
 
 
 @_dequantize_op.register_fake
-def _(codes, scales, dtype):
+def _dequantize_fake(codes, scales, dtype):
     check_dequantize_args(codes, scales, dtype)
     return codes.new_empty(*codes.shape[:-1], codes.shape[-1] * 2, dtype=dtype)
 
@@ -310,10 +310,7 @@ def _dequantize_prepared_op(codes: torch.Tensor, scales: torch.Tensor, dtype: to
     return launch_dequantize(codes, scales, dtype, prepared=True)
 
 
-@_dequantize_prepared_op.register_fake
-def _(codes, scales, dtype):
-    check_dequantize_args(codes, scales, dtype)
-    return codes.new_empty(*codes.shape[:-1], codes.shape[-1] * 2, dtype=dtype)
+_dequantize_prepared_op.register_fake(_dequantize_fake)
 
 
 def quantize_mxfp4(x: torch.Tensor, *, scale_mode: str = "floor") -> tuple[torch.Tensor, torch.Tensor]:

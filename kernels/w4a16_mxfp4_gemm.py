@@ -642,19 +642,8 @@ def _dot_kernel(
         # x_ptr: int32 words (bf16 pairs); the even and odd halves of a K tile are two dots of depth BK / 2.
         for tile in range(first, last):
             block = tile * GROUPS + tl.arange(0, GROUPS)
-            low, high = _weight_tile(
-                codes_ptr,
-                scales_ptr,
-                n,
-                n_mask,
-                block,
-                codes_row_stride,
-                scales_row_stride,
-                n_blocks,
-                EVEN_K,
-                FAULT,
-                False,
-            )
+            strides = (codes_row_stride, scales_row_stride)
+            low, high = _weight_tile(codes_ptr, scales_ptr, n, n_mask, block, *strides, n_blocks, EVEN_K, FAULT, False)
             low = tl.reshape(low, [BLOCK_N, HALF]).to(tl.bfloat16)  # exact: every value is a bf16 value
             high = tl.reshape(high, [BLOCK_N, HALF]).to(tl.bfloat16)
             in_k = (tile * GROUPS + word // 16) < n_blocks
@@ -790,7 +779,7 @@ def _gemm_op(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torc
 
 
 @_gemm_op.register_fake
-def _(x, codes, scales):
+def _gemm_fake(x, codes, scales):
     check_w4a16_args(x, codes, scales)
     return x.new_empty(x.shape[0], codes.shape[0], dtype=torch.bfloat16)
 
@@ -805,10 +794,7 @@ def _prepared_op(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> 
     return launch(x, codes, scales, prepared=True)
 
 
-@_prepared_op.register_fake
-def _(x, codes, scales):
-    check_w4a16_args(x, codes, scales)
-    return x.new_empty(x.shape[0], codes.shape[0], dtype=torch.bfloat16)
+_prepared_op.register_fake(_gemm_fake)
 
 
 def w4a16_mxfp4_gemm_prepared(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
