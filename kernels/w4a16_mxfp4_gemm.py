@@ -1,7 +1,9 @@
 """W4A16 MXFP4 GEMM in Triton: y = x @ W^T, x bf16 [M, K], W as MXFP4 codes [N, K/2] + E8M0 scales [N, K/32].
 
 Op: `touchstone::w4a16_mxfp4_gemm(x, codes, scales) -> y` (bf16 [M, N]); call it through
-`w4a16_mxfp4_gemm` below, which has the reference's signature (`reference.gemm.w4a16_mxfp4`).
+`w4a16_mxfp4_gemm` below, which has the reference's signature (`reference.gemm.w4a16_mxfp4`). Its twin
+`touchstone::w4a16_mxfp4_gemm_prepared` reads the codes in the layout `kernels.w4a16_mxfp4_layout` prepares
+once at load (PREPARED: each word's nibbles in the order the packed decode yields, so x is read as it is).
 
 Both kernels dequantize W inside the K loop and never write it out. They compute what the mirror reference
 computes (exact products of bf16 x and exact weights, fp32 sums, one bf16 rounding) in their own order:
@@ -608,7 +610,8 @@ def _dot_kernel(
     PACKED: tl.constexpr = False,
     PREPARED: tl.constexpr = False,
 ):
-    # x_ptr: int32 words (bf16 pairs) [M, K/2]; program (n tile, m tile, split); acc is y^T's tile.
+    # x_ptr: bf16 [M, K] (PACKED) or int32 words of bf16 pairs [M, K/2]; program (n tile, m tile, split); acc is
+    # y^T's tile.
     pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < N
@@ -622,7 +625,8 @@ def _dot_kernel(
     first = split * tiles_per_split
     last = tl.minimum(first + tiles_per_split, tl.cdiv(n_blocks, GROUPS))
     if PACKED:
-        # x_ptr: bf16 [M, K]; codes_ptr: int32 words; one dot a K tile, x's rows gathered in the tile's K order.
+        # x_ptr: bf16 [M, K], read in K order (and permuted to the decoded tile's order unless PREPARED);
+        # codes_ptr: int32 words; one dot a K tile.
         BK: tl.constexpr = GROUPS * 32
         for tile in range(first, last):
             w = _blocked_weights(
