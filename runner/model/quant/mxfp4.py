@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from reference.formats.nibbles import pack_nibbles, unpack_nibbles
 from reference.quant.mxfp4 import MX_BLOCK_SIZE
 from runner.model.quant.online import OnlineScheme, zero_pad_columns
-from runner.model.quant.scheme import uses_kernels
+from runner.model.quant.scheme import kernels_run_on, uses_kernels
 
 # From this many rows (tokens) on, the weights are dequantized to bf16 by the dequantize kernel and multiplied
 # by cuBLAS instead of dequantized inside the W4A16 GEMM: on the H200 (CUDA-graph replays, Llama-3.1-8B's
@@ -91,10 +91,10 @@ class Mxfp4W4A16(OnlineScheme):
 
 def store_weight(layer, codes: torch.Tensor, scales: torch.Tensor) -> None:
     """The layer's final weight: interchange codes and scales, the codes in the W4A16 GEMM's prepared layout where
-    apply takes the kernel branch (a CUDA layer in bf16: `uses_kernels`)."""
+    apply takes the kernel branch (`kernels_run_on` the layer's device and dtype)."""
     from kernels.w4a16_mxfp4_layout import prepare_codes
 
-    layer.codes_prepared = codes.is_cuda and layer.dtype == torch.bfloat16
+    layer.codes_prepared = kernels_run_on(codes.device, layer.dtype)
     layer.register_buffer("weight_codes", prepare_codes(codes) if layer.codes_prepared else codes)
     layer.register_buffer("weight_scales", scales)
 

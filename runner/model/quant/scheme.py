@@ -38,4 +38,9 @@ class LinearScheme:
 
 def uses_kernels(x: torch.Tensor) -> bool:
     """The Triton GEMMs run on CUDA in bf16; elsewhere (the CPU tier, fp32) the references do."""
-    return x.is_cuda and x.dtype == torch.bfloat16
+    return kernels_run_on(x.device, x.dtype)
+
+
+def kernels_run_on(device: torch.device, dtype: torch.dtype) -> bool:
+    """`uses_kernels` for activations of `dtype` on `device`, before any exist (a layer's weights at load)."""
+    return device.type == "cuda" and dtype == torch.bfloat16
