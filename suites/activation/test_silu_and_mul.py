@@ -20,11 +20,13 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @st.composite
-def problems(draw):
+def problems(draw, inter=None, dtypes=DTYPES):
+    """`inter` and `dtypes` narrow the draw where a form needs it (the FP8 form: whole 128-wide groups, 16-bit
+    inputs), drawn directly rather than filtered."""
     return dict(
-        inter=draw(st.one_of(st.sampled_from([128, 256, 1152, 1408]), st.integers(1, 300))),
+        inter=draw(inter or st.one_of(st.sampled_from([128, 256, 1152, 1408]), st.integers(1, 300))),
         lead=draw(st.lists(st.integers(1, 3), max_size=2)),
-        dtype=draw(st.sampled_from(DTYPES)),
+        dtype=draw(st.sampled_from(dtypes)),
         scale=draw(st.sampled_from([2.0**-8, 0.25, 1.0, 4.0, 16.0])),
         seed=draw(st.integers(0, 2**31 - 1)),
     )
@@ -46,7 +48,7 @@ def test_matches_reference(p, device):
     check(make_x(p), device)
 
 
-@given(p=problems().filter(lambda p: p["inter"] % 128 == 0 and p["dtype"] != torch.float32))
+@given(p=problems(inter=st.integers(1, 11).map(lambda groups: 128 * groups), dtypes=DTYPES[:2]))
 def test_fp8_form_is_the_quantized_unfused_output(p, device):
     """codes and scales == reference quantize_fp8 (group 128) of the unfused kernel's output, bit for bit."""
     x = make_x(p).to(device)
