@@ -6,9 +6,10 @@ out [T, H]`; call it through `fused_moe` below, which has `reference.moe.experts
 signature and conventions (w13 [E, 2I, H] gate rows then up rows, or interleaved for "swiglu_oai"; w2 [E, H, I];
 expert ids global, `expert_map` to local experts or -1).
 
-Launches: `kernels.moe_align` (4), `kernels.moe_gemm` twice, and the combine: the k per-assignment rows of a
-token, each rounded to the activation dtype by the second GEMM, summed in fp32 and rounded once (torch's
-reduction: a sum of k <= 8 values). The per-assignment workspace starts zeroed, so an assignment the
+Launches: `kernels.moe_align` (1 at decode, 5 beyond its chunk), `kernels.moe_gemm` twice, and the combine:
+the k per-assignment rows of a token, each rounded to the activation dtype by the second GEMM, summed in fp32
+and rounded once (torch's sum over k <= 8 rows of bf16/fp16, which accumulates in fp32 and rounds once: one
+launch, where a fp32 sum and a cast took two). The per-assignment workspace starts zeroed, so an assignment the
 alignment dropped (an expert id outside [0, E), which only a caller's bug makes) adds nothing.
 `run_layer` is that sequence on validated arguments; the quantized layers (`kernels.block_fp8_moe`,
 `kernels.mxfp4_moe`) run it with the grouped GEMM in their mode.
@@ -82,7 +83,7 @@ def run_layer(
         a, w2, w2_bias, per_slot, sorted_ids, expert_ids, post, weights, 1, "none", True, second, gemm_fault,
         a_scales, w2_scales, mx,
     )  # fmt: skip
-    return per_slot.view(tokens, top_k, hidden).sum(dim=1, dtype=torch.float32).to(x.dtype)
+    return per_slot.view(tokens, top_k, hidden).sum(dim=1)  # fp32 accumulation, one rounding: one launch
 
 
 @torch.library.custom_op("touchstone::fused_moe", mutates_args=())

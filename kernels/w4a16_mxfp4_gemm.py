@@ -73,7 +73,12 @@ FAULTS = {
 #   doc). The sweep is flat across occupancy, so latency alone does not explain it; the per-tile shared-memory
 #   round trip of x and its barriers are the likely limit (not measured). Through torch.ops without a CUDA
 #   graph the M = 1 call takes 52.5 us: host dispatch dominates, which is why bench/gemm/w4a16_mxfp4.py times
-#   graph replays.
+#   graph replays. Measured since: sm_90 SASS of the prefetching K loop at 16 x 32 / 4 warps has 18 barriers a
+#   tile (x's pairs cross warps through shared memory to reach the threads that hold its block). A variant that
+#   loads x per thread in the broadcast layout (4 scalar loads of a block's pairs per byte position; 2 barriers a
+#   tile, 5.2 instructions a weight) was slower on the H200 at every shape and config tried (12 configs; N = K =
+#   8192: 28.7 us at best against 20.4 us; Llama-3.1-8B's projections 1.3-1.9x slower), so the exchange through
+#   shared memory is not what holds the GEMV at 0.41x memcpy.
 # - M = 4 and 16: dot (64, 16, 4, split 4) 46.3 us at M = 4 (GEMV 54-56 us); the bench ran this row at 0.96x
 #   and 0.95x bf16 matmul (reports/cuda-h200/w4a16_mxfp4_gemm.md, before the packed decode). Re-swept at M = 16
 #   (4516f71, 12 dot candidates, reports/cuda-h200/launch_sweeps/w4a16_mxfp4_launch_sweep.csv): still the best.

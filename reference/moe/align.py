@@ -10,8 +10,11 @@ Output (`Alignment`), for `block_size` rows a GEMM program takes:
   expert parallelism (-1: the expert lives on another rank, and the kernel writes zeros for the block's rows,
   so the ranks' partial outputs sum to the whole). Blocks past the used ones are -1.
 - `num_tokens_post_padded` int32 [1]: the rows of used blocks (sum of the padded runs).
-capacity = T * k + E * (block_size - 1), rounded up to a multiple of block_size: the most any routing needs,
-so a kernel can size its buffers without a host sync.
+capacity = T * k + min(E, T * k) * (block_size - 1), rounded up to a multiple of block_size: the most any routing
+needs (at most min(E, T * k) experts are chosen, and each run wastes at most block_size - 1 rows), so a kernel
+can size its buffers and grid without a host sync. vLLM's bound is T * k + E * (block_size - 1), capped at
+T * k * block_size when T * k < E; this one is never larger, and at decode it keeps a grouped GEMM's grid from
+being mostly programs with no rows (DeepSeek-V3 at 1 token, E 256, top 8, blocks of 16: 8 blocks, not 241).
 A token's row of the GEMM input is f // k (its hidden state), its weight topk_weights.flatten()[f].
 `check_alignment` states the contract as checks a kernel's output must pass, with any order inside a run.
 """
@@ -31,7 +34,7 @@ class Alignment:
 
 
 def capacity(num_assignments: int, num_experts: int, block_size: int) -> int:
-    most = num_assignments + num_experts * (block_size - 1)
+    most = num_assignments + min(num_experts, num_assignments) * (block_size - 1)
     return -(-most // block_size) * block_size
 
 

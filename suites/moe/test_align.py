@@ -28,6 +28,17 @@ def test_named_case_bytes():
     assert ep.expert_ids.tolist() == [-1, 0, -1, -1, -1] and torch.equal(ep.sorted_token_ids, got.sorted_token_ids)
 
 
+def test_capacity_is_the_worst_routing_exactly():
+    # Fewer assignments than experts: the worst routing puts each on its own expert, a whole block apiece.
+    assert capacity(8, 256, 16) == 8 * 16  # DeepSeek-V3 at one token: 8 blocks
+    spread = torch.arange(8).reshape(1, 8)
+    got = align_block_size(spread, num_experts=256, block_size=16)
+    assert int(got.num_tokens_post_padded[0]) == capacity(8, 256, 16) and int(got.expert_ids.min()) == 0
+    # More assignments than experts: every expert's run can waste block_size - 1 rows.
+    assert capacity(9, 2, 4) == 9 + 2 * 3 + 1  # rounded up to whole blocks
+    assert capacity(0, 64, 16) == 0
+
+
 @st.composite
 def routings(draw):
     experts = draw(st.sampled_from([1, 2, 8, 16, 64]))

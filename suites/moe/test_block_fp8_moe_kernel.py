@@ -68,6 +68,27 @@ def test_fixed_layer_within_the_row(device):
     _check(_fixed(), device)
 
 
+@pytest.mark.parametrize("fault", ["none", "weight_scale_next_k_block", "gate_up_swapped"])
+def test_prefill_tiles_through_tma(device, fault):
+    """Prefill tiles (BM 64, one 128-deep scale step): the E4M3 weight tiles come through TMA descriptors on
+    Hopper and in the interpreter; within the row, and planted bugs caught on that path too."""
+    from kernels.moe_gemm import Tiles, weights_through_tma
+
+    args = on(_fixed(), device)
+    tiles = (Tiles(64, 64, 128, 4, 2, 2), Tiles(64, 64, 128, 4, 2, 2))
+    assert weights_through_tma(args[1], tiles[0], "silu", False) == (
+        device != "cuda" or torch.cuda.get_device_capability()[0] >= 9
+    )
+    got = kernel.launch(*args, fault=fault, tiles=tiles).cpu()
+    fixed = _fixed()
+    mirror, ideal = ref.block_fp8_moe_mirror(*fixed), ref.block_fp8_moe_ideal(*fixed)
+    if fault == "none":
+        assert_lossy(families.BLOCK_FP8_MOE, got, mirror, ideal, "block_fp8_moe")
+    else:
+        with pytest.raises(AssertionError):
+            assert_lossy(families.BLOCK_FP8_MOE, got, mirror, ideal, "block_fp8_moe")
+
+
 @pytest.mark.parametrize("fault", ["weight_scale_next_k_block", "gate_up_swapped", "neighbour_expert"])
 def test_negative_controls_are_caught(device, fault):
     with pytest.raises(AssertionError):

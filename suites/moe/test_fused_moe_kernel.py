@@ -114,10 +114,51 @@ def test_fixed_layer_within_the_row(device):
     _check(_skewed(device), device)
 
 
+def test_prefill_tiles_read_weights_through_tma_within_the_row(device):
+    """Prefill tiles (BM 64, BK 64) on the fixed layer: on Hopper (and in the interpreter) the weight tiles come
+    through TMA descriptors, rows past an expert's N included; the layer stays within the row, and a planted
+    bug still shows through that path."""
+    from kernels.moe_gemm import Tiles, weights_through_tma
+
+    p = _skewed(device)
+    host, on_device = _tensors(p, device)
+    tiles = (Tiles(64, 32, 64, 4, 2, 2), Tiles(64, 32, 64, 4, 2, 2))
+    sm90 = device != "cuda" or torch.cuda.get_device_capability()[0] >= 9
+    assert weights_through_tma(on_device[1], tiles[0], "silu", False) == sm90
+    got = fused.launch(*on_device, tiles=tiles).cpu()
+    assert_lossy(families.FUSED_MOE, got, ref.fused_moe_mirror(*host), ref.fused_moe_ideal(*host), "fused_moe")
+    with pytest.raises(AssertionError):
+        bad = fused.launch(*on_device, tiles=tiles, fault="gate_up_swapped").cpu()
+        assert_lossy(families.FUSED_MOE, bad, ref.fused_moe_mirror(*host), ref.fused_moe_ideal(*host), "fused_moe")
+
+
 @pytest.mark.parametrize("fault", ["gate_up_swapped", "neighbour_expert", "neighbour_expert_block"])
 def test_negative_controls_are_caught(device, fault):
     with pytest.raises(AssertionError):
         _check(_skewed(device), device, fault)
+
+
+@pytest.mark.parametrize("tokens", [3, 150])  # 6 assignments: one program on every device; 300: several
+@pytest.mark.parametrize("expert_map", [False, True])
+def test_alignment_paths_bit_for_bit_and_their_controls(device, tokens, expert_map):
+    """Both launch paths of `kernels.moe_align` (one program up to its CHUNK assignments, four launches
+    beyond) equal the reference, and each path's planted bugs break the contract."""
+    g = torch.Generator().manual_seed(tokens)
+    ids = torch.stack([torch.randperm(64, generator=g)[:2] for _ in range(tokens)])
+    here = torch.arange(64) % 3 != 0  # two thirds of the experts on this rank, local ids in order
+    mapping = torch.where(here, here.cumsum(0) - 1, -1).to(torch.int32) if expert_map else None
+    on = None if mapping is None else mapping.to(device)
+    got = align.moe_align_block_size(ids.to(device), 64, 16, on)
+    want = align_block_size(ids, 64, 16, mapping)
+    for a, b in zip(got, vars(want).values(), strict=True):
+        assert torch.equal(a.cpu(), b)
+    for fault in ("padded_count_plus_one", "neighbour_expert_block"):
+        bad = Alignment(*(t.cpu() for t in align.launch(ids.to(device), 64, 16, on, fault=fault)))
+        if fault == "padded_count_plus_one":
+            with pytest.raises(AssertionError):
+                check_alignment(bad, ids, 64, 16, mapping)
+        else:
+            assert not torch.equal(bad.expert_ids, want.expert_ids)
 
 
 def test_negative_control_padded_count_breaks_the_alignment_contract(device):

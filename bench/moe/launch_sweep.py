@@ -1,0 +1,124 @@
+"""Sweep the MoE layer's launch tiles on a GPU: the whole layer (alignment, both grouped GEMMs, the combine) as a
+CUDA-graph replay per (first GEMM's, second GEMM's) tiles, against the same run's peer and roof.
+
+    python -m bench.moe.launch_sweep [--cases mixtral_prefill dsv3_decode] [--repeats 3]
+
+Cases: mixtral_prefill (bf16, 4,096 tokens; against the `torch._grouped_mm` layer, bench/moe/grouped_mm_peer.py:
+the bar is >= 1.0x) and dsv3_decode (block FP8, DeepSeek-V3's experts at 1 and 4 tokens; against memcpy on the
+touched experts' bytes: the bar is >= 0.70x). The layer's own choice (`kernels.moe_gemm.choose_tiles`) is the
+line marked "table". Each config is timed `--repeats` times (cold L2 each time), and every p20 / p50 / p80 is
+printed, because layer timings on the H200 have come out bimodal (p20 5.07 ms against p50 5.78 ms in one
+report). The inputs are the MoE benches' (bench/moe/fused_moe.py, block_fp8_moe.py). GPU only.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from bench.launch_sweep import failed, gpu_args, memcpy_gbps, parser, record
+from bench.moe import block_fp8_moe as fp8_bench
+from bench.moe import fused_moe as bf16_bench
+from bench.moe.grouped_mm_peer import grouped_mm_moe
+from bench.moe.layer_bench import cases
+from bench.timing import bench
+from kernels import block_fp8_moe, fused_moe
+from kernels.moe_gemm import Tiles
+
+T = Tiles
+# (first GEMM's, second GEMM's) tiles; both share BM (the alignment's block). None: the table's choice.
+MIXTRAL_PREFILL = (
+    None,
+    *((T(128, 128, 64, 8, s, g), T(128, 256, 64, 8, 4, 16)) for s in (3, 4) for g in (8, 16, 32)),
+    (T(128, 128, 64, 8, 4, 16), T(128, 256, 64, 8, 3, 16)),
+    (T(128, 128, 64, 8, 4, 16), T(128, 128, 64, 8, 4, 16)),
+    (T(128, 128, 64, 8, 4, 16), T(128, 256, 64, 8, 4, 8)),
+    (T(128, 128, 32, 8, 6, 16), T(128, 256, 32, 8, 6, 16)),
+    (T(64, 128, 64, 4, 4, 16), T(64, 256, 64, 8, 4, 16)),
+)
+DSV3_DECODE = (
+    None,
+    *(
+        (T(16, bn1, 128, w, s), T(16, bn2, 128, w, s))
+        for bn1, bn2 in ((64, 64), (64, 128), (128, 128), (32, 64))
+        for w, s in ((4, 4), (4, 6), (8, 4))
+    ),
+)
+
+
+def _time(fn, repeats: int) -> list:
+    fn()
+    return [bench(fn, "cuda", cuda_graph=True) for _ in range(repeats)]
+
+
+def _line(case: str, label: str, timings: list, peer_ms: float, peer: str, rate: float | None = None) -> None:
+    p50s = [t.p50 for t in timings]
+    best = min(p50s)
+    spread = "  ".join(f"[{t.p20:.4f} {t.p50:.4f} {t.p80:.4f}]" for t in timings)
+    extra = f"  {rate / best / 1e6:.0f} GB/s" if rate is not None else ""
+    print(f"{case} {label}  best p50 {best:.4f} ms  {peer_ms / best:.3f}x {peer}{extra}  p20/p50/p80 {spread}")
+    record(
+        f"{case} {label}",
+        time_us=best * 1e3,
+        **{f"x_{peer}": peer_ms / best},
+        p20_ms=min(t.p20 for t in timings),
+        p50s_ms=" ".join(f"{p:.4f}" for p in p50s),
+        p80_ms=max(t.p80 for t in timings),
+    )
+
+
+def _label(pair) -> str:
+    return (
+        "table"
+        if pair is None
+        else " / ".join(f"{t.bm}x{t.bn}x{t.bk} w{t.warps} s{t.stages} g{t.group_m}" for t in pair)
+    )
+
+
+def mixtral_prefill(repeats: int) -> None:
+    case = cases(bf16_bench.SHAPES["mixtral"], (4096,))[0]
+    x, w13, w2, weights, ids = bf16_bench.inputs(case, "cuda")
+    peer = min(t.p50 for t in _time(lambda: grouped_mm_moe(x, w13, w2, weights, ids), repeats))
+    print(f"mixtral_prefill grouped-mm p50 {peer:.4f} ms")
+    record("mixtral_prefill grouped-mm", time_us=peer * 1e3)
+    for pair in MIXTRAL_PREFILL:
+        try:
+            timings = _time(functools.partial(fused_moe.launch, x, w13, w2, weights, ids, tiles=pair), repeats)
+        except Exception as err:  # a config the GPU cannot run: report, go on
+            failed(f"mixtral_prefill {_label(pair)}", err)
+            continue
+        _line("mixtral_prefill", _label(pair), timings, peer, "grouped-mm")
+
+
+def dsv3_decode(repeats: int) -> None:
+    roof = memcpy_gbps(1 << 30, "1 GiB device copy")
+    for tokens in (1, 4):
+        case = cases(fp8_bench.DSV3, (tokens,))[0]
+        args = fp8_bench.inputs(case, "cuda")
+        moved = fp8_bench.moved_bytes(case)
+        roof_ms = moved / roof / 1e6
+        for pair in DSV3_DECODE:
+            try:
+                timings = _time(functools.partial(block_fp8_moe.launch, *args, tiles=pair), repeats)
+            except Exception as err:
+                failed(f"dsv3_decode T{tokens} {_label(pair)}", err)
+                continue
+            _line(f"dsv3_decode T{tokens}", _label(pair), timings, roof_ms, "memcpy", moved)
+
+
+CASES = {"mixtral_prefill": mixtral_prefill, "dsv3_decode": dsv3_decode}
+
+
+def main(argv: list[str] | None = None) -> None:
+    cli = parser(__doc__)
+    cli.add_argument("--cases", nargs="+", choices=sorted(CASES), default=sorted(CASES))
+    cli.add_argument("--repeats", type=int, default=3, help="timings per config (each cold-L2, CUDA-graph replays)")
+    args = gpu_args(cli, argv, "moe_launch_sweep")
+    for name in args.cases:
+        CASES[name](args.repeats)
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
