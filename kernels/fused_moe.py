@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels import moe_align
+from kernels import moe_align, moe_gemv
 from kernels._boundary import check_device
 from kernels.moe_gemm import Tiles, choose_tiles, fp8_tiles, launch_moe_gemm, mx_tiles
 from reference.moe.experts import check_moe_args
@@ -56,12 +56,25 @@ def run_layer(
 ):  # fmt: skip
     """The layer on validated arguments. Block FP8 (`quantize` given: x -> (E4M3 codes, group scales)): x and
     the intermediate are quantized by it before each GEMM, the weights carry their tile scales. MXFP4 (`mx`):
-    w13 / w2 are codes with E8M0 scales, decoded inside the GEMMs; activations stay bf16."""
+    w13 / w2 are codes with E8M0 scales, decoded inside the GEMMs; activations stay bf16; up to
+    `kernels.moe_gemv.MAX_ASSIGNMENTS` assignments (unless `tiles` asks for the grouped GEMM) the GEMMs are one
+    GEMV an assignment (`kernels.moe_gemv`) and no alignment runs."""
     device = x.device
     tokens, top_k = topk_ids.shape
     hidden, inter = x.shape[1], w13.shape[1] // 2
     align_fault = fault if fault in moe_align.FAULTS else "none"
     gemm_fault = fault if fault not in moe_align.FAULTS else "none"
+    weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    if mx and tiles is None and moe_gemv.takes(tokens * top_k):  # decode: one GEMV an assignment, no alignment
+        h = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=device)
+        moe_gemv.launch_mx_moe_gemv(
+            x, w13, w13_scales, w13_bias, h, topk_ids, expert_map, weights, top_k, activation, False, gemm_fault
+        )
+        per_slot = torch.zeros(tokens * top_k, hidden, dtype=x.dtype, device=device)
+        moe_gemv.launch_mx_moe_gemv(
+            h, w2, w2_scales, w2_bias, per_slot, topk_ids, expert_map, weights, 1, "none", True, gemm_fault
+        )
+        return per_slot.view(tokens, top_k, hidden).sum(dim=1)
     first, second = tiles or choose_tiles(device, tokens * top_k, experts, hidden, inter)
     if quantize is not None and tiles is None:
         first, second = fp8_tiles(first, second)
@@ -70,7 +83,6 @@ def run_layer(
     if first.bm != second.bm:
         raise ValueError(f"tiles: both GEMMs must share BM (the alignment's block), got {first.bm} and {second.bm}")
     sorted_ids, expert_ids, post = moe_align.launch(topk_ids, experts, first.bm, expert_map, align_fault)
-    weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
     a, a_scales = quantize(x) if quantize is not None else (x, None)
     h = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=device)
     launch_moe_gemm(

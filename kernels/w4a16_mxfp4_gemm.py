@@ -397,20 +397,39 @@ def _gemv_kernel(
     PREPARED: tl.constexpr = False,
 ):
     # x_ptr: int32 words (bf16 pairs) [M, K/2]; codes_ptr: int32 view of the codes; program (n tile, m, split).
+    pid_n, m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = n < N
+    n = tl.where(n_mask, n, 0).to(tl.int64)
+    first = split * tiles_per_split
+    last = tl.minimum(first + tiles_per_split, tl.cdiv(n_blocks, GROUPS))
+    y = _gemv_rows(
+        x_ptr + m.to(tl.int64) * x_row_stride, codes_ptr, scales_ptr, n, n_mask, first, last, n_blocks,
+        codes_row_stride, scales_row_stride, spread_mask, GROUPS, PREFETCH, EVEN_K, FAULT, PREPARED,
+    )  # fmt: skip
+    out = out_ptr + split.to(tl.int64) * out_split_stride + m.to(tl.int64) * out_row_stride + n
+    if OUT_FP32:
+        tl.store(out, y, mask=n_mask)
+    else:
+        tl.store(out, y.to(tl.bfloat16), mask=n_mask)
+
+
+@triton.jit
+def _gemv_rows(
+    x_row, codes_ptr, scales_ptr, n, n_mask, first, last, n_blocks, codes_row_stride, scales_row_stride,
+    spread_mask, GROUPS: tl.constexpr, PREFETCH: tl.constexpr, EVEN_K: tl.constexpr, FAULT: tl.constexpr,
+    PREPARED: tl.constexpr,
+):  # fmt: skip
+    """fp32 [BLOCK_N]: rows `n` (int64, clamped into range; `n_mask` the real ones) of the codes times the x row
+    (int32 words of bf16 pairs at `x_row`), over K tiles [first, last) of GROUPS blocks: the GEMV's K loop, also
+    `kernels.moe_gemv`'s."""
     # Tiles are [GROUPS, BLOCK_N, 4] (block, row, code word): with the block dim first Triton's default layout
     # spreads a warp's threads over blocks before rows, so a thread holds several rows of the same block and
     # converts each x element once for all of them.
     # PREFETCH: tile t + 1's codes, scales and x are loaded (into registers) before tile t is computed, so a
     # warp keeps one tile in flight while it decodes; without it each tile's loads wait out a full DRAM
     # latency with nothing to overlap but the other resident warps.
-    pid_n, m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = n < N
-    n = tl.where(n_mask, n, 0).to(tl.int64)
-    x_row = x_ptr + m.to(tl.int64) * x_row_stride
-    acc = tl.zeros([GROUPS, BLOCK_N], dtype=tl.float32)
-    first = split * tiles_per_split
-    last = tl.minimum(first + tiles_per_split, tl.cdiv(n_blocks, GROUPS))
+    acc = tl.zeros([GROUPS, n.shape[0]], dtype=tl.float32)
     if PREFETCH:
         codes, scale, pairs = _gemv_tile_loads(
             x_row,
@@ -464,12 +483,7 @@ def _gemv_kernel(
                 FAULT,
             )
             acc += _gemv_tile_sum(codes, scale, pairs, spread_mask, GROUPS, FAULT, PREPARED)
-    y = tl.sum(acc, axis=0)
-    out = out_ptr + split.to(tl.int64) * out_split_stride + m.to(tl.int64) * out_row_stride + n
-    if OUT_FP32:
-        tl.store(out, y, mask=n_mask)
-    else:
-        tl.store(out, y.to(tl.bfloat16), mask=n_mask)
+    return tl.sum(acc, axis=0)
 
 
 @triton.jit

@@ -1,11 +1,13 @@
 """Sweep the MoE layer's launch tiles on a GPU: the whole layer (alignment, both grouped GEMMs, the combine) as a
 CUDA-graph replay per (first GEMM's, second GEMM's) tiles, against the same run's peer and roof.
 
-    python -m bench.moe.launch_sweep [--cases mixtral_prefill dsv3_decode] [--repeats 3]
+    python -m bench.moe.launch_sweep [--cases mixtral_prefill dsv3_decode mxfp4_decode] [--repeats 3]
 
 Cases: mixtral_prefill (bf16, 4,096 tokens; against the `torch._grouped_mm` layer, bench/moe/grouped_mm_peer.py:
-the bar is >= 1.0x) and dsv3_decode (block FP8, DeepSeek-V3's experts at 1 and 4 tokens; against memcpy on the
-touched experts' bytes: the bar is >= 0.70x). The layer's own choice (`kernels.moe_gemm.choose_tiles`) is the
+the bar is >= 1.0x), dsv3_decode (block FP8, DeepSeek-V3's experts at 1 and 4 tokens; against memcpy on the
+touched experts' bytes: the bar is >= 0.70x) and mxfp4_decode (gpt-oss-20b's experts at 1, 4 and 16 tokens:
+`kernels.moe_gemv`'s launch shapes against the grouped GEMM, which `tiles` forces; memcpy on the touched bytes,
+the bar >= 0.60x). The layer's own choice (`kernels.moe_gemm.choose_tiles`) is the
 line marked "table". Each config is timed `--repeats` times (cold L2 each time), and every p20 / p50 / p80 is
 printed, because layer timings on the H200 have come out bimodal (p20 5.07 ms against p50 5.78 ms in one
 report). The inputs are the MoE benches' (bench/moe/fused_moe.py, block_fp8_moe.py). GPU only.
@@ -20,11 +22,12 @@ import torch
 from bench.launch_sweep import failed, gpu_args, memcpy_gbps, parser, record
 from bench.moe import block_fp8_moe as fp8_bench
 from bench.moe import fused_moe as bf16_bench
+from bench.moe import mxfp4_moe as mx_bench
 from bench.moe.grouped_mm_peer import grouped_mm_moe
 from bench.moe.layer_bench import cases
 from bench.timing import bench
-from kernels import block_fp8_moe, fused_moe
-from kernels.moe_gemm import Tiles
+from kernels import block_fp8_moe, fused_moe, moe_gemv, mxfp4_moe
+from kernels.moe_gemm import Tiles, choose_tiles, mx_tiles
 
 T = Tiles
 # (first GEMM's, second GEMM's) tiles; both share BM (the alignment's block). None: the table's choice.
@@ -107,7 +110,45 @@ def dsv3_decode(repeats: int) -> None:
             _line(f"dsv3_decode T{tokens}", _label(pair), timings, roof_ms, "memcpy", moved)
 
 
-CASES = {"mixtral_prefill": mixtral_prefill, "dsv3_decode": dsv3_decode}
+# kernels.moe_gemv's (BLOCK_N, GROUPS, warps) candidates
+MX_GEMV = ((16, 32, 4), (16, 16, 4), (32, 16, 4), (32, 32, 8), (16, 16, 2), (64, 16, 8), (8, 32, 2))
+
+
+def mxfp4_decode(repeats: int) -> None:
+    roof = memcpy_gbps(1 << 30, "1 GiB device copy")
+    shape = mx_bench.GPTOSS
+    for tokens in (1, 4, 16):
+        case = cases(shape, (tokens,))[0]
+        args = mx_bench.inputs(case, "cuda")
+        moved = mx_bench.moved_bytes(case)
+        roof_ms = moved / roof / 1e6
+        rows = tokens * shape.top_k
+        grouped = mx_tiles(
+            args[0].device,
+            rows,
+            shape.experts,
+            *choose_tiles(args[0].device, rows, shape.experts, shape.hidden, shape.inter),
+        )
+        timings = _time(functools.partial(mxfp4_moe.launch, *args, tiles=grouped), repeats)
+        _line(f"mxfp4_decode T{tokens}", "grouped GEMM (table tiles)", timings, roof_ms, "memcpy", moved)
+        if rows > moe_gemv.MAX_ASSIGNMENTS:
+            continue
+        table = moe_gemv.GPU_LAUNCH
+        try:
+            for launch in MX_GEMV:
+                moe_gemv.GPU_LAUNCH = launch
+                label = f"gemv {launch[0]}x{launch[1]} w{launch[2]}" + (" (table)" if launch == table else "")
+                try:
+                    timings = _time(functools.partial(mxfp4_moe.launch, *args), repeats)
+                except Exception as err:
+                    failed(f"mxfp4_decode T{tokens} {label}", err)
+                    continue
+                _line(f"mxfp4_decode T{tokens}", label, timings, roof_ms, "memcpy", moved)
+        finally:
+            moe_gemv.GPU_LAUNCH = table
+
+
+CASES = {"mixtral_prefill": mixtral_prefill, "dsv3_decode": dsv3_decode, "mxfp4_decode": mxfp4_decode}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -86,6 +86,47 @@ def test_negative_control_scale_read_past_the_last_block(device):
         _check(args, device, "mx_scale_past_end", placed)
 
 
+def _decode(activation="silu", expert_map=False, tokens=3):
+    """A decode-sized layer (tokens x top-2 assignments, `kernels.moe_gemv`'s path): the last expert routed to,
+    and with `expert_map` half of 8 global experts on this rank."""
+    g = torch.Generator().manual_seed(11)
+    ids = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(tokens)])
+    ids[0, 0] = 7
+    mapping = None
+    if expert_map:
+        mapping = torch.full((8,), -1, dtype=torch.int32)
+        mapping[torch.tensor([1, 3, 5, 7])] = torch.arange(4, dtype=torch.int32)
+    return _args(96, 64, (8, ids, torch.softmax(torch.randn(tokens, 2, generator=g), -1), mapping), activation, 3)
+
+
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+@pytest.mark.parametrize("expert_map", [False, True])
+def test_decode_path_within_the_row_and_beside_the_grouped_gemm(device, activation, expert_map):
+    """Up to MAX_ASSIGNMENTS the layer is one GEMV an assignment; the grouped GEMM (forced by `tiles`) on the
+    same layer is within the same row: both paths against both references."""
+    from kernels import moe_gemv
+    from kernels.moe_gemm import choose_tiles, mx_tiles
+
+    args = _decode(activation, expert_map)
+    assert moe_gemv.takes(args[6].numel())
+    _check(args, device)
+    placed = on(args, device)
+    tiles = mx_tiles(placed[0].device, 6, 8, *choose_tiles(placed[0].device, 6, 8, 96, 64))
+    grouped = kernel.launch(*placed, tiles=tiles).cpu()
+    assert_lossy(families.MXFP4_MOE, grouped, ref.mxfp4_moe_mirror(*args), ref.mxfp4_moe_ideal(*args), "mxfp4_moe")
+
+
+@pytest.mark.parametrize("fault", ["gate_up_swapped", "neighbour_expert", "mx_scale_past_end"])
+@pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
+def test_decode_path_negative_controls(device, fault, activation):
+    """The planted bugs on the GEMV path; the scale read past the end lands in guard bytes (poison)."""
+    args = _decode(activation)
+    placed = on(args, device)
+    placed[4] = Guards().guarded("w2_scales", placed[4])
+    with pytest.raises(AssertionError):
+        _check(args, device, fault, placed)
+
+
 def test_opcheck(device):
     torch.library.opcheck(
         torch.ops.touchstone.mxfp4_moe.default,
