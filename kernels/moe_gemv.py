@@ -27,11 +27,17 @@ from kernels.moe_gemm import ACTIVATIONS, ALPHA_C, FAULTS, LIMIT_C, MX_FAULT_C
 from kernels.w4a16_mxfp4_gemm import SPREAD_MASK, _gemv_rows
 from reference.quant.mxfp4 import MX_BLOCK_SIZE
 
-# (BLOCK_N rows a program, GROUPS MX blocks a K tile, warps); the dense GEMV's M = 1 row of the launch table
-# (`kernels.w4a16_mxfp4_gemm`), with its one-tile register prefetch.
-GPU_LAUNCH = (16, 32, 4)
+# (BLOCK_N rows a program, GROUPS MX blocks a K tile, warps), with the dense GEMV's one-tile register prefetch.
+# H200, gpt-oss-20b's experts (K 2880 = 90 MX blocks), the whole layer as CUDA-graph replays, cold L2
+# (`python -m bench.moe.launch_sweep --cases mxfp4_decode`, reports/cuda-h200/launch_sweeps/moe_launch_sweep.csv):
+# 32 x 16 / 4 warps 46.0 us at 1 token (0.271x memcpy on the touched bytes) and 123 us at 4 (0.355x); the dense
+# GEMV's M = 1 row (16 x 32 / 4 warps) 49.2 / 142 us, 16 x 16 at 2 or 4 warps within 1 %, 8 warps 26-51 %
+# slower; the grouped GEMM 128 / 266 us.
+GPU_LAUNCH = (32, 16, 4)
 INTERPRETER_LAUNCH = (16, 2, 1)  # the interpreter: few programs, short tiles
-# The layer takes this path up to this many (token, expert) assignments (the grouped GEMM beyond).
+# The layer takes this path up to this many (token, expert) assignments (the grouped GEMM beyond): gpt-oss at 4
+# tokens (16 assignments) runs 123 us here against 266 us grouped; at 16 tokens (64) the grouped GEMM's 290 us
+# (0.28x memcpy) was not raced against this path.
 MAX_ASSIGNMENTS = 16
 
 
