@@ -42,6 +42,22 @@ MAX_ASSIGNMENTS = 16
 
 
 @triton.jit
+def _biased_rows(
+    x_row, codes, scales, bias, rows, rmask, n_blocks, codes_row_stride, scales_row_stride, spread_mask,
+    HAS_BIAS: tl.constexpr, GROUPS: tl.constexpr, EVEN_K: tl.constexpr, FAULT: tl.constexpr,
+):  # fmt: skip
+    """fp32 [len(rows)]: the expert's `rows` times the x row over all of K (`_gemv_rows`, with its prefetch),
+    plus the rows' bias (`bias`: the expert's bias row) where the layer has one."""
+    y = _gemv_rows(
+        x_row, codes, scales, rows, rmask, 0, tl.cdiv(n_blocks, GROUPS), n_blocks, codes_row_stride,
+        scales_row_stride, spread_mask, GROUPS, True, EVEN_K, FAULT, False,
+    )  # fmt: skip
+    if HAS_BIAS:
+        y += tl.load(bias + rows, mask=rmask, other=0.0).to(tl.float32)
+    return y
+
+
+@triton.jit
 def _mx_moe_gemv_kernel(
     x_ptr, codes_ptr, scales_ptr, bias_ptr, out_ptr, ids_ptr, map_ptr, weights_ptr,
     N, E, LOCAL, A_DIV, n_blocks, x_row_stride, codes_e_stride, codes_row_stride, scales_e_stride, scales_row_stride,
@@ -69,17 +85,13 @@ def _mx_moe_gemv_kernel(
     x_row = x_ptr + (f // A_DIV).to(tl.int64) * x_row_stride
     codes = codes_ptr + e * codes_e_stride
     scales = scales_ptr + e * scales_e_stride
-    last = tl.cdiv(n_blocks, GROUPS)
+    bias = bias_ptr + e * bias_e_stride
+    strides = (n_blocks, codes_row_stride, scales_row_stride, spread_mask)
     if ACT == 2:  # gate rows 2c, up rows 2c + 1: one tile of BLOCK_N interleaved rows
         rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         rmask = rows < 2 * N
         rows = tl.where(rmask, rows, 0).to(tl.int64)
-        y = _gemv_rows(
-            x_row, codes, scales, rows, rmask, 0, last, n_blocks, codes_row_stride, scales_row_stride,
-            spread_mask, GROUPS, True, EVEN_K, mx_fault, False,
-        )  # fmt: skip
-        if HAS_BIAS:
-            y += tl.load(bias_ptr + e * bias_e_stride + rows, mask=rmask, other=0.0).to(tl.float32)
+        y = _biased_rows(x_row, codes, scales, bias, rows, rmask, *strides, HAS_BIAS, GROUPS, EVEN_K, mx_fault)
         gate, up = tl.split(tl.reshape(y, [OUT_N, 2]))
         if FAULT == 1:
             gate, up = up, gate
@@ -92,19 +104,9 @@ def _mx_moe_gemv_kernel(
         if FAULT == 1:
             if ACT == 1:
                 gate_n, up_n = up_n, gate_n
-        acc = _gemv_rows(
-            x_row, codes, scales, gate_n, cmask, 0, last, n_blocks, codes_row_stride, scales_row_stride,
-            spread_mask, GROUPS, True, EVEN_K, mx_fault, False,
-        )  # fmt: skip
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + e * bias_e_stride + gate_n, mask=cmask, other=0.0).to(tl.float32)
+        acc = _biased_rows(x_row, codes, scales, bias, gate_n, cmask, *strides, HAS_BIAS, GROUPS, EVEN_K, mx_fault)
         if ACT == 1:
-            up = _gemv_rows(
-                x_row, codes, scales, up_n, cmask, 0, last, n_blocks, codes_row_stride, scales_row_stride,
-                spread_mask, GROUPS, True, EVEN_K, mx_fault, False,
-            )  # fmt: skip
-            if HAS_BIAS:
-                up += tl.load(bias_ptr + e * bias_e_stride + up_n, mask=cmask, other=0.0).to(tl.float32)
+            up = _biased_rows(x_row, codes, scales, bias, up_n, cmask, *strides, HAS_BIAS, GROUPS, EVEN_K, mx_fault)
             acc = acc * tl.sigmoid(acc) * up
     if MUL_WEIGHT:
         acc = acc * tl.load(weights_ptr + f).to(tl.float32)
