@@ -66,35 +66,35 @@ def run_layer(
     gemm_fault = fault if fault not in moe_align.FAULTS else "none"
     weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
     if mx and tiles is None and moe_gemv.takes(tokens * top_k):  # decode: one GEMV an assignment, no alignment
-        h = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=device)
-        moe_gemv.launch_mx_moe_gemv(
-            x, w13, w13_scales, w13_bias, h, topk_ids, expert_map, weights, top_k, activation, False, gemm_fault
-        )
-        per_slot = torch.zeros(tokens * top_k, hidden, dtype=x.dtype, device=device)
-        moe_gemv.launch_mx_moe_gemv(
-            h, w2, w2_scales, w2_bias, per_slot, topk_ids, expert_map, weights, 1, "none", True, gemm_fault
-        )
-        return per_slot.view(tokens, top_k, hidden).sum(dim=1)
-    first, second = tiles or choose_tiles(device, tokens * top_k, experts, hidden, inter)
-    if quantize is not None and tiles is None:
-        first, second = fp8_tiles(first, second)
-    if mx and tiles is None:
-        first, second = mx_tiles(device, tokens * top_k, experts, first, second)
-    if first.bm != second.bm:
-        raise ValueError(f"tiles: both GEMMs must share BM (the alignment's block), got {first.bm} and {second.bm}")
-    sorted_ids, expert_ids, post = moe_align.launch(topk_ids, experts, first.bm, expert_map, align_fault)
+
+        def gemm(a, a_scales, w, bias, w_scales, out, a_div, act, mul_weight, _tiles):
+            moe_gemv.launch_mx_moe_gemv(
+                a, w, w_scales, bias, out, topk_ids, expert_map, weights, a_div, act, mul_weight, gemm_fault
+            )
+
+        first = second = None
+    else:
+        first, second = tiles or choose_tiles(device, tokens * top_k, experts, hidden, inter)
+        if quantize is not None and tiles is None:
+            first, second = fp8_tiles(first, second)
+        if mx and tiles is None:
+            first, second = mx_tiles(device, tokens * top_k, experts, first, second)
+        if first.bm != second.bm:
+            raise ValueError(f"tiles: both GEMMs must share BM (the alignment's block), got {first.bm} and {second.bm}")
+        sorted_ids, expert_ids, post = moe_align.launch(topk_ids, experts, first.bm, expert_map, align_fault)
+
+        def gemm(a, a_scales, w, bias, w_scales, out, a_div, act, mul_weight, gemm_tiles):
+            launch_moe_gemm(
+                a, w, bias, out, sorted_ids, expert_ids, post, weights, a_div, act, mul_weight, gemm_tiles,
+                gemm_fault, a_scales, w_scales, mx,
+            )  # fmt: skip
+
     a, a_scales = quantize(x) if quantize is not None else (x, None)
     h = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=device)
-    launch_moe_gemm(
-        a, w13, w13_bias, h, sorted_ids, expert_ids, post, weights, top_k, activation, False, first, gemm_fault,
-        a_scales, w13_scales, mx,
-    )  # fmt: skip
+    gemm(a, a_scales, w13, w13_bias, w13_scales, h, top_k, activation, False, first)
     a, a_scales = quantize(h) if quantize is not None else (h, None)
     per_slot = torch.zeros(tokens * top_k, hidden, dtype=x.dtype, device=device)
-    launch_moe_gemm(
-        a, w2, w2_bias, per_slot, sorted_ids, expert_ids, post, weights, 1, "none", True, second, gemm_fault,
-        a_scales, w2_scales, mx,
-    )  # fmt: skip
+    gemm(a, a_scales, w2, w2_bias, w2_scales, per_slot, 1, "none", True, second)
     return per_slot.view(tokens, top_k, hidden).sum(dim=1)  # fp32 accumulation, one rounding: one launch
 
 
