@@ -1,9 +1,10 @@
 """A numpy interpreter for the few PTX instructions of the kernels' inline-assembly decoders, so the CPU tier
 checks the very text a GPU runs (the Triton interpreter runs no PTX).
 
-Instructions: mov.b32, shl.b32, shr.u32, and.b32, lop3.b32 and mul.rn.bf16x2, with operands `$N` (Triton's
-numbered asm arguments), names declared by `.reg .b32` and integer literals (decimal or 0x hex). Semantics
-from the PTX ISA: shifts by 32 or more give 0; lop3's immediate is the truth table of f(a, b, c) indexed by
+Instructions: mov.b32, shl.b32, shr.u32, shf.r.wrap.b32, and.b32, lop3.b32 and mul.rn.bf16x2, with operands
+`$N` (Triton's numbered asm arguments), names declared by `.reg .b32` and integer literals (decimal or 0x hex).
+Semantics from the PTX ISA: shifts by 32 or more give 0; shf.r.wrap.b32 d, a, b, n is the low word of the 64-bit b:a
+shifted right by n mod 32 (with a = b, a rotation); lop3's immediate is the truth table of f(a, b, c) indexed by
 (a << 2) | (b << 1) | c (a = 0xF0, b = 0xCC, c = 0xAA); mul.rn.bf16x2 multiplies the two bf16 halves of each
 operand independently, rounding to nearest even (here in float32, then to bf16, which is exact for the
 decoders' products: a few significant bits times a power of two). Registers are uint32 numpy arrays, one
@@ -70,6 +71,10 @@ def run(asm: str, args: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
             result = (
                 np.zeros(shape, np.uint32) if n >= 32 else (a << np.uint32(n) if op == "shl.b32" else a >> np.uint32(n))
             )
+        elif op == "shf.r.wrap.b32":
+            lo, hi, n = value(sources[0]), value(sources[1]), int(sources[2], 0) % 32
+            both = lo.astype(np.uint64) | (hi.astype(np.uint64) << np.uint64(32))
+            result = ((both >> np.uint64(n)) & np.uint64(0xFFFFFFFF)).astype(np.uint32)
         elif op == "and.b32":
             result = value(sources[0]) & value(sources[1])
         elif op == "lop3.b32":

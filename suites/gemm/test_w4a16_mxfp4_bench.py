@@ -15,8 +15,9 @@ def test_definition():
     # 32 MiB of codes + 2 MiB of scales + x and y
     assert op.bytes_model(full["M1"]) == (32 << 20) + (2 << 20) + 8192 * 2 + 8192 * 2
     assert op.flops_model(full["M1024"]) == 2 * 1024 * 8192 * 8192
-    assert op.impl("triton").gated and op.impl("triton-prepared").gated and not op.impl("bf16-matmul").gated
-    for name in ("triton", "triton-prepared"):
+    assert all(op.impl(name).gated for name in ("triton", "triton-prepared", "triton-fragments"))
+    assert not op.impl("bf16-matmul").gated
+    for name in ("triton", "triton-prepared", "triton-fragments"):
         triton = op.impl(name)
         assert triton.skip_reason(full["M1"], "cpu") and triton.skip_reason(full["M1"], "cuda") is None
 

@@ -14,7 +14,17 @@ import functools
 import pytest
 import torch
 
-from kernels import block_fp8_gemm, fp8_quant, mxfp4, nvfp4, paged_decode, rms_norm, w4a16_mxfp4_gemm
+from kernels import (
+    block_fp8_gemm,
+    fp8_quant,
+    mxfp4,
+    mxfp4_fragment_layout,
+    nvfp4,
+    paged_decode,
+    rms_norm,
+    w4a16_mxfp4_fragment_gemv,
+    w4a16_mxfp4_gemm,
+)
 from kernels.w4a16_mxfp4_layout import prepare_codes
 from reference.quant.fp8 import quantize_fp8 as ref_quantize_fp8
 from reference.quant.fp8 import quantize_fp8_blocks
@@ -36,6 +46,12 @@ def _w4a16_inputs(m: int) -> dict[str, torch.Tensor]:
 def _w4a16_prepared_inputs(m: int) -> dict[str, torch.Tensor]:
     inputs = _w4a16_inputs(m)
     return {**inputs, "codes": prepare_codes(inputs["codes"])}
+
+
+def _fragment_inputs(m: int) -> dict[str, torch.Tensor]:
+    codes, scales = quantize_mxfp4(_x(32, 192, seed=1), scale_mode="even")
+    words, pairs = mxfp4_fragment_layout.prepare(codes, scales)
+    return {"x": _x(m, 192, seed=2), "words": words, "pairs": pairs}
 
 
 def _nvfp4_quantize(x):
@@ -88,6 +104,14 @@ CASES = {
     "w4a16_mxfp4_gemm (dot)": (w4a16_mxfp4_gemm.w4a16_mxfp4_gemm, lambda: _w4a16_inputs(17)),
     "w4a16_mxfp4_gemm_prepared (gemv)": (w4a16_mxfp4_gemm.w4a16_mxfp4_gemm_prepared, lambda: _w4a16_prepared_inputs(1)),
     "w4a16_mxfp4_gemm_prepared (dot)": (w4a16_mxfp4_gemm.w4a16_mxfp4_gemm_prepared, lambda: _w4a16_prepared_inputs(17)),
+    "w4a16_mxfp4_fragment_gemv (one group)": (
+        w4a16_mxfp4_fragment_gemv.w4a16_mxfp4_fragment_gemv,
+        lambda: _fragment_inputs(1),
+    ),
+    "w4a16_mxfp4_fragment_gemv (two groups)": (
+        w4a16_mxfp4_fragment_gemv.w4a16_mxfp4_fragment_gemv,
+        lambda: _fragment_inputs(13),
+    ),
     "dequantize_mxfp4_prepared": (
         mxfp4.dequantize_mxfp4_prepared,
         lambda: {name: t for name, t in _w4a16_prepared_inputs(1).items() if name != "x"},

@@ -1,0 +1,392 @@
+"""W4A16 MXFP4 GEMV on tensor cores, in Triton with inline PTX: y = x @ W^T for a few rows of x (decode), W in
+`kernels.mxfp4_fragment_layout`'s prepared layout.
+
+Op: `touchstone::w4a16_mxfp4_fragment_gemv(x, words, pairs) -> y` (bf16 [M, N]); call it through
+`w4a16_mxfp4_fragment_gemv` below. It computes what `reference.gemm.w4a16_mxfp4.w4a16_mxfp4_gemm_mirror` computes
+for the interchange codes and scales that `kernels.mxfp4_fragment_layout.interchange` gives back.
+
+Why: the CUDA-core GEMV (`kernels.w4a16_mxfp4_gemm._gemv_kernel`) issues ~4.9 instructions a weight (decode, an
+FFMA each, x's conversions; Nsight Compute on the H200 at N = K = 8192: 10.2 M warp instructions, 0.74 issued a
+cycle per scheduler), and its tensor-core path pays ~4.4 a weight in its decode at M = 2..16. Here each thread
+runs one `mma.sync.m16n8k16` per 8 of its weights and the fragment layout decodes a weight in 9/8 integer ops:
+~2.6 instructions a weight in the sm_90 SASS of the K loop at every M up to 8, 3.1 up to 16.
+
+Measured (H200, CUDA-graph replays with a cold L2, N = K = 8192 unless named; reports/cuda-h200/w4a16_mxfp4_gemm.md
+has the committed run): M = 1 19.2-19.7 us against the CUDA-core GEMV's 20.2 (1.03-1.05x; gpt-oss's 5760 x 2880
+1.14x; Llama-3.1-8B's projections 0.93-1.0x); M = 8 20.2 us against 37.7 (1.87x, 2.2x bf16 matmul); M = 16 (two
+column groups) 34.0 us against 38.1. At M = 1 the kernel is no longer issue-bound (0.54 issued a cycle per
+scheduler, DRAM 42 % busy, 33 % of stalls on global loads) but latency-bound like any single-wave stream of this
+size: a plain Triton read of the same 34 MiB takes 17.0 us (0.50x the 1 GiB memcpy roof) and a device copy of it
+23.1 us, so this GEMV runs at 0.88x the same-size read.
+
+Structure. Thread tensors have one element a thread (shape [32 * WARPS]), so the inline PTX sees exactly the
+registers of its lane and can issue the warp-wide `mma.sync` (all 32 lanes always execute it: no masks on the asm).
+Program p takes rows 16p .. 16p + 15 and the x rows 8q .. 8q + 7 (q = program_id(1): column n of the MMA is x row 8q
++ n, rows past M read row M - 1 and are not stored; past M = 8 a program takes two such column groups, 16 x rows, on
+the same decoded weights); its WARPS warps take K steps (64) in turns, U consecutive steps a turn, with DEPTH turns
+of loads issued ahead in registers, and add their fp32 partials through shared memory at the end. Per step and lane:
+decode four words (R0..R3 of rows g and g + 8, blocks 0 and 1) and multiply each register by 2**126 (exact: the E2M1
+value as a normal bf16), two MMAs a block into a zeroed fp32 fragment (x rows as the B fragment, read as bf16
+pairs), then acc += block sum * scale (fp32 FMA; the scale from its bf16 in one op).
+
+Arithmetic: products of bf16 x and exact E2M1 weights in the tensor core's fp32 accumulation, each block's sum
+scaled by its power of two (exact unless it over- or underflows) and added in fp32; one rounding to bf16. The
+same class of order as `kernels.w4a16_mxfp4_gemm`'s dot path (lossy bounds against the mirror; named cases
+exact). Scale byte 0xFF gives NaN for its row; bytes 253 and 254 are outside the contract as in the GEMM.
+
+Where the PTX cannot run (the interpreter, ROCm, NVIDIA before sm_90: `kernels._packed_ptx.packed_ptx`) the op
+gives the weights back in the interchange layout and runs `kernels.w4a16_mxfp4_gemm` on them.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import mxfp4_fragment_layout as layout
+from kernels import w4a16_mxfp4_gemm
+from kernels._boundary import check_device
+from kernels._packed_ptx import packed_ptx
+
+# Planted bugs for the suite's negative controls (constexpr FAULT; 0 compiles them away).
+FAULTS = {
+    "none": 0,
+    "rows_swapped": 1,  # rows g and g + 8 of a tile exchanged
+    "scale_of_next_block": 2,  # block 0 of a step scaled by block 1's scale
+}
+
+# (WARPS, U steps a turn, DEPTH turns of loads ahead). H200 sweep (`launch(config=...)` on N = K = 8192 and the
+# projections of Llama-3.1-8B and gpt-oss-20b, CUDA-graph replays, cold L2): (8, 2, 1) was the best or within 5 % on
+# every shape at M = 1 and 8; 4 or 16 warps, U = 1 (or 4, in an earlier form), DEPTH 2 (more registers, 26-47
+# register moves a turn) were 5-60 % slower. Triton's own pipelining of these loads (`tl.range(num_stages=3..8)`:
+# cp.async through shared memory, a CTA barrier a turn) was 2-7x slower and is not offered.
+GPU_CONFIG = (8, 2, 1)
+GROUP = 8  # x rows of one MMA (n8); a program takes one group, or two when M > 8
+
+
+def _decode_ptx(word: str, regs: tuple[str, ...]) -> str:
+    """PTX: the prepared word register `word` -> bf16x2 registers regs (R0..R3, the E2M1 values, exact)."""
+    r0, r1, r2 = layout.ROTATIONS
+    assert r0 == 0, "R0 is the word masked in place"
+    lines = [f"and.b32 {regs[0]}, {word}, mk;"]
+    for reg, rot in ((regs[1], r1), (regs[2], r2)):
+        lines += [f"shf.r.wrap.b32 t, {word}, {word}, {rot};", f"and.b32 {reg}, t, mk;"]
+    rest = layout.MASK & ~layout.R3_LOW_MASK
+    lines += [
+        f"shf.r.wrap.b32 t, {word}, {word}, {layout.R3_LOW_ROTATION};",
+        f"and.b32 u, t, {layout.R3_LOW_MASK:#010x};",
+        f"shf.r.wrap.b32 t, {word}, {word}, {layout.R3_REST_ROTATION};",
+        f"lop3.b32 {regs[3]}, u, t, {rest:#010x}, 0xF8;",  # u | (t & rest)
+    ]
+    lines += [f"mul.rn.bf16x2 {r}, {r}, bias;" for r in regs]  # * 2**126: the E2M1 value, a normal bf16
+    return "\n".join(lines) + "\n"
+
+
+def decode_block_ptx() -> str:
+    """A PTX block of the decode alone: $4 a prepared word -> $0..$3 its registers R0..R3 (the text the kernel's
+    step runs, for suites/gemm/ptx_subset.py on the CPU tier)."""
+    head = f"{{\n.reg .b32 t, u, mk, bias;\nmov.b32 mk, {layout.MASK:#010x};\nmov.b32 bias, 0x7E807E80;\n"
+    return head + _decode_ptx("$4", ("$0", "$1", "$2", "$3")) + "}"
+
+
+def _step_ptx(groups: int, full: bool) -> str:
+    """PTX of one step for one lane, for `groups` column groups of 8 x rows (1 or 2). Operands, in order: the new
+    accumulators (f32, 4 a group: rows g, g + 8 x columns 2c, 2c + 1 of the group); the 4 words (block 0 row g,
+    block 0 row g + 8, block 1 row g, block 1 row g + 8); x pairs, 8 a group (block 0: 4, block 1: 4); the 2
+    scale pairs (block 0, 1: row g in the low half, g + 8 in the high); the accumulators. `full`: all four
+    accumulators of a group (M > 1); else the two of column 2c (one x row: only lane c = 0's count)."""
+    mma = "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"
+    out, words = 0, 4 * groups
+    xs = words + 4
+    pairs = xs + 8 * groups
+    acc_in = pairs + 2
+    s = (
+        "{\n.reg .b32 t, u, mk, bias, sc, r<16>;\n.reg .f32 p<16>, z, sa, sb, a<8>;\n"
+        f"mov.b32 mk, {layout.MASK:#010x};\nmov.b32 bias, 0x7E807E80;\nmov.f32 z, 0f00000000;\n"
+    )
+    for w in range(4):  # r[4w .. 4w + 3]: R0..R3 of word w
+        s += _decode_ptx(f"${words + w}", tuple(f"r{4 * w + i}" for i in range(4)))
+    for j in range(groups):
+        for b in range(2):
+            # A: (R0 g, R0 g+8, R1 g, R1 g+8) for the block's first k16, (R2, R3) for its second; words 2b, 2b + 1.
+            g_, h_ = 4 * (2 * b), 4 * (2 * b + 1)
+            part = ",".join(f"p{4 * (2 * j + b) + i}" for i in range(4))
+            x = xs + 8 * j + 4 * b
+            s += f"{mma} {{{part}}}, {{r{g_},r{h_},r{g_ + 1},r{h_ + 1}}}, {{${x},${x + 1}}}, {{z,z,z,z}};\n"
+            s += f"{mma} {{{part}}}, {{r{g_ + 2},r{h_ + 2},r{g_ + 3},r{h_ + 3}}}, {{${x + 2},${x + 3}}}, {{{part}}};\n"
+    for b in range(2):
+        pair = f"${pairs + b}"
+        s += f"shl.b32 sc, {pair}, 16;\nmov.b32 sa, sc;\nand.b32 sc, {pair}, 0xFFFF0000;\nmov.b32 sb, sc;\n"
+        for j in range(groups):
+            for i in (0, 1, 2, 3) if full else (0, 2):
+                before = f"${acc_in + 4 * j + i}" if b == 0 else f"a{4 * j + i}"
+                scale = "sa" if i < 2 else "sb"
+                s += f"fma.rn.f32 a{4 * j + i}, p{4 * (2 * j + b) + i}, {scale}, {before};\n"
+    if not full:
+        s += f"mov.f32 a1, ${acc_in + 1};\nmov.f32 a3, ${acc_in + 3};\n"
+    s += "".join(f"mov.f32 ${out + i}, a{i};\n" for i in range(4 * groups))
+    return s + "}"
+
+
+STEP_ONE = tl.constexpr(_step_ptx(1, False))
+STEP_FULL = tl.constexpr(_step_ptx(1, True))
+STEP_TWO_GROUPS = tl.constexpr(_step_ptx(2, True))
+
+
+@triton.jit
+def _split4(v):
+    """[T, 4] -> its four columns, each [T]."""
+    even, odd = tl.split(tl.reshape(v, [v.shape[0], 2, 2]))
+    v0, v2 = tl.split(even)
+    v1, v3 = tl.split(odd)
+    return v0, v1, v2, v3
+
+
+@triton.jit
+def _step(words, pairs, x00, x10, x01, x11, acc, GROUPS: tl.constexpr, FULL: tl.constexpr, FAULT: tl.constexpr):
+    """One step of every lane: words [T, 4], scale pairs [T, 2], x pairs [T, 4] of (block, column group) 00, 10,
+    01, 11; acc the 8 accumulators (4 a column group; the second group's untouched with one group)."""
+    w0, w1, w2, w3 = _split4(words)
+    s0, s1 = tl.split(pairs)
+    if FAULT == 1:
+        w0, w1, w2, w3 = w1, w0, w3, w2
+    if FAULT == 2:
+        s0 = s1
+    a0, a1, a2, a3 = _split4(x00)
+    b0, b1, b2, b3 = _split4(x10)
+    if GROUPS == 2:
+        c0, c1, c2, c3 = _split4(x01)
+        d0, d1, d2, d3 = _split4(x11)
+        return tl.inline_asm_elementwise(
+            STEP_TWO_GROUPS,
+            "=f," * 8 + "r," * 22 + "f," * 7 + "f",
+            [
+                w0,
+                w1,
+                w2,
+                w3,
+                a0,
+                a1,
+                a2,
+                a3,
+                b0,
+                b1,
+                b2,
+                b3,
+                c0,
+                c1,
+                c2,
+                c3,
+                d0,
+                d1,
+                d2,
+                d3,
+                s0,
+                s1,
+                acc[0],
+                acc[1],
+                acc[2],
+                acc[3],
+                acc[4],
+                acc[5],
+                acc[6],
+                acc[7],
+            ],
+            dtype=(tl.float32,) * 8,
+            is_pure=True,
+            pack=1,
+        )
+    else:
+        if FULL:
+            ptx: tl.constexpr = STEP_FULL
+        else:
+            ptx: tl.constexpr = STEP_ONE
+        r0, r1, r2, r3 = tl.inline_asm_elementwise(
+            ptx,
+            "=f,=f,=f,=f," + "r," * 14 + "f,f,f,f",
+            [w0, w1, w2, w3, a0, a1, a2, a3, b0, b1, b2, b3, s0, s1, acc[0], acc[1], acc[2], acc[3]],
+            dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
+            is_pure=True,
+            pack=1,
+        )
+        return r0, r1, r2, r3, acc[4], acc[5], acc[6], acc[7]
+
+
+@triton.jit
+def _turn_loads(
+    words_ptr, pairs_ptr, x_ptr, tile, turn, n_steps, lane, g, c, x_rows, x_rows_2, x_row_stride,
+    U: tl.constexpr, GROUPS: tl.constexpr,
+):  # fmt: skip
+    """The U steps turn * U .. of every lane: words [T, 4, U], scale pairs [T, 2, U], and x pairs [T, 4, U] of
+    (block, column group) 00, 10, 01, 11 (the group-1 ones are group 0's with one group). Steps past the end
+    re-read step 0 with zero scales (they add nothing)."""
+    step = (turn * U)[:, None] + tl.arange(0, U)[None, :]  # [T, U]
+    live = step < n_steps
+    s = tl.where(live, step, 0)
+    at = (tile * n_steps + s).to(tl.int64)
+    four = tl.arange(0, 4)
+    words = tl.load(words_ptr + ((at * 32 + lane[:, None]) * 4)[:, None, :] + four[None, :, None])
+    two = tl.arange(0, 2)
+    pairs = tl.load(pairs_ptr + ((at * 8 + g[:, None]) * 2)[:, None, :] + two[None, :, None])
+    pairs = tl.where(live[:, None, :], pairs, 0)
+    x_at = (x_rows.to(tl.int64) * x_row_stride + 4 * c)[:, None] + s * 32
+    x00 = tl.load(x_ptr + x_at[:, None, :] + four[None, :, None])
+    x10 = tl.load(x_ptr + x_at[:, None, :] + 16 + four[None, :, None])
+    if GROUPS == 2:
+        x_at = (x_rows_2.to(tl.int64) * x_row_stride + 4 * c)[:, None] + s * 32
+        x01 = tl.load(x_ptr + x_at[:, None, :] + four[None, :, None])
+        x11 = tl.load(x_ptr + x_at[:, None, :] + 16 + four[None, :, None])
+    else:
+        x01, x11 = x00, x10
+    return words, pairs, x00, x10, x01, x11
+
+
+@triton.jit
+def _turn(loads, acc, U: tl.constexpr, GROUPS: tl.constexpr, FULL: tl.constexpr, FAULT: tl.constexpr):
+    """Every step of a turn (U = 1 or 2), in order."""
+    words, pairs, x00, x10, x01, x11 = loads
+    T: tl.constexpr = words.shape[0]
+    if U == 1:
+        acc = _step(
+            tl.reshape(words, [T, 4]), tl.reshape(pairs, [T, 2]), tl.reshape(x00, [T, 4]), tl.reshape(x10, [T, 4]),
+            tl.reshape(x01, [T, 4]), tl.reshape(x11, [T, 4]), acc, GROUPS, FULL, FAULT,
+        )  # fmt: skip
+    else:
+        wa, wb = tl.split(words)
+        pa, pb = tl.split(pairs)
+        a00, b00 = tl.split(x00)
+        a10, b10 = tl.split(x10)
+        a01, b01 = tl.split(x01)
+        a11, b11 = tl.split(x11)
+        acc = _step(wa, pa, a00, a10, a01, a11, acc, GROUPS, FULL, FAULT)
+        acc = _step(wb, pb, b00, b10, b01, b11, acc, GROUPS, FULL, FAULT)
+    return acc
+
+
+@triton.jit
+def _store_group(out_ptr, acc0, acc1, acc2, acc3, tile, first_col, M, out_row_stride, WARPS: tl.constexpr):
+    """A column group's four accumulators, summed over the warps (through shared memory), rounded once, stored."""
+    r0 = tl.sum(tl.reshape(acc0, [WARPS, 32]), axis=0)
+    r1 = tl.sum(tl.reshape(acc1, [WARPS, 32]), axis=0)
+    r2 = tl.sum(tl.reshape(acc2, [WARPS, 32]), axis=0)
+    r3 = tl.sum(tl.reshape(acc3, [WARPS, 32]), axis=0)
+    lanes = tl.arange(0, 32)
+    n = tile * 16 + lanes // 4
+    col = first_col + 2 * (lanes % 4)
+    out = out_ptr + col.to(tl.int64) * out_row_stride + n
+    tl.store(out, r0.to(tl.bfloat16), mask=col < M)
+    tl.store(out + 8, r2.to(tl.bfloat16), mask=col < M)
+    tl.store(out + out_row_stride, r1.to(tl.bfloat16), mask=col + 1 < M)
+    tl.store(out + out_row_stride + 8, r3.to(tl.bfloat16), mask=col + 1 < M)
+
+
+@triton.jit
+def _fragment_gemv_kernel(
+    x_ptr, words_ptr, pairs_ptr, out_ptr, M, N, n_steps, x_row_stride, out_row_stride,
+    WARPS: tl.constexpr, U: tl.constexpr, DEPTH: tl.constexpr, GROUPS: tl.constexpr, FULL: tl.constexpr,
+    FAULT: tl.constexpr,
+):  # fmt: skip
+    # x_ptr: int32 words (bf16 pairs) [M, K/2]; program (row tile, column block of 8 * GROUPS x rows).
+    tile, q = tl.program_id(0), tl.program_id(1)
+    T: tl.constexpr = 32 * WARPS
+    t = tl.arange(0, T)
+    lane = t % 32
+    warp = t // 32
+    g = lane // 4
+    c = lane % 4
+    first = q * 8 * GROUPS
+    # MMA column g of group j is x row first + 8 j + g; rows past M compute a copy of row M - 1, never stored.
+    x_rows = tl.minimum(first + g, M - 1)
+    x_rows_2 = tl.minimum(first + 8 + g, M - 1)
+    zero = tl.zeros([T], dtype=tl.float32)
+    acc = (zero, zero, zero, zero, zero, zero, zero, zero)
+    turns = tl.cdiv(n_steps, WARPS * U)
+    where = (words_ptr, pairs_ptr, x_ptr, tile)
+    lanes = (n_steps, lane, g, c, x_rows, x_rows_2, x_row_stride)
+    # DEPTH turns of loads in flight ahead of the one computed (register prefetch; 0: none).
+    if DEPTH == 0:
+        for i in range(0, turns):
+            acc = _turn(_turn_loads(*where, i * WARPS + warp, *lanes, U, GROUPS), acc, U, GROUPS, FULL, FAULT)
+    elif DEPTH == 1:
+        ahead = _turn_loads(*where, warp, *lanes, U, GROUPS)
+        for i in range(0, turns):
+            now = ahead
+            ahead = _turn_loads(*where, (i + 1) * WARPS + warp, *lanes, U, GROUPS)
+            acc = _turn(now, acc, U, GROUPS, FULL, FAULT)
+    else:
+        ahead = _turn_loads(*where, warp, *lanes, U, GROUPS)
+        after = _turn_loads(*where, WARPS + warp, *lanes, U, GROUPS)
+        for i in range(0, turns):
+            now = ahead
+            ahead = after
+            after = _turn_loads(*where, (i + 2) * WARPS + warp, *lanes, U, GROUPS)
+            acc = _turn(now, acc, U, GROUPS, FULL, FAULT)
+    _store_group(out_ptr, acc[0], acc[1], acc[2], acc[3], tile, first, M, out_row_stride, WARPS)
+    if GROUPS == 2:
+        _store_group(out_ptr, acc[4], acc[5], acc[6], acc[7], tile, first + 8, M, out_row_stride, WARPS)
+
+
+def check_fragment_args(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor) -> tuple[int, int]:
+    """(N, K) of a valid call; a one-line error naming the argument otherwise."""
+    if x.dtype != torch.bfloat16 or x.dim() != 2:
+        raise TypeError(f"x: must be bf16 [M, K], got {x.dtype} {tuple(x.shape)}")
+    if words.dtype != torch.int32 or words.dim() != 4 or words.shape[2:] != (layout.LANES, 4):
+        raise TypeError(
+            "words: must be int32 [N/16, K/64, 32, 4] (mxfp4_fragment_layout.prepare), "
+            f"got {words.dtype} {tuple(words.shape)}"
+        )
+    n, k = words.shape[0] * layout.ROWS, words.shape[1] * layout.STEP_K
+    if pairs.dtype != torch.int32 or tuple(pairs.shape) != (words.shape[0], words.shape[1], 8, 2):
+        raise TypeError(
+            f"pairs: must be int32 {(words.shape[0], words.shape[1], 8, 2)}, got {pairs.dtype} {tuple(pairs.shape)}"
+        )
+    if x.shape[1] != k:
+        raise ValueError(f"x: K = {x.shape[1]} does not match the weights' K = {k}")
+    for name, tensor in (("words", words), ("pairs", pairs)):
+        if not tensor.is_contiguous():
+            raise ValueError(f"{name}: must be contiguous (as mxfp4_fragment_layout.prepare returns it)")
+    return n, k
+
+
+def launch(x, words, pairs, config: tuple | None = None, fault: str = "none") -> torch.Tensor:
+    """Validate, allocate and launch; `config` (WARPS, U, DEPTH) overrides GPU_CONFIG (sweeps), `fault` plants a
+    named bug (negative controls)."""
+    n, k = check_fragment_args(x, words, pairs)
+    check_device(x=x, words=words, pairs=pairs)
+    m = x.shape[0]
+    if not packed_ptx(x.device):  # no PTX here: the interchange layout through the CUDA-core / portable GEMM
+        if fault != "none":
+            raise ValueError(f"fault: planted bugs live in the PTX kernel, which {x.device} does not run")
+        codes, scales = layout.interchange(words, pairs)
+        return w4a16_mxfp4_gemm.launch(x, codes, scales)
+    y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
+    if m == 0 or n == 0:
+        return y
+    if x.stride(1) != 1 or x.stride(0) % 2 or x.data_ptr() % 4:
+        raise ValueError(f"x: rows must be contiguous and start on 4-byte boundaries, got strides {x.stride()}")
+    warps, u, depth = config or GPU_CONFIG
+    groups = 1 if m <= GROUP else 2
+    xw = x.view(torch.int32)
+    _fragment_gemv_kernel[(n // layout.ROWS, triton.cdiv(m, GROUP * groups))](
+        xw, words, pairs, y, m, n, k // layout.STEP_K, xw.stride(0), y.stride(0),
+        WARPS=warps, U=u, DEPTH=depth, GROUPS=groups, FULL=m > 1, FAULT=FAULTS[fault], num_warps=warps,
+        num_stages=1,
+    )  # fmt: skip
+    return y
+
+
+@torch.library.custom_op("touchstone::w4a16_mxfp4_fragment_gemv", mutates_args=())
+def _fragment_gemv_op(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
+    return launch(x, words, pairs)
+
+
+@_fragment_gemv_op.register_fake
+def _(x, words, pairs):
+    n, _ = check_fragment_args(x, words, pairs)
+    return x.new_empty(x.shape[0], n)
+
+
+def w4a16_mxfp4_fragment_gemv(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
+    """bf16 [M, N]: the mirror of x against `kernels.mxfp4_fragment_layout.interchange(words, pairs)`."""
+    return torch.ops.touchstone.w4a16_mxfp4_fragment_gemv(x, words, pairs)

@@ -1,0 +1,245 @@
+"""The tensor-core W4A16 MXFP4 GEMV (`kernels.w4a16_mxfp4_fragment_gemv`) and its fragment layout
+(`kernels.mxfp4_fragment_layout`).
+
+Every tier: the layout is a bijection (prepare then interchange gives the bytes back), a named word pins where
+each element's bits go, and the kernel's decode PTX, run by the numpy PTX interpreter (suites/gemm/ptx_subset.py)
+over every code at every position and 2**17 random words, gives the reference's E2M1 values bit for bit (three
+planted bugs in that text must not); the op matches the mirror under the W4A16 GEMM's lossy policy
+(kernels.tolerances, "w4a16_mxfp4_gemm") and its named cases exactly. On a GPU that runs the PTX (sm_90+) those
+checks run the tensor-core kernel, with its launch shapes (0, 1 and 2 turns of loads ahead, 1 and 2 steps a
+turn, one and two column groups), and two planted bugs (rows g and g + 8 exchanged, a block scaled by its
+neighbour's scale) must be caught; elsewhere the op reads the weights back to the interchange layout and runs
+`kernels.w4a16_mxfp4_gemm`, and those GPU cases are skipped (they live in the PTX).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kernels._packed_ptx import packed_ptx
+from kernels.tolerances import assert_exact, assert_lossy, families
+from reference.gemm import w4a16_mxfp4 as ref
+from reference.quant.mxfp4 import dequantize_mxfp4
+from suites import oracles
+from suites.gemm import ptx_subset
+from suites.gemm.test_w4a16_mxfp4_gemm import NAMED, named_problem, quantized_weights
+from suites.quant.mxfp4_cases import random_blocks
+
+layout = pytest.importorskip("kernels.mxfp4_fragment_layout")
+kernel = pytest.importorskip("kernels.w4a16_mxfp4_fragment_gemv")
+FAMILY = families.W4A16_MXFP4_GEMM
+
+
+def prepared(codes, scales, device):
+    words, pairs = layout.prepare(codes, scales)
+    return words.to(device), pairs.to(device)
+
+
+@given(
+    tiles=st.integers(1, 3),
+    steps=st.integers(1, 3),
+    batch=st.sampled_from([(), (2,)]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_prepare_is_undone_by_interchange(tiles, steps, batch, seed):
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 256, (*batch, 16 * tiles, 32 * steps), dtype=torch.uint8, generator=gen)
+    scales = torch.randint(0, 256, (*batch, 16 * tiles, 2 * steps), dtype=torch.uint8, generator=gen)
+    words, pairs = layout.prepare(codes, scales)
+    assert words.shape == (*batch, tiles, steps, 32, 4) and pairs.shape == (*batch, tiles, steps, 8, 2)
+    back_codes, back_scales = layout.interchange(words, pairs)
+    assert_exact(back_codes, codes, "interchange(prepare(codes))")
+    assert_exact(back_scales, scales, "interchange(prepare(scales))")
+
+
+def test_a_named_word_and_its_place():
+    """Row 0's first word (elements 0..7 of block 0, lane 0) with element j = code 0xF (-6) alone: its bits land
+    on BIT_MAP[j], which the module doc derives (R0 at rotation 0: bits 6, 7, 8, 15 for element 0; R1 at 4; R2
+    at 10; R3 split 14 / 6). Row 8's word is the lane's second word, block 1 its third; a scale pair holds rows
+    g (low half) and g + 8 as bf16 (byte 0 the subnormal 0x0040, 0xFF NaN 0x7FC0)."""
+    expected = [0x000081C0, 0x81C00000, 0x00081C00, 0x1C000008, 0x02070000, 0x00000207, 0x00306000, 0x60000030]
+    for j, want in enumerate(expected):
+        codes = torch.zeros(16, 32, dtype=torch.uint8)
+        codes[0, j // 2] = 0xF << (4 * (j % 2))
+        words, _ = layout.prepare(codes, torch.full((16, 2), 127, dtype=torch.uint8))
+        assert words[0, 0, 0, 0].item() & 0xFFFFFFFF == want, f"element {j}: {words[0, 0, 0, 0].item():#x}"
+        assert words.count_nonzero().item() == 1
+    codes = torch.zeros(16, 32, dtype=torch.uint8)
+    codes[8, 0], codes[0, 16] = 0x0F, 0x0F  # row 8 block 0, row 0 block 1: element 0 each
+    scales = torch.full((16, 2), 127, dtype=torch.uint8)
+    scales[0, 0], scales[8, 0], scales[0, 1] = 0, 255, 128
+    words, pairs = layout.prepare(codes, scales)
+    assert words[0, 0, 0].tolist() == [0, 0x81C0, 0x81C0, 0]
+    assert [p & 0xFFFFFFFF for p in pairs[0, 0, 0].tolist()] == [0x7FC00040, 0x3F804000]
+
+
+def decoded_by(ptx: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(what `ptx` decodes, what the reference decodes) for every code (0..15) at every element position, in words
+    whose other elements are random, and 2**17 random words."""
+    rng = np.random.default_rng(0)
+    words = [rng.integers(0, 2**32, 2**17, dtype=np.uint64).astype(np.uint32)]
+    for j in range(8):
+        base = rng.integers(0, 2**32, 16, dtype=np.uint64).astype(np.uint32) & ~np.uint32(0xF << (4 * j))
+        words.append(base | (np.arange(16, dtype=np.uint32) << np.uint32(4 * j)))
+    interchange = np.concatenate(words)  # interchange words: element j in nibble j
+    codes = torch.from_numpy(interchange.view(np.uint8).reshape(-1, 4).copy())
+    block = torch.zeros(codes.shape[0], 16, dtype=torch.uint8)  # one MX block a word, scale 127 (1.0)
+    block[:, :4] = codes
+    want = dequantize_mxfp4(block, torch.full((codes.shape[0], 1), 127, dtype=torch.uint8), dtype=torch.float32)
+    # Prepare each word on its own row of a 16 x 64 tile: it is the lane-0 first word of its tile.
+    padded = torch.zeros(codes.shape[0], 16, 32, dtype=torch.uint8)
+    padded[:, 0, :4] = codes
+    prepared_words, _ = layout.prepare(padded, torch.full((codes.shape[0], 16, 2), 127, dtype=torch.uint8))
+    stored = prepared_words[:, 0, 0, 0, 0].numpy().view(np.uint32)
+    out = ptx_subset.run(ptx, {4: stored})
+    regs = np.stack([out[i] for i in range(4)], axis=-1)
+    halves = np.stack([regs & 0xFFFF, regs >> 16], axis=-1).reshape(-1, 8).astype(np.uint32)
+    got = torch.from_numpy((halves << 16).view(np.float32))
+    assert_exact(layout.decode_word(torch.from_numpy(stored.view(np.int32))), want[:, :8], "decode_word")
+    return got, want[:, :8]
+
+
+def test_decode_ptx_gives_the_reference_values():
+    got, want = decoded_by(kernel.decode_block_ptx())
+    assert_exact(got, want, "decode PTX")
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [("$4, $4, 10;", "$4, $4, 11;"), ("0x00400040", "0x00400000"), ("mul.rn.bf16x2 $3, $3, bias;", "")],
+    ids=["r2_rotation", "r3_low_mask", "r3_bias_dropped"],
+)
+def test_decode_ptx_controls(planted):
+    """Negative controls on every tier: the decode text with one planted bug mismatches the reference."""
+    got, want = decoded_by(kernel.decode_block_ptx().replace(*planted))
+    assert not torch.equal(got, want)
+
+
+@st.composite
+def problems(draw):
+    x_exponent = draw(st.integers(-60, 60))
+    return dict(
+        m=draw(st.sampled_from([1, 1, 2, 3, 8, 9, 17])),
+        n=16 * draw(st.integers(1, 3)),
+        k=64 * draw(st.integers(1, 5)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+        spread=draw(st.sampled_from([0.0, 4.0, 12.0])),
+        mode=draw(st.sampled_from(("floor", "rceil", "even", "ceil"))),
+        x_exponent=x_exponent,
+        w_exponent=draw(st.integers(max(-100, -100 - x_exponent), min(100, 100 - x_exponent))),
+        zero_block=draw(st.booleans()),
+    )
+
+
+def check(x, codes, scales, device, ideal, **launch):
+    words, pairs = prepared(codes, scales, device)
+    got = kernel.launch(x.to(device), words, pairs, **launch).cpu()
+    assert got.dtype == torch.bfloat16 and got.shape == (x.shape[0], codes.shape[0])
+    return assert_lossy(FAMILY, got, ref.w4a16_mxfp4_gemm_mirror(x, codes, scales), ideal)
+
+
+@given(p=problems())
+def test_matches_mirror_and_ideal(p, device):
+    w, codes, scales = quantized_weights(p["n"], p["k"], p["seed"], p["spread"], p["w_exponent"], p["mode"])
+    if p["zero_block"]:
+        w[0, :32] = 0.0
+        codes[0, :16], scales[0, 0] = 0, 0
+    x = (random_blocks((p["m"], p["k"]), torch.float32, p["seed"] + 1, 2.0) * 2.0 ** p["x_exponent"]).to(torch.bfloat16)
+    ideal = ref.w4a16_mxfp4_gemm_ideal(x, codes, scales) if p["spread"] > 4 else oracles.unquantized_product(x, w)
+    check(x, codes, scales, device, ideal)
+
+
+def _padded(codes, scales):
+    """A named problem's 3 x 64 weights padded to one 16-row tile (zero codes, scale 127)."""
+    c = torch.zeros(16, 32, dtype=torch.uint8)
+    s = torch.full((16, 2), 127, dtype=torch.uint8)
+    c[:3], s[:3] = codes, scales
+    return c, s
+
+
+@pytest.mark.parametrize(
+    ("name", "x_rows", "code_bytes", "scale_bytes", "want", "note"), NAMED, ids=[c[0] for c in NAMED]
+)
+def test_named_cases(name, x_rows, code_bytes, scale_bytes, want, note, device):
+    x, codes, scales = named_problem(x_rows, code_bytes, scale_bytes)
+    codes, scales = _padded(codes, scales)
+    words, pairs = prepared(codes, scales, device)
+    want = torch.tensor(want, dtype=torch.bfloat16)
+    for rows in (1, 9):  # one x row (the M = 1 kernel) and nine (every accumulator, two column blocks)
+        for r in range(x.shape[0]):
+            got = kernel.w4a16_mxfp4_fragment_gemv(x[r : r + 1].expand(rows, -1).contiguous().to(device), words, pairs)
+            assert_exact(got.cpu()[:, 0], want[r].expand(rows), f"{name}: x row {r}, M = {rows} ({note})")
+
+
+def test_nan_scale_poisons_its_row_only(device):
+    _, codes, scales = quantized_weights(32, 128, 3, 4.0, 0, "floor")
+    scales[9, 2] = 0xFF
+    x = random_blocks((2, 128), torch.bfloat16, 4, 2.0)
+    words, pairs = prepared(codes, scales, device)
+    got = kernel.w4a16_mxfp4_fragment_gemv(x.to(device), words, pairs).cpu()
+    assert torch.isnan(got[:, 9]).all() and not torch.isnan(got[:, torch.arange(32) != 9]).any()
+
+
+GPU_ONLY = "the PTX kernel's launch shapes and planted bugs need a GPU that runs its PTX (sm_90+)"
+
+
+@pytest.mark.parametrize("config", [(4, 1, 0), (4, 1, 1), (2, 2, 1), (8, 1, 2), (4, 2, 2)], ids=str)
+def test_launch_shapes(config, device):
+    """K = 7 steps over 2..8 warps of 1 or 2 steps a turn, 0..2 turns of loads ahead: turns and prefetches past the
+    end; M from one x row to three programs of two column groups (the last one ragged)."""
+    if not packed_ptx(torch.device(device)):
+        pytest.skip(GPU_ONLY)
+    w, codes, scales = quantized_weights(48, 448, 5, 6.0, 0, "rceil")
+    for m in (1, 5, 8, 13, 16, 40):
+        x = random_blocks((m, 448), torch.bfloat16, 6 + m, 3.0)
+        check(x, codes, scales, device, oracles.unquantized_product(x, w), config=config)
+
+
+@pytest.mark.parametrize("fault", [f for f in kernel.FAULTS if f != "none"])
+def test_planted_bugs_are_caught(fault, device):
+    if not packed_ptx(torch.device(device)):
+        pytest.skip(GPU_ONLY)
+    w, codes, scales = quantized_weights(32, 256, 7, 6.0, 0, "floor")
+    x = random_blocks((1, 256), torch.bfloat16, 8, 2.0)
+    check(x, codes, scales, device, oracles.unquantized_product(x, w))  # the control passes without the bug
+    with pytest.raises(AssertionError):
+        check(x, codes, scales, device, oracles.unquantized_product(x, w), fault=fault)
+
+
+def test_opcheck(device):
+    _, codes, scales = quantized_weights(16, 64, 11, 2.0, 0, "floor")
+    x = random_blocks((2, 64), torch.bfloat16, 12, 2.0)
+    words, pairs = prepared(codes, scales, device)
+    torch.library.opcheck(torch.ops.touchstone.w4a16_mxfp4_fragment_gemv.default, (x.to(device), words, pairs))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (dict(x=torch.zeros(2, 64, dtype=torch.float16)), "x: must be bf16"),
+        (dict(x=torch.zeros(2, 128, dtype=torch.bfloat16)), "x: K = 128"),
+        (dict(words=torch.zeros(1, 1, 32, 4, dtype=torch.int64)), "words: must be int32"),
+        (dict(pairs=torch.zeros(1, 1, 8, 1, dtype=torch.int32)), "pairs: must be int32"),
+    ],
+    ids=["x_dtype", "x_k", "words_dtype", "pairs_shape"],
+)
+def test_bad_arguments_name_themselves(change, message):
+    args = dict(
+        x=torch.zeros(2, 64, dtype=torch.bfloat16),
+        words=torch.zeros(1, 1, 32, 4, dtype=torch.int32),
+        pairs=torch.zeros(1, 1, 8, 2, dtype=torch.int32),
+    )
+    args.update(change)
+    with pytest.raises((TypeError, ValueError), match=message):
+        kernel.w4a16_mxfp4_fragment_gemv(**args)
+
+
+def test_layout_rejects_ragged_shapes():
+    with pytest.raises(ValueError, match="multiple of 16"):
+        layout.prepare(torch.zeros(8, 32, dtype=torch.uint8), torch.zeros(8, 2, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="scales: must be"):
+        layout.prepare(torch.zeros(16, 32, dtype=torch.uint8), torch.zeros(16, 3, dtype=torch.uint8))
