@@ -230,16 +230,22 @@ def _turn_loads(
     two = tl.arange(0, 2)
     pairs = tl.load(pairs_ptr + ((at * 8 + g[:, None]) * 2)[:, None, :] + two[None, :, None])
     pairs = tl.where(live[:, None, :], pairs, 0)
-    x_at = (x_rows.to(tl.int64) * x_row_stride + 4 * c)[:, None] + s * 32
-    x00 = tl.load(x_ptr + x_at[:, None, :] + four[None, :, None])
-    x10 = tl.load(x_ptr + x_at[:, None, :] + 16 + four[None, :, None])
+    x00, x10 = _x_pairs(x_ptr, x_rows, c, s, x_row_stride)
     if GROUPS == 2:
-        x_at = (x_rows_2.to(tl.int64) * x_row_stride + 4 * c)[:, None] + s * 32
-        x01 = tl.load(x_ptr + x_at[:, None, :] + four[None, :, None])
-        x11 = tl.load(x_ptr + x_at[:, None, :] + 16 + four[None, :, None])
+        x01, x11 = _x_pairs(x_ptr, x_rows_2, c, s, x_row_stride)
     else:
         x01, x11 = x00, x10
     return words, pairs, x00, x10, x01, x11
+
+
+@triton.jit
+def _x_pairs(x_ptr, rows, c, s, x_row_stride):
+    """x pairs [T, 4, U] of blocks 0 and 1 of steps s ([T, U]): lane (g, c)'s elements 8c .. 8c + 7 of x row rows."""
+    four = tl.arange(0, 4)
+    at = (rows.to(tl.int64) * x_row_stride + 4 * c)[:, None] + s * 32
+    return tl.load(x_ptr + at[:, None, :] + four[None, :, None]), tl.load(
+        x_ptr + at[:, None, :] + 16 + four[None, :, None]
+    )
 
 
 @triton.jit

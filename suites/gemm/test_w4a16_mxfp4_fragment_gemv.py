@@ -14,6 +14,8 @@ neighbour's scale) must be caught; elsewhere the op reads the weights back to th
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -75,6 +77,22 @@ def test_a_named_word_and_its_place():
     words, pairs = layout.prepare(codes, scales)
     assert words[0, 0, 0].tolist() == [0, 0x81C0, 0x81C0, 0]
     assert [p & 0xFFFFFFFF for p in pairs[0, 0, 0].tolist()] == [0x7FC00040, 0x3F804000]
+
+
+def test_four_rotations_of_the_mask_cannot_tile_a_word():
+    """Why R3 is taken in two pieces (the layout's module doc): no four rotations of the register mask are
+    disjoint, so no word layout gives every register as one rotation and one AND (one rotation may be 0: a tiling
+    shifted is a tiling)."""
+
+    def rotated(r):
+        return {(b + r) % 32 for b in range(32) if layout.MASK >> b & 1}
+
+    assert len(rotated(0)) == 8
+    for rotations in itertools.combinations(range(1, 32), 3):
+        sets = [rotated(0)] + [rotated(r) for r in rotations]
+        assert len(set().union(*sets)) < 32, rotations
+    covered = {layout.BIT_MAP[j][q] for j in range(8) for q in range(4)}
+    assert covered == set(range(32))  # the layout used instead: every bit of the word holds one code bit
 
 
 def decoded_by(ptx: str) -> tuple[torch.Tensor, torch.Tensor]:
