@@ -12,7 +12,7 @@ x's elements 8c .. 8c + 7 of a block as four bf16 pairs, the B fragment as it is
 step is 512 contiguous bytes, 16 a lane.
 
 Bits. Element 2i of a word goes to the low half of operand register R_i, element 2i + 1 to the high half, each as
-bf16 E2M1 value * 2**-126: sign at bit 15 (31), magnitude at 8:6 (24:22), the bits `TARGET` lists; the kernel
+bf16 E2M1 value * 2**-126: sign at bit 15 (31), magnitude at 8:6 (24:22), the bits MASK keeps; the kernel
 multiplies by 2**126 (exact). A register is taken out of the word as rotr(word, r) & mask: R0 at rotation 0, R1 at
 4, R2 at 10; no four rotations of one mask tile 32 bits (the suite checks every choice), so R3 is two pieces: its
 magnitudes' low bits at rotation 14, the rest at 6. That is 9 integer ops for 8 weights (the interchange order
