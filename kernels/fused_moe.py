@@ -56,8 +56,8 @@ def run_layer(
 ):  # fmt: skip
     """The layer on validated arguments. Block FP8 (`quantize` given: x -> (E4M3 codes, group scales)): x and
     the intermediate are quantized by it before each GEMM, the weights carry their tile scales. MXFP4 (`mx`):
-    w13 / w2 are codes with E8M0 scales, decoded inside the GEMMs; activations stay bf16; up to
-    `kernels.moe_gemv.MAX_ASSIGNMENTS` assignments (unless `tiles` asks for the grouped GEMM) the GEMMs are one
+    w13 / w2 are codes with E8M0 scales, decoded inside the GEMMs; activations stay bf16. In both quantized
+    modes, up to `kernels.moe_gemv.takes` assignments (unless `tiles` asks for the grouped GEMM) the GEMMs are one
     GEMV an assignment (`kernels.moe_gemv`) and no alignment runs."""
     device = x.device
     tokens, top_k = topk_ids.shape
@@ -65,12 +65,15 @@ def run_layer(
     align_fault = fault if fault in moe_align.FAULTS else "none"
     gemm_fault = fault if fault not in moe_align.FAULTS else "none"
     weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
-    if mx and tiles is None and moe_gemv.takes(tokens * top_k):  # decode: one GEMV an assignment, no alignment
+    fp8 = quantize is not None
+    if (mx or fp8) and tiles is None and moe_gemv.takes(tokens * top_k, fp8):  # decode: GEMVs, no alignment
 
         def gemm(a, a_scales, w, bias, w_scales, out, a_div, act, mul_weight, _tiles):
-            moe_gemv.launch_mx_moe_gemv(
-                a, w, w_scales, bias, out, topk_ids, expert_map, weights, a_div, act, mul_weight, gemm_fault
-            )
+            routing = (topk_ids, expert_map, weights, a_div, act, mul_weight, gemm_fault)
+            if fp8:
+                moe_gemv.launch_fp8_moe_gemv(a, a_scales, w, w_scales, out, *routing)
+            else:
+                moe_gemv.launch_mx_moe_gemv(a, w, w_scales, bias, out, *routing)
 
         first = second = None
     else:

@@ -112,9 +112,13 @@ def fp8_tiles(first: Tiles, second: Tiles) -> tuple[Tiles, Tiles]:
     spills). From the sweep on that shape (each GEMM alone, CUDA-graph replays):
     - prefill (bf16 BM >= 64): BM 64, BN 64 then 128, 4 warps, 4 stages: 4.67 + 2.67 ms at 4,096 tokens
       (BM 128, BN 64 / 128, 8 warps: 5.03 + 3.04 ms);
-    - decode (BM 16): BN at least 64: 77.6 + 50.5 us at 1 token (BN 32: 82.9 + 65.6 us)."""
+    - decode (BM 16): BN at least 64: 77.6 + 50.5 us at 1 token (BN 32: 82.9 + 65.6 us); at up to 2 rows an
+      expert (the bf16 table's BN 32 row) 6 stages: the whole layer at 4 tokens 0.870x memcpy on the touched bytes
+      against 0.838x with 4 / 3 (`python -m bench.moe.launch_sweep --cases dsv3_decode`)."""
     if first.bm >= 64:
         return Tiles(64, 64, SCALE_BLOCK, 4, 4, first.group_m), Tiles(64, 128, SCALE_BLOCK, 4, 4, second.group_m)
+    if first.bn < 64:
+        first, second = first._replace(stages=6), second._replace(stages=6)
     return (
         first._replace(bk=SCALE_BLOCK, bn=min(max(first.bn, 64), 128)),
         second._replace(bk=SCALE_BLOCK, bn=min(max(second.bn, 64), 128)),

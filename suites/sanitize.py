@@ -103,7 +103,10 @@ SELECTION = {
         "suites/moe/test_block_fp8_moe_kernel.py::test_prefill_tiles_through_tma[none]",
         "suites/moe/test_mxfp4_moe_kernel.py::test_fixed_layer_within_the_row",
     ],
-    "moe_gemv": ["suites/moe/test_mxfp4_moe_kernel.py::test_decode_path_within_the_row_and_beside_the_grouped_gemm"],
+    "moe_gemv": [
+        "suites/moe/test_mxfp4_moe_kernel.py::test_decode_path_within_the_row_and_beside_the_grouped_gemm",
+        "suites/moe/test_block_fp8_moe_kernel.py::test_decode_path_within_the_row_and_beside_the_grouped_gemm",
+    ],
     # several modules' kernels with guard bytes and poisoned outputs; their errors are attributed by kernel name
     "guarded calls": [GUARDED],
 }

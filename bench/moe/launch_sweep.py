@@ -4,8 +4,9 @@ CUDA-graph replay per (first GEMM's, second GEMM's) tiles, against the same run'
     python -m bench.moe.launch_sweep [--cases mixtral_prefill dsv3_decode mxfp4_decode] [--repeats 3]
 
 Cases: mixtral_prefill (bf16, 4,096 tokens; against the `torch._grouped_mm` layer, bench/moe/grouped_mm_peer.py:
-the bar is >= 1.0x), dsv3_decode (block FP8, DeepSeek-V3's experts at 1 and 4 tokens; against memcpy on the
-touched experts' bytes: the bar is >= 0.70x) and mxfp4_decode (gpt-oss-20b's experts at 1, 4 and 16 tokens:
+the bar is >= 1.0x), dsv3_decode (block FP8, DeepSeek-V3's experts at 1, 2 and 4 tokens: the grouped GEMM's
+tiles, which `tiles` forces, and `kernels.moe_gemv`'s block-FP8 launch shapes; against memcpy on the touched
+experts' bytes: the bar is >= 0.70x) and mxfp4_decode (gpt-oss-20b's experts at 1, 4 and 16 tokens:
 `kernels.moe_gemv`'s launch shapes against the grouped GEMM, which `tiles` forces; memcpy on the touched bytes,
 the bar >= 0.60x). The layer's own choice (`kernels.moe_gemm.choose_tiles`) is the
 line marked "table". Each config is timed `--repeats` times (cold L2 each time), and every p20 / p50 / p80 is
@@ -27,7 +28,7 @@ from bench.moe.grouped_mm_peer import grouped_mm_moe
 from bench.moe.layer_bench import cases
 from bench.timing import bench
 from kernels import block_fp8_moe, fused_moe, moe_gemv, mxfp4_moe
-from kernels.moe_gemm import Tiles, choose_tiles, mx_tiles
+from kernels.moe_gemm import Tiles, choose_tiles, fp8_tiles, mx_tiles
 
 T = Tiles
 # (first GEMM's, second GEMM's) tiles; both share BM (the alignment's block). None: the table's choice.
@@ -44,8 +45,8 @@ DSV3_DECODE = (
     None,
     *(
         (T(16, bn1, 128, w, s), T(16, bn2, 128, w, s))
-        for bn1, bn2 in ((64, 64), (64, 128), (128, 128), (32, 64))
-        for w, s in ((4, 4), (4, 6), (8, 4))
+        for bn1, bn2 in ((64, 64), (64, 128), (128, 128))
+        for w, s in ((4, 4), (4, 6))
     ),
 )
 
@@ -94,20 +95,54 @@ def mixtral_prefill(repeats: int) -> None:
         _line("mixtral_prefill", _label(pair), timings, peer, "grouped-mm")
 
 
+# kernels.moe_gemv's block-FP8 tensor-core (U, warps) candidates
+FP8_GEMV = ((1, 1), (2, 1), (1, 2), (2, 2), (1, 4), (2, 4), (1, 8), (2, 8))
+
+
 def dsv3_decode(repeats: int) -> None:
     roof = memcpy_gbps(1 << 30, "1 GiB device copy")
-    for tokens in (1, 4):
-        case = cases(fp8_bench.DSV3, (tokens,))[0]
+    shape = fp8_bench.DSV3
+    for tokens in (1, 2, 4):
+        case = cases(shape, (tokens,))[0]
         args = fp8_bench.inputs(case, "cuda")
         moved = fp8_bench.moved_bytes(case)
         roof_ms = moved / roof / 1e6
-        for pair in DSV3_DECODE:
+        rows = tokens * shape.top_k
+        table = fp8_tiles(*choose_tiles(args[0].device, rows, shape.experts, shape.hidden, shape.inter))
+        for pair in (table, *DSV3_DECODE[1:]):  # the grouped GEMM, forced by `tiles`
+            label = "grouped " + _label(pair) + (" (table tiles)" if pair is table else "")
             try:
                 timings = _time(functools.partial(block_fp8_moe.launch, *args, tiles=pair), repeats)
             except Exception as err:
-                failed(f"dsv3_decode T{tokens} {_label(pair)}", err)
+                failed(f"dsv3_decode T{tokens} {label}", err)
                 continue
-            _line(f"dsv3_decode T{tokens}", _label(pair), timings, roof_ms, "memcpy", moved)
+            _line(f"dsv3_decode T{tokens}", label, timings, roof_ms, "memcpy", moved)
+        _gemv_sweep(
+            f"dsv3_decode T{tokens}", "FP8_MMA_LAUNCH", FP8_GEMV, functools.partial(block_fp8_moe.launch, *args),
+            repeats, roof_ms, moved, "FP8_MAX_ASSIGNMENTS", rows,
+        )  # fmt: skip
+
+
+def _gemv_sweep(
+    case: str, knob: str, candidates, layer, repeats: int, roof_ms: float, moved: int, limit: str, rows: int
+):  # fmt: skip
+    """The layer on its GEMV path (`kernels.moe_gemv`'s assignment limit `limit` raised to `rows` meanwhile) with
+    each of its launch `candidates` set in turn at `knob`."""
+    table, most = getattr(moe_gemv, knob), getattr(moe_gemv, limit)
+    setattr(moe_gemv, limit, max(most, rows))
+    try:
+        for launch in candidates:
+            setattr(moe_gemv, knob, launch)
+            label = f"gemv {knob} {launch}" + (" (table)" if launch == table else "")
+            try:
+                timings = _time(layer, repeats)
+            except Exception as err:
+                failed(f"{case} {label}", err)
+                continue
+            _line(case, label, timings, roof_ms, "memcpy", moved)
+    finally:
+        setattr(moe_gemv, knob, table)
+        setattr(moe_gemv, limit, most)
 
 
 # kernels.moe_gemv's (BLOCK_N, GROUPS, warps) candidates
@@ -131,21 +166,10 @@ def mxfp4_decode(repeats: int) -> None:
         )
         timings = _time(functools.partial(mxfp4_moe.launch, *args, tiles=grouped), repeats)
         _line(f"mxfp4_decode T{tokens}", "grouped GEMM (table tiles)", timings, roof_ms, "memcpy", moved)
-        if rows > moe_gemv.MAX_ASSIGNMENTS:
-            continue
-        table = moe_gemv.GPU_LAUNCH
-        try:
-            for launch in MX_GEMV:
-                moe_gemv.GPU_LAUNCH = launch
-                label = f"gemv {launch[0]}x{launch[1]} w{launch[2]}" + (" (table)" if launch == table else "")
-                try:
-                    timings = _time(functools.partial(mxfp4_moe.launch, *args), repeats)
-                except Exception as err:
-                    failed(f"mxfp4_decode T{tokens} {label}", err)
-                    continue
-                _line(f"mxfp4_decode T{tokens}", label, timings, roof_ms, "memcpy", moved)
-        finally:
-            moe_gemv.GPU_LAUNCH = table
+        if moe_gemv.takes(rows):
+            layer = functools.partial(mxfp4_moe.launch, *args)
+            case = f"mxfp4_decode T{tokens}"
+            _gemv_sweep(case, "GPU_LAUNCH", MX_GEMV, layer, repeats, roof_ms, moved, "MAX_ASSIGNMENTS", rows)
 
 
 CASES = {"mixtral_prefill": mixtral_prefill, "dsv3_decode": dsv3_decode, "mxfp4_decode": mxfp4_decode}

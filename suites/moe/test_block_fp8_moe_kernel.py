@@ -2,8 +2,9 @@
 LOSSY row against `block_fp8_moe_mirror` and above its SQNR floor against `block_fp8_moe_ideal`, over hypothesis
 draws of experts, top-k, tokens (0, 1, odd, more than E x block), skew (every token on one expert), expert-parallel
 maps and hidden/intermediate sizes (multiples of the 128-wide blocks, as the format requires); opcheck; CUDA-graph
-replay; named bad arguments; negative controls: a weight scale read from the neighbouring K block, gate and up
-swapped, the neighbouring expert's weights. Values are drawn at unit scale (randn activations, weights scaled by
+replay; named bad arguments; negative controls on both paths (the grouped GEMM, and the decode GEMV of
+`kernels.moe_gemv`): a weight scale read from the neighbouring K block, gate and up swapped, the neighbouring
+expert's weights. Values are drawn at unit scale (randn activations, weights scaled by
 1 / sqrt(fan-in)), where a gate/up swap costs ~30 dB, not the ~17 dB of small-scale MoE test draws."""
 
 from __future__ import annotations
@@ -95,6 +96,42 @@ def test_negative_controls_are_caught(device, fault):
         _check(_fixed(), device, fault)
 
 
+def _decode(expert_map=False, tokens=3):
+    """A decode-sized layer (tokens x top-2 assignments, `kernels.moe_gemv`'s block-FP8 path): the last expert
+    routed to, and with `expert_map` half of 8 global experts on this rank."""
+    g = torch.Generator().manual_seed(11)
+    ids = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(tokens)])
+    ids[0, 0] = 7
+    mapping = None
+    if expert_map:
+        mapping = torch.full((8,), -1, dtype=torch.int32)
+        mapping[torch.tensor([1, 3, 5, 7])] = torch.arange(4, dtype=torch.int32)
+    return _args(256, 128, (8, ids, torch.softmax(torch.randn(tokens, 2, generator=g), -1), mapping), 3)
+
+
+@pytest.mark.parametrize("expert_map", [False, True])
+def test_decode_path_within_the_row_and_beside_the_grouped_gemm(device, expert_map):
+    """Up to `kernels.moe_gemv.takes(..., fp8=True)` assignments the layer is one GEMV an assignment; the grouped
+    GEMM (forced by `tiles`) on the same layer is within the same row: both paths against both references."""
+    from kernels import moe_gemv
+    from kernels.moe_gemm import choose_tiles, fp8_tiles
+
+    args = _decode(expert_map)
+    assert moe_gemv.takes(args[6].numel(), fp8=True)
+    _check(args, device)
+    placed = on(args, device)
+    tiles = fp8_tiles(*choose_tiles(placed[0].device, 6, 8, 256, 128))
+    grouped = kernel.launch(*placed, tiles=tiles).cpu()
+    mirror, ideal = ref.block_fp8_moe_mirror(*args), ref.block_fp8_moe_ideal(*args)
+    assert_lossy(families.BLOCK_FP8_MOE, grouped, mirror, ideal, "block_fp8_moe")
+
+
+@pytest.mark.parametrize("fault", ["weight_scale_next_k_block", "gate_up_swapped", "neighbour_expert"])
+def test_decode_path_negative_controls(device, fault):
+    with pytest.raises(AssertionError):
+        _check(_decode(), device, fault)
+
+
 def _bytes(t):
     return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
 
@@ -122,15 +159,18 @@ def test_bad_arguments_are_named(device):
 
 
 @pytest.mark.gpu_only(reason="captures and replays a CUDA graph")
-def test_graph_replay_equals_eager(device):
-    """No host sync in the op (quantization included): it captures, and replays on new routings equal eager."""
-    static = on(_fixed(), device)
+@pytest.mark.parametrize("layer", [_fixed, _decode], ids=["grouped", "decode"])
+def test_graph_replay_equals_eager(device, layer):
+    """No host sync in the op (quantization included), on either path: it captures, and replays on new routings
+    equal eager."""
+    static = on(layer(), device)
+    tokens = static[6].shape[0]
     kernel.block_fp8_moe(*static)  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = kernel.block_fp8_moe(*static)
     for seed in range(3):
         g = torch.Generator().manual_seed(seed)
-        static[6].copy_(torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(33)]).to(device))
+        static[6].copy_(torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(tokens)]).to(device))
         graph.replay()
         assert torch.equal(out, kernel.block_fp8_moe(*static))
