@@ -28,7 +28,7 @@ import triton.language as tl
 
 from kernels._boundary import runs_interpreted
 from kernels._packed_ptx import packed_ptx
-from kernels.fp8_fragment_rows import fp8_fragment_rows
+from kernels._fp8_fragment_rows import fp8_fragment_rows
 from kernels.moe_gemm import ACTIVATIONS, ALPHA_C, FAULTS, LIMIT_C, MX_FAULT_C, SCALE_BLOCK
 from kernels.w4a16_mxfp4_gemm import SPREAD_MASK, _gemv_rows
 from reference.quant.mxfp4 import MX_BLOCK_SIZE
@@ -45,7 +45,7 @@ INTERPRETER_LAUNCH = (16, 2, 1)  # the interpreter: few programs, short tiles
 # tokens (16 assignments) runs 123 us here against 266 us grouped; at 16 tokens (64) the grouped GEMM's 290 us
 # (0.28x memcpy) was not raced against this path.
 MAX_ASSIGNMENTS = 16
-# Block FP8 on tensor cores (`kernels.fp8_fragment_rows`, 16 rows a program): (U blocks a turn, warps). H200,
+# Block FP8 on tensor cores (`kernels._fp8_fragment_rows`, 16 rows a program): (U blocks a turn, warps). H200,
 # DeepSeek-V3's experts (E 256, top 8, 7168 x 2048), the whole layer as CUDA-graph replays, cold L2
 # (`python -m bench.moe.launch_sweep --cases dsv3_decode`): (2, 4) 115.8 us at 1 token (0.718x memcpy on the
 # touched bytes) and 0.829x at 2; (1, 2) 0.723x / 0.787x, (1, 4) 0.689x / 0.848x, 8 warps 0.55-0.69x; the grouped
@@ -121,7 +121,7 @@ def _rows(
     WARPS: tl.constexpr,
 ):  # fmt: skip
     """fp32 [len(rows)]: the expert's `rows` (first .. first + len - 1, those below `end`) times the x row over all
-    of K in the layer's mode: FP8 2, block FP8 on tensor cores (`kernels.fp8_fragment_rows`, 16 rows, x and the
+    of K in the layer's mode: FP8 2, block FP8 on tensor cores (`kernels._fp8_fragment_rows`, 16 rows, x and the
     weights as int32 words, GROUPS its U); 1, block FP8 on CUDA cores (`_fp8_rows`, GROUPS its U); 0, MXFP4
     (`_gemv_rows` with its prefetch, x as int32 words). Plus the rows' bias (`bias`: the expert's bias row) where
     the layer has one."""
