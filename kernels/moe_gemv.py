@@ -27,8 +27,8 @@ import triton
 import triton.language as tl
 
 from kernels._boundary import runs_interpreted
-from kernels._packed_ptx import packed_ptx
 from kernels._fp8_fragment_rows import fp8_fragment_rows
+from kernels._packed_ptx import packed_ptx
 from kernels.moe_gemm import ACTIVATIONS, ALPHA_C, FAULTS, LIMIT_C, MX_FAULT_C, SCALE_BLOCK
 from kernels.w4a16_mxfp4_gemm import SPREAD_MASK, _gemv_rows
 from reference.quant.mxfp4 import MX_BLOCK_SIZE
