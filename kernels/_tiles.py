@@ -11,6 +11,24 @@ from kernels._boundary import as_rows
 
 
 @triton.jit
+def mma_lanes(WARPS: tl.constexpr):
+    """Thread tensors of a program of WARPS warps (one element a thread): (lane, warp, g, c) of each thread, g =
+    lane // 4 and c = lane % 4 the row group and thread-in-group of the `mma.sync` fragment layouts."""
+    t = tl.arange(0, 32 * WARPS)
+    lane = t % 32
+    return lane, t // 32, lane // 4, lane % 4
+
+
+@triton.jit
+def split4(v):
+    """[T, 4] -> its four columns, each [T] (a thread tensor's four words, for inline PTX operands)."""
+    even, odd = tl.split(tl.reshape(v, [v.shape[0], 2, 2]))
+    v0, v2 = tl.split(even)
+    v1, v3 = tl.split(odd)
+    return v0, v1, v2, v3
+
+
+@triton.jit
 def block_offsets(block, blocks_per_row, row_stride, per_block, CONTIGUOUS: tl.constexpr):
     """Offset of each block's first item in a [rows, blocks_per_row * per_block] tensor with a row stride;
     no division when the rows are contiguous (the row stride is then blocks_per_row * per_block)."""

@@ -29,6 +29,8 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels._boundary import check_device, runs_interpreted
+from kernels._packed_ptx import packed_ptx
+from kernels.block_fp8_gemv import launch_fp8_gemv
 from kernels.split_k import launch_split, sum_splits
 from reference.gemm.block_fp8 import BLOCK, check_block_fp8_gemm_args
 
@@ -70,6 +72,9 @@ GPU_CONFIGS: tuple[tuple[int, LaunchConfig], ...] = (
     (64, LaunchConfig(block_m=64, block_n=128, group_m=1, split_k=0, num_warps=4, num_stages=4)),
     (1 << 62, LaunchConfig(block_m=128, block_n=128, group_m=16, split_k=1, num_warps=8, num_stages=3)),
 )
+# Up to this many rows of A, where the PTX runs, the op is `kernels.block_fp8_gemv`'s tensor-core GEMV (one pass
+# over the weights per 8 rows). Not yet measured.
+GEMV_MAX_M = 8
 # The interpreter pays per program and per op, not per FLOP: few, small programs.
 INTERPRETER_CONFIG = LaunchConfig(block_m=32, block_n=64, group_m=1, split_k=1, num_warps=4, num_stages=1)
 MIN_K_BLOCKS_PER_SPLIT = 4  # below this the fp32 partials cost more traffic than the split saves
@@ -276,9 +281,12 @@ def launch_block_fp8_gemm(
     out_dtype: torch.dtype = torch.bfloat16,
     config: LaunchConfig | None = None,
     fault: str = "none",
+    gemv: bool | None = None,
 ) -> torch.Tensor:
     """Validate, allocate and launch; `config` overrides the launch table (sweeps, tests), `fault` plants a
-    named bug (negative controls only)."""
+    named bug (negative controls only). `gemv`: the tensor-core GEMV of `kernels.block_fp8_gemv` (True, on a
+    device that runs its PTX), the tiled GEMM (False), or the table's choice (None: the GEMV up to
+    GEMV_MAX_M rows where the PTX runs, unless `config` is given)."""
     check_block_fp8_gemm_args(a, a_scales, b, b_scales, out_dtype)
     device = check_device(a=a, a_scales=a_scales, b=b, b_scales=b_scales)
     m, k = a.shape
@@ -288,6 +296,12 @@ def launch_block_fp8_gemm(
         return out
     _check_tma_operand("a", a)
     _check_tma_operand("b", b)
+    if gemv is None:
+        gemv = config is None and m <= GEMV_MAX_M and packed_ptx(device)
+    if gemv:
+        if not packed_ptx(device):
+            raise ValueError(f"gemv: the tensor-core GEMV's PTX does not run on {device}")
+        return launch_fp8_gemv(a, a_scales, b, b_scales, out, FAULTS[fault])
     cfg = config or choose_config(m, n, k, device)
     if cfg.split_k == 0:
         cfg = dataclasses.replace(cfg, split_k=auto_split_k(m, n, k, cfg.block_m, cfg.block_n, _device_sms(device)))

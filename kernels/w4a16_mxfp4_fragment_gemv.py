@@ -48,6 +48,7 @@ from kernels import mxfp4_fragment_layout as layout
 from kernels import w4a16_mxfp4_gemm
 from kernels._boundary import check_device
 from kernels._packed_ptx import packed_ptx
+from kernels._tiles import mma_lanes, split4
 
 # Planted bugs for the suite's negative controls (constexpr FAULT; 0 compiles them away).
 FAULTS = {
@@ -135,29 +136,20 @@ STEP_TWO_GROUPS = tl.constexpr(_step_ptx(2, True))
 
 
 @triton.jit
-def _split4(v):
-    """[T, 4] -> its four columns, each [T]."""
-    even, odd = tl.split(tl.reshape(v, [v.shape[0], 2, 2]))
-    v0, v2 = tl.split(even)
-    v1, v3 = tl.split(odd)
-    return v0, v1, v2, v3
-
-
-@triton.jit
 def _step(words, pairs, x00, x10, x01, x11, acc, GROUPS: tl.constexpr, FULL: tl.constexpr, FAULT: tl.constexpr):
     """One step of every lane: words [T, 4], scale pairs [T, 2], x pairs [T, 4] of (block, column group) 00, 10,
     01, 11; acc the 8 accumulators (4 a column group; the second group's untouched with one group)."""
-    w0, w1, w2, w3 = _split4(words)
+    w0, w1, w2, w3 = split4(words)
     s0, s1 = tl.split(pairs)
     if FAULT == 1:
         w0, w1, w2, w3 = w1, w0, w3, w2
     if FAULT == 2:
         s0 = s1
-    a0, a1, a2, a3 = _split4(x00)
-    b0, b1, b2, b3 = _split4(x10)
+    a0, a1, a2, a3 = split4(x00)
+    b0, b1, b2, b3 = split4(x10)
     if GROUPS == 2:
-        c0, c1, c2, c3 = _split4(x01)
-        d0, d1, d2, d3 = _split4(x11)
+        c0, c1, c2, c3 = split4(x01)
+        d0, d1, d2, d3 = split4(x11)
         return tl.inline_asm_elementwise(
             STEP_TWO_GROUPS,
             "=f," * 8 + "r," * 22 + "f," * 7 + "f",
@@ -296,11 +288,7 @@ def _fragment_gemv_kernel(
     # x_ptr: int32 words (bf16 pairs) [M, K/2]; program (row tile, column block of 8 * GROUPS x rows).
     tile, q = tl.program_id(0), tl.program_id(1)
     T: tl.constexpr = 32 * WARPS
-    t = tl.arange(0, T)
-    lane = t % 32
-    warp = t // 32
-    g = lane // 4
-    c = lane % 4
+    lane, warp, g, c = mma_lanes(WARPS)
     first = q * 8 * GROUPS
     # MMA column g of group j is x row first + 8 j + g; rows past M compute a copy of row M - 1, never stored.
     x_rows = tl.minimum(first + g, M - 1)

@@ -103,6 +103,7 @@ SELECTION = {
         "suites/moe/test_block_fp8_moe_kernel.py::test_prefill_tiles_through_tma[none]",
         "suites/moe/test_mxfp4_moe_kernel.py::test_fixed_layer_within_the_row",
     ],
+    "block_fp8_gemv": ["suites/gemm/test_block_fp8_gemm.py::test_named_cases"],
     "moe_gemv": [
         "suites/moe/test_mxfp4_moe_kernel.py::test_decode_path_within_the_row_and_beside_the_grouped_gemm",
         "suites/moe/test_block_fp8_moe_kernel.py::test_decode_path_within_the_row_and_beside_the_grouped_gemm",

@@ -12,6 +12,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kernels._packed_ptx import packed_ptx
 from kernels.tolerances import assert_exact, assert_lossy, families
 from reference.gemm import block_fp8 as ref
 from reference.quant import fp8 as quant
@@ -69,11 +70,15 @@ def on(device: str, operands, column_major_scales: bool = False):
     return a, a_scales, b, b_scales
 
 
-def run_kernel(operands, device, out_dtype, config=None, fault="none", column_major_scales=False):
+def run_kernel(operands, device, out_dtype, config=None, fault="none", column_major_scales=False, gemv=None):
+    """The op (table choice), or `config`'s tiled launch, or with `gemv` True the tensor-core GEMV where its PTX
+    runs (elsewhere the table's choice)."""
     args = on(device, operands, column_major_scales)
-    if config is None and fault == "none":
+    if gemv and not packed_ptx(args[0].device):
+        gemv = None
+    if config is None and fault == "none" and gemv is None:
         return kernel.block_fp8_gemm(*args, out_dtype=out_dtype)
-    return kernel.launch_block_fp8_gemm(*args, out_dtype=out_dtype, config=config, fault=fault)
+    return kernel.launch_block_fp8_gemm(*args, out_dtype=out_dtype, config=config, fault=fault, gemv=gemv)
 
 
 @given(
@@ -85,10 +90,12 @@ def run_kernel(operands, device, out_dtype, config=None, fault="none", column_ma
     out_dtype=st.sampled_from(ref.OUT_DTYPES),
     config=st.sampled_from(CONFIGS),
     column_major=st.booleans(),
+    gemv=st.booleans(),
 )
-def test_kernel_matches_references(m, n, k_blocks, seed, spread, out_dtype, config, column_major, device):
+def test_kernel_matches_references(m, n, k_blocks, seed, spread, out_dtype, config, column_major, gemv, device):
+    """`gemv`: the tensor-core GEMV of `kernels.block_fp8_gemv` at any M (8 rows of A a pass) where it runs."""
     operands, ideal = make_operands(m, n, 128 * k_blocks, seed, spread)
-    got = run_kernel(operands, device, out_dtype, config, column_major_scales=column_major)
+    got = run_kernel(operands, device, out_dtype, None if gemv else config, column_major_scales=column_major, gemv=gemv)
     assert_lossy(FAMILY, got, ref.block_fp8_gemm_mirror(*operands, out_dtype=out_dtype), ideal)
 
 
@@ -179,6 +186,8 @@ def test_named_cases(name, out_dtype, device):
     want = want.to(out_dtype)
     assert_exact(ref.block_fp8_gemm_mirror(*operands, out_dtype=out_dtype), want, f"{name} (mirror)")
     assert_exact(run_kernel(operands, device, out_dtype).cpu(), want, f"{name} (kernel)")
+    tiled = kernel.launch_block_fp8_gemm(*on(device, operands), out_dtype=out_dtype, gemv=False)
+    assert_exact(tiled.cpu(), want, f"{name} (tiled kernel)")  # where the op's choice is the GEMV
 
 
 def test_fp16_output_overflows_where_fp32_does_not(device):
@@ -290,13 +299,28 @@ NEGATIVE_DATA = {
 }
 
 
+@pytest.mark.parametrize("gemv", [False, True], ids=["tiled", "gemv"])
 @pytest.mark.parametrize("data", sorted(NEGATIVE_DATA))
 @pytest.mark.parametrize("fault", ["weight_scale_next_k_block", "weight_scale_next_n_block"])
-def test_negative_control_one_block_off(fault, data, device):
+def test_negative_control_one_block_off(fault, data, gemv, device):
+    """On the tiled GEMM and (where its PTX runs) the tensor-core GEMV of `kernels.block_fp8_gemv`."""
+    if gemv and not packed_ptx(on(device, NEGATIVE_DATA[data](0)[0])[0].device):
+        pytest.skip("the tensor-core GEMV's PTX runs on NVIDIA sm_90+")
+    config = None if gemv else Config(block_m=32, block_n=128, group_m=1, num_warps=4, num_stages=1)
     for seed in range(2):
         operands, ideal = NEGATIVE_DATA[data](seed)
         mirror = ref.block_fp8_gemm_mirror(*operands, out_dtype=torch.bfloat16)
-        config = Config(block_m=32, block_n=128, group_m=1, num_warps=4, num_stages=1)
-        assert_lossy(FAMILY, run_kernel(operands, device, torch.bfloat16, config), mirror, ideal)
+        assert_lossy(FAMILY, run_kernel(operands, device, torch.bfloat16, config, gemv=gemv), mirror, ideal)
         with pytest.raises(AssertionError, match="rms_rel"):
-            assert_lossy(FAMILY, run_kernel(operands, device, torch.bfloat16, config, fault), mirror, ideal)
+            got = run_kernel(operands, device, torch.bfloat16, config, fault, gemv=gemv)
+            assert_lossy(FAMILY, got, mirror, ideal)
+
+
+def test_gemv_where_its_ptx_cannot_run_is_refused(device):
+    operands, ideal = make_operands(2, 64, 128, 0, 0.0)
+    args = on(device, operands)
+    if packed_ptx(args[0].device):
+        pytest.skip("the GEMV runs here")
+    with pytest.raises(ValueError, match="gemv"):
+        kernel.launch_block_fp8_gemm(*args, gemv=True)
+    assert_lossy(FAMILY, kernel.block_fp8_gemm(*args), ref.block_fp8_gemm_mirror(*operands), ideal)

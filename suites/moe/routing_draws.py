@@ -26,6 +26,19 @@ def draw_routing(draw) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor | 
     return experts, ids, weights, expert_map
 
 
+def decode_routing(tokens: int, expert_map: bool) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A decode-sized routing (tokens x top-2 of 8 experts, `kernels.moe_gemv`'s path): the last expert routed
+    to, and with `expert_map` half of the 8 global experts on this rank."""
+    g = torch.Generator().manual_seed(11)
+    ids = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(tokens)])
+    ids[0, 0] = 7
+    mapping = None
+    if expert_map:
+        mapping = torch.full((8,), -1, dtype=torch.int32)
+        mapping[torch.tensor([1, 3, 5, 7])] = torch.arange(4, dtype=torch.int32)
+    return 8, ids, torch.softmax(torch.randn(tokens, 2, generator=g), -1), mapping
+
+
 def local_experts(experts: int, expert_map: torch.Tensor | None) -> int:
     return experts if expert_map is None else int((expert_map >= 0).sum())
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from kernels.tolerances import assert_lossy, families
 from reference.moe import quantized as ref
 from reference.quant.fp8 import quantize_fp8_blocks
-from suites.moe.routing_draws import draw_routing, local_experts, on
+from suites.moe.routing_draws import decode_routing, draw_routing, local_experts, on
 
 kernel = pytest.importorskip("kernels.block_fp8_moe")
 
@@ -97,16 +97,8 @@ def test_negative_controls_are_caught(device, fault):
 
 
 def _decode(expert_map=False, tokens=3):
-    """A decode-sized layer (tokens x top-2 assignments, `kernels.moe_gemv`'s block-FP8 path): the last expert
-    routed to, and with `expert_map` half of 8 global experts on this rank."""
-    g = torch.Generator().manual_seed(11)
-    ids = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(tokens)])
-    ids[0, 0] = 7
-    mapping = None
-    if expert_map:
-        mapping = torch.full((8,), -1, dtype=torch.int32)
-        mapping[torch.tensor([1, 3, 5, 7])] = torch.arange(4, dtype=torch.int32)
-    return _args(256, 128, (8, ids, torch.softmax(torch.randn(tokens, 2, generator=g), -1), mapping), 3)
+    """`decode_routing`'s layer (`kernels.moe_gemv`'s block-FP8 path)."""
+    return _args(256, 128, decode_routing(tokens, expert_map), 3)
 
 
 @pytest.mark.parametrize("expert_map", [False, True])

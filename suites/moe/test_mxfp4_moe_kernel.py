@@ -16,7 +16,7 @@ from kernels.tolerances import assert_lossy, families
 from reference.moe import quantized as ref
 from reference.quant.mxfp4 import quantize_mxfp4
 from suites.guard_bytes import Guards
-from suites.moe.routing_draws import draw_routing, local_experts, on
+from suites.moe.routing_draws import decode_routing, draw_routing, local_experts, on
 
 kernel = pytest.importorskip("kernels.mxfp4_moe")
 
@@ -87,16 +87,8 @@ def test_negative_control_scale_read_past_the_last_block(device):
 
 
 def _decode(activation="silu", expert_map=False, tokens=3):
-    """A decode-sized layer (tokens x top-2 assignments, `kernels.moe_gemv`'s path): the last expert routed to,
-    and with `expert_map` half of 8 global experts on this rank."""
-    g = torch.Generator().manual_seed(11)
-    ids = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(tokens)])
-    ids[0, 0] = 7
-    mapping = None
-    if expert_map:
-        mapping = torch.full((8,), -1, dtype=torch.int32)
-        mapping[torch.tensor([1, 3, 5, 7])] = torch.arange(4, dtype=torch.int32)
-    return _args(96, 64, (8, ids, torch.softmax(torch.randn(tokens, 2, generator=g), -1), mapping), activation, 3)
+    """`decode_routing`'s layer (`kernels.moe_gemv`'s path)."""
+    return _args(96, 64, decode_routing(tokens, expert_map), activation, 3)
 
 
 @pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])

@@ -328,6 +328,40 @@ def test_the_kernel_branch_agrees_with_the_references(monkeypatch, device, schem
     assert_lossy(family, got, mirror, ideal, f"{scheme} layer")
 
 
+@pytest.mark.parametrize("static", [False, True])
+def test_fp8_decode_rows_take_the_block_gemm_within_its_row(monkeypatch, device, static):
+    """Up to DECODE_ROWS rows (K a multiple of 128) the per-tensor scheme runs the block-FP8 GEMM with its one
+    weight scale as every tile's and each token's scale as every group's: within the block-FP8 GEMM's lossy row
+    of that arithmetic's mirror, and its result is the scheme's own fp32 path's up to the order of the sum."""
+    from kernels.tolerances import assert_lossy, families
+    from reference.gemm import block_fp8
+    from runner.model.quant import fp8_tensor
+
+    gen = torch.Generator().manual_seed(5)
+    layer = Linear(256, 48, torch.bfloat16, "cpu", make_scheme("fp8", online=True))
+    layer.weight_loader(layer.weight, torch.randn(48, 256, generator=gen).to(torch.bfloat16))
+    if static:
+        layer.scheme.static_input = True
+        layer.register_buffer("input_scale", torch.tensor([0.02]))
+    x = torch.randn(fp8_tensor.DECODE_ROWS, 256, generator=gen).to(torch.bfloat16)
+    plain = layer(x)  # the CPU's fp32 path
+    if static:
+        xq, s = fp8_tensor._quantize(x, "tensor", layer.input_scale)
+        xs = s.reshape(1, 1).expand(x.shape[0], 1)
+    else:
+        xq, xs = fp8_tensor._quantize(x, "token")
+    groups = xs.expand(-1, 2).contiguous()
+    mirror = block_fp8.block_fp8_gemm_mirror(xq, groups, layer.weight_fp8, layer.weight_scale_tiles, torch.bfloat16)
+    ideal = block_fp8.block_fp8_gemm_ideal(xq, groups, layer.weight_fp8, layer.weight_scale_tiles)
+    if device == "cpu":
+        _forced_kernels(monkeypatch, fp8_tensor)
+        got = layer(x)
+    else:
+        got = layer.to(device)(x.to(device)).cpu()
+    assert_lossy(families.BLOCK_FP8_GEMM, got, mirror, ideal, "fp8 per-tensor layer, decode rows")
+    assert_lossy(families.BLOCK_FP8_GEMM, plain, mirror, ideal, "fp8 per-tensor layer, fp32 path")
+
+
 def test_fp8_scaled_mm_branch_equals_the_fp32_path(monkeypatch, device):
     """torch._scaled_mm with row-wise scales (the CUDA branch) and the fp32 path round an fp32 sum of the same
     exact E4M3 products once: equal on the CPU tier (torch runs _scaled_mm there too), at most one bf16 ulp

@@ -7,7 +7,9 @@
   FP8 with static input tensors): one fixed scale, so a token's codes never depend on its neighbours either.
 y = (x_q W_q^T) * (s_x[m] * s_w), summed in fp32, rounded once to the activation dtype: on CUDA
 `torch._scaled_mm` with row-wise scales (cuBLAS; a static scale is repeated per row), elsewhere the same
-arithmetic in fp32 (exact products of E4M3 values).
+arithmetic in fp32 (exact products of E4M3 values). Decode-sized batches (up to `DECODE_ROWS` rows, K a multiple
+of 128) take the block-FP8 GEMM instead (`kernels.block_fp8_gemm`), the per-tensor scales as every 1 x 128 and
+128 x 128 tile's: the same products, each 128-wide block's fp32 sum scaled before it is added.
 
 A checkpoint stores each part of a fused layer (q/k/v, gate/up) with its own weight scale and input scale. The
 fused layer takes the largest of each, as vLLM does: the parts with a smaller weight scale are re-encoded onto
@@ -20,6 +22,13 @@ import torch
 
 from runner.model.quant.online import OnlineScheme
 from runner.model.quant.scheme import uses_kernels
+
+# H200, Llama-3.1-8B's four projections (1 x N x K, CUDA-graph replays, cold L2;
+# reports/cuda-h200/launch_sweeps/block_fp8_launch_sweep.csv): the block-FP8 GEMM 102.6 us at 1 row and 103.2 at 8
+# against 141.5 and 139.5 for row-wise `_scaled_mm` (bf16 153.5 / 155.8). At 16-128 rows of a 7168 x 2048 layer
+# `_scaled_mm` was the faster (15.0 against 17.1 us at 16), and it is at prefill (1.5x bf16 against 1.17x).
+DECODE_ROWS = 8
+BLOCK = 128  # the block-FP8 GEMM's tile
 
 
 class Fp8PerTensor(OnlineScheme):
@@ -71,6 +80,8 @@ class Fp8PerTensor(OnlineScheme):
         # Row-wise _scaled_mm takes one scale per output column: the weight's one scale, repeated (contiguous;
         # cuBLAS refuses a broadcast view).
         layer.register_buffer("weight_scale_cols", scale.reshape(1, 1).to(torch.float32).repeat(1, q.shape[0]))
+        tiles = (-(-q.shape[0] // BLOCK), max(1, q.shape[1] // BLOCK))  # the block-FP8 GEMM's view of the one scale
+        layer.register_buffer("weight_scale_tiles", scale.reshape(1, 1).to(torch.float32).repeat(*tiles))
         if input_scale is not None:
             layer.register_buffer("input_scale", input_scale.reshape(1).to(torch.float32))
 
@@ -80,6 +91,11 @@ class Fp8PerTensor(OnlineScheme):
             xs = s.reshape(1, 1).expand(x.shape[0], 1).contiguous()
         else:
             xq, xs = _quantize(x, "token")
+        if uses_kernels(x) and x.shape[0] <= DECODE_ROWS and x.shape[1] % BLOCK == 0:
+            from kernels.block_fp8_gemm import block_fp8_gemm
+
+            groups = xs.expand(-1, x.shape[1] // BLOCK).contiguous()  # the token's scale, every group's
+            return block_fp8_gemm(xq, groups, layer.weight_fp8, layer.weight_scale_tiles, x.dtype)
         if uses_kernels(x):
             return torch._scaled_mm(
                 xq, layer.weight_fp8.t(), scale_a=xs, scale_b=layer.weight_scale_cols, out_dtype=x.dtype
