@@ -26,7 +26,9 @@ from runner.model.quant.scheme import uses_kernels
 # H200, Llama-3.1-8B's four projections (1 x N x K, CUDA-graph replays, cold L2;
 # reports/cuda-h200/launch_sweeps/block_fp8_launch_sweep.csv): the block-FP8 GEMM 102.6 us at 1 row and 103.2 at 8
 # against 141.5 and 139.5 for row-wise `_scaled_mm` (bf16 153.5 / 155.8). At 16-128 rows of a 7168 x 2048 layer
-# `_scaled_mm` was the faster (15.0 against 17.1 us at 16), and it is at prefill (1.5x bf16 against 1.17x).
+# `_scaled_mm` was the faster (15.0 against 17.1 us at 16), and it is at prefill (1.5x bf16 against 1.17x). The
+# runner's decode (`python -m bench.llm.quant_decode`, reports/cuda-h200/quant_decode_fp8.md): 1.34x bf16 at batch
+# 1 and 1.32x at 8, against 0.95x and 0.99x with `_scaled_mm` at every size.
 DECODE_ROWS = 8
 BLOCK = 128  # the block-FP8 GEMM's tile
 
