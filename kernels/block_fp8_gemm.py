@@ -304,6 +304,8 @@ def launch_block_fp8_gemm(
     if gemv:
         if not packed_ptx(device):
             raise ValueError(f"gemv: the tensor-core GEMV's PTX does not run on {device}")
+        # the GEMV reads a weight scale row with unit stride along K (the scales are small: a copy otherwise)
+        b_scales = b_scales if b_scales.stride(1) == 1 else b_scales.contiguous()
         return launch_fp8_gemv(a, a_scales, b, b_scales, out, FAULTS[fault])
     cfg = config or choose_config(m, n, k, device)
     if cfg.split_k == 0:

@@ -63,7 +63,8 @@ def _fp8_gemv_kernel(
 
 def launch_fp8_gemv(a, a_scales, b, b_scales, out: torch.Tensor, fault: int = 0, launch=None) -> torch.Tensor:
     """out = mirror(a, a_scales, b, b_scales) for validated arguments (`kernels.block_fp8_gemm`'s checks) on a
-    device that runs the PTX; a and b contiguous in K (a multiple of 128, so rows are whole int32 words)."""
+    device that runs the PTX; a and b contiguous in K (a multiple of 128, so rows are whole int32 words), b_scales
+    with unit stride along K (a_scales any strides)."""
     m, k = a.shape
     n = b.shape[0]
     u, warps = launch or LAUNCH
