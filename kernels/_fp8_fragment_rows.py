@@ -34,14 +34,15 @@ def _block_ptx() -> str:
     activation row's ($20 .. $27), the four accumulators' scales a_s x w_s ($28 .. $31), the accumulators
     ($32 .. $35)."""
     g, h, x, scales, accs = 4, 12, 20, 28, 32
-    s = "{\n.reg .f32 d<4>, z, t;\nmov.f32 z, 0f00000000;\n"
+    s = "{\n.reg .f32 d<4>, o<4>, z, t;\nmov.f32 z, 0f00000000;\n"
     for j in range(4):
         acc = "{z,z,z,z}" if j == 0 else "{d0,d1,d2,d3}"
         a = f"${g + 2 * j},${h + 2 * j},${g + 2 * j + 1},${h + 2 * j + 1}"
         s += f"{MMA} {{d0,d1,d2,d3}}, {{{a}}}, {{${x + 2 * j},${x + 2 * j + 1}}}, {acc};\n"
     for i in range(4):  # acc = acc + sum * (a_s * w_s): the mirror's two roundings
-        s += f"mul.rn.f32 t, d{i}, ${scales + i};\nadd.rn.f32 ${i}, ${accs + i}, t;\n"
-    return s + "}"
+        s += f"mul.rn.f32 t, d{i}, ${scales + i};\nadd.rn.f32 o{i}, ${accs + i}, t;\n"
+    # outputs written last: an output may share a register with an input the asm still reads (no early-clobber)
+    return s + "".join(f"mov.f32 ${i}, o{i};\n" for i in range(4)) + "}"
 
 
 BLOCK_PTX = tl.constexpr(_block_ptx())

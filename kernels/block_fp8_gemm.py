@@ -301,6 +301,8 @@ def launch_block_fp8_gemm(
     _check_tma_operand("b", b)
     if gemv is None:
         gemv = config is None and m <= GEMV_MAX_M and packed_ptx(device)
+    if gemv and config is not None:
+        raise ValueError("config: the tiled GEMM's launch; the GEMV (gemv=True) takes none")
     if gemv:
         if not packed_ptx(device):
             raise ValueError(f"gemv: the tensor-core GEMV's PTX does not run on {device}")

@@ -68,6 +68,8 @@ def launch_fp8_gemv(a, a_scales, b, b_scales, out: torch.Tensor, fault: int = 0,
     m, k = a.shape
     n = b.shape[0]
     u, warps = launch or LAUNCH
+    if u not in (1, 2):
+        raise ValueError(f"launch: U (blocks a turn) must be 1 or 2, got {u}")
     a_words, w_words = a.view(torch.int32), b.view(torch.int32)
     _fp8_gemv_kernel[(triton.cdiv(n, 16), triton.cdiv(m, 8))](
         a_words, a_scales, w_words, b_scales, out, m, n, k // 128, a_words.stride(0), a_scales.stride(0),

@@ -7,9 +7,11 @@ map) and streams the expert's rows against the assignment's input row a[f // A_D
 modes, one kernel:
 - MXFP4 W4A16 (`launch_mx_moe_gemv`): the dense W4A16 GEMV's K loop (`kernels.w4a16_mxfp4_gemm._gemv_rows`: E2M1
   codes read as int32 words, decoded in 2 integer ops a weight, fp32 FMAs, each MX block's sum scaled once).
-- Block FP8 W8A8 (`launch_fp8_moe_gemv`): E4M3 weights and the layer's per-token, 128-wide-group E4M3
-  activations converted to fp32 (products exact), each 128-wide K block summed in fp32 and scaled by
-  a_scale x w_scale of its 1 x 128 and 128 x 128 tiles (`_fp8_rows`), the mirror's per-block form.
+- Block FP8 W8A8 (`launch_fp8_moe_gemv`): E4M3 weights times the layer's per-token, 128-wide-group E4M3
+  activations (products exact), each 128-wide K block summed in fp32 and scaled by a_scale x w_scale of its
+  1 x 128 and 128 x 128 tiles before it is added, the mirror's per-block form. On NVIDIA sm_90+ on tensor cores
+  straight from the bytes (`kernels._fp8_fragment_rows`, 16 rows a program, the block summed in the MMA's fp32
+  accumulator); elsewhere on CUDA cores (`_fp8_rows`: thread tensors, each thread's 16 products summed in fp32).
 The epilogues are `kernels.moe_gemm`'s, in fp32 on the row sums: bias, then the activation (ACT 1 "silu": gate
 rows c and up rows N + c; ACT 2 "swiglu_oai": gate rows 2c and up rows 2c + 1, one tile of interleaved rows split
 in pairs), or the routing weight (MUL_WEIGHT, the second GEMM); one rounding to bf16 at the store.
@@ -269,6 +271,8 @@ def launch_fp8_moe_gemv(
         return out
     if packed_ptx(a.device):  # tensor cores, the bytes as int32 words (K is a multiple of 128)
         a, w, mode, launch = a.view(torch.int32), w.view(torch.int32), 2, (16, *FP8_MMA_LAUNCH)
+        if launch[1] not in (1, 2):
+            raise ValueError(f"FP8_MMA_LAUNCH: U (blocks a turn) must be 1 or 2, got {launch[1]}")
     else:
         mode = 1
         launch = FP8_INTERPRETER_LAUNCH if runs_interpreted(a.device) else FP8_GPU_LAUNCH

@@ -316,6 +316,19 @@ def test_negative_control_one_block_off(fault, data, gemv, device):
             assert_lossy(FAMILY, got, mirror, ideal)
 
 
+def test_gemv_arguments_it_cannot_take_are_named(device):
+    from kernels.block_fp8_gemv import launch_fp8_gemv
+
+    operands, _ = make_operands(2, 64, 128, 0, 0.0)
+    args = on(device, operands)
+    config = Config(block_m=32, block_n=128, group_m=1, num_warps=4, num_stages=1)
+    with pytest.raises(ValueError, match="config"):
+        kernel.launch_block_fp8_gemm(*args, config=config, gemv=True)
+    out = torch.empty(2, 64, dtype=torch.bfloat16, device=args[0].device)
+    with pytest.raises(ValueError, match="U"):
+        launch_fp8_gemv(*args, out, launch=(3, 4))
+
+
 def test_gemv_where_its_ptx_cannot_run_is_refused(device):
     operands, ideal = make_operands(2, 64, 128, 0, 0.0)
     args = on(device, operands)

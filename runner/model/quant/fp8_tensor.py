@@ -9,7 +9,9 @@ y = (x_q W_q^T) * (s_x[m] * s_w), summed in fp32, rounded once to the activation
 `torch._scaled_mm` with row-wise scales (cuBLAS; a static scale is repeated per row), elsewhere the same
 arithmetic in fp32 (exact products of E4M3 values). Decode-sized batches (up to `DECODE_ROWS` rows, K a multiple
 of 128) take the block-FP8 GEMM instead (`kernels.block_fp8_gemm`), the per-tensor scales as every 1 x 128 and
-128 x 128 tile's: the same products, each 128-wide block's fp32 sum scaled before it is added.
+128 x 128 tile's: the same products, each 128-wide block's fp32 sum scaled before it is added. The two paths sum in
+different orders, so a token's logits can differ in the last bits between a step of up to 8 rows and a larger one
+(as between cuBLAS's own kernels for different M); within a step a token never depends on its neighbours.
 
 A checkpoint stores each part of a fused layer (q/k/v, gate/up) with its own weight scale and input scale. The
 fused layer takes the largest of each, as vLLM does: the parts with a smaller weight scale are re-encoded onto
