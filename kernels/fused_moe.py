@@ -78,7 +78,7 @@ def run_layer(
         first = second = None
     else:
         first, second = tiles or choose_tiles(device, tokens * top_k, experts, hidden, inter)
-        if quantize is not None and tiles is None:
+        if fp8 and tiles is None:
             first, second = fp8_tiles(first, second)
         if mx and tiles is None:
             first, second = mx_tiles(device, tokens * top_k, experts, first, second)
@@ -92,10 +92,10 @@ def run_layer(
                 gemm_fault, a_scales, w_scales, mx,
             )  # fmt: skip
 
-    a, a_scales = quantize(x) if quantize is not None else (x, None)
+    a, a_scales = quantize(x) if fp8 else (x, None)
     h = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=device)
     gemm(a, a_scales, w13, w13_bias, w13_scales, h, top_k, activation, False, first)
-    a, a_scales = quantize(h) if quantize is not None else (h, None)
+    a, a_scales = quantize(h) if fp8 else (h, None)
     per_slot = torch.zeros(tokens * top_k, hidden, dtype=x.dtype, device=device)
     gemm(a, a_scales, w2, w2_bias, w2_scales, per_slot, 1, "none", True, second)
     return per_slot.view(tokens, top_k, hidden).sum(dim=1)  # fp32 accumulation, one rounding: one launch

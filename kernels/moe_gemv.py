@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from kernels._boundary import runs_interpreted
-from kernels._fp8_fragment_rows import fp8_fragment_rows
+from kernels._fp8_fragment_rows import SCALE_K, fp8_fragment_rows
 from kernels._packed_ptx import packed_ptx
 from kernels.moe_gemm import ACTIVATIONS, ALPHA_C, FAULTS, LIMIT_C, MX_FAULT_C, SCALE_BLOCK
 from kernels.w4a16_mxfp4_gemm import SPREAD_MASK, _gemv_rows
@@ -61,7 +61,6 @@ FP8_INTERPRETER_LAUNCH = (4, 1, 1)
 # The block-FP8 layer takes this path up to this many assignments: DeepSeek-V3 at 2 tokens (16) 0.829x memcpy here
 # against 0.795x for the grouped GEMM's best tiles; at 4 tokens (32) 0.839x against 0.870x.
 FP8_MAX_ASSIGNMENTS = 16
-BLOCK_C: tl.constexpr = tl.constexpr(SCALE_BLOCK)  # block FP8's 128-wide K block, for the kernel
 
 
 @triton.jit
@@ -73,7 +72,7 @@ def _fp8_tile_loads(
     block [T, U, 16], the a row's 16 there [T, U, 16], and each block's a_scale x w_scale [T, U]."""
     block = tile * U + tl.arange(0, U)
     bmask = (block < n_blocks) & live
-    k = (block * BLOCK_C)[None, :] + lane_k[:, None]  # [T, U]
+    k = (block * SCALE_K)[None, :] + lane_k[:, None]  # [T, U]
     sixteen = tl.arange(0, 16)[None, None, :]
     mask = (valid[:, None] & bmask[None, :])[:, :, None]
     codes = tl.load(w + (row[:, None] * stride_wn + k)[:, :, None] + sixteen, mask=mask, other=0.0)
@@ -83,7 +82,7 @@ def _fp8_tile_loads(
     if FAULT == 3:  # "weight_scale_next_k_block": block kb scaled by kb + 1's weight scale (wrapping)
         w_block = (block + 1) % n_blocks
     w_s = tl.load(
-        w_scales + (row // BLOCK_C)[:, None] * stride_wsn + w_block[None, :], mask=mask.reshape(a_s.shape), other=0.0
+        w_scales + (row // SCALE_K)[:, None] * stride_wsn + w_block[None, :], mask=mask.reshape(a_s.shape), other=0.0
     )  # fmt: skip
     return codes, a, a_s * w_s
 
@@ -99,7 +98,7 @@ def _fp8_rows(
     sums its 16 exact products in fp32 and adds them, scaled by the block's a_scale x w_scale, to its own
     accumulator; a row's 8 accumulators meet once, after the K loop. U blocks a tile, one tile of loads in flight
     ahead of the one summed (register prefetch, as `_gemv_rows`)."""
-    LANES: tl.constexpr = BLOCK_C // 16
+    LANES: tl.constexpr = SCALE_K // 16
     t = tl.arange(0, BLOCK_N * LANES)
     row = first + t // LANES
     valid = row < end

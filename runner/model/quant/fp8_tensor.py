@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from reference.gemm.block_fp8 import BLOCK  # the block-FP8 GEMM's tile
 from runner.model.quant.online import OnlineScheme
 from runner.model.quant.scheme import uses_kernels
 
@@ -32,7 +33,6 @@ from runner.model.quant.scheme import uses_kernels
 # runner's decode (`python -m bench.llm.quant_decode`, reports/cuda-h200/quant_decode_fp8.md): 1.34x bf16 at batch
 # 1 and 1.32x at 8, against 0.95x and 0.99x with `_scaled_mm` at every size.
 DECODE_ROWS = 8
-BLOCK = 128  # the block-FP8 GEMM's tile
 
 
 class Fp8PerTensor(OnlineScheme):
@@ -95,12 +95,12 @@ class Fp8PerTensor(OnlineScheme):
             xs = s.reshape(1, 1).expand(x.shape[0], 1).contiguous()
         else:
             xq, xs = _quantize(x, "token")
-        if uses_kernels(x) and x.shape[0] <= DECODE_ROWS and x.shape[1] % BLOCK == 0:
-            from kernels.block_fp8_gemm import block_fp8_gemm
-
-            groups = xs.expand(-1, x.shape[1] // BLOCK).contiguous()  # the token's scale, every group's
-            return block_fp8_gemm(xq, groups, layer.weight_fp8, layer.weight_scale_tiles, x.dtype)
         if uses_kernels(x):
+            if x.shape[0] <= DECODE_ROWS and x.shape[1] % BLOCK == 0:
+                from kernels.block_fp8_gemm import block_fp8_gemm
+
+                groups = xs.expand(-1, x.shape[1] // BLOCK).contiguous()  # the token's scale, every group's
+                return block_fp8_gemm(xq, groups, layer.weight_fp8, layer.weight_scale_tiles, x.dtype)
             return torch._scaled_mm(
                 xq, layer.weight_fp8.t(), scale_a=xs, scale_b=layer.weight_scale_cols, out_dtype=x.dtype
             )
