@@ -23,7 +23,8 @@ block), stored [row tile, step, g (8), block (2)]: 2 bytes a block and row where
 the prepared weights are 6 % larger (4.5 bits a weight against 4.25); the GEMV turns a pair into two fp32
 scales in two ops where the bytes would need four ops each (the 0 and 0xFF cases).
 
-`decode_word` is the kernel's decode in torch (the CPU tier's check of it); `interchange` undoes `prepare`.
+`decode_ptx` is the decode as PTX text (the kernels inline it), `decode_word` the same decode in torch (the CPU
+tier's check of it); `interchange` undoes `prepare`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,39 @@ MASK = 0x81C081C0  # sign and magnitude bits of both halves of a bf16x2 register
 R3_LOW_MASK = 0x00400040  # R3's magnitude low bits (bit 6, 22), taken at rotation R3_LOW_ROTATION
 R3_LOW_ROTATION, R3_REST_ROTATION = 14, 6
 ROTATIONS = (0, 4, 10)  # R0, R1, R2
+
+
+BIAS_BF16X2 = 0x7E807E80  # 2**126 in both bf16 halves
+
+
+def decode_ptx(word: str, regs: tuple[str, ...]) -> str:
+    """PTX: the prepared word register `word` -> bf16x2 registers regs (R0..R3, the E2M1 values, exact). Needs
+    .b32 registers t, u and mk = MASK, bias = BIAS_BF16X2 declared around it."""
+    r0, r1, r2 = ROTATIONS
+    assert r0 == 0, "R0 is the word masked in place"
+    lines = [f"and.b32 {regs[0]}, {word}, mk;"]
+    for reg, rot in ((regs[1], r1), (regs[2], r2)):
+        lines += [f"shf.r.wrap.b32 t, {word}, {word}, {rot};", f"and.b32 {reg}, t, mk;"]
+    rest = MASK & ~R3_LOW_MASK
+    lines += [
+        f"shf.r.wrap.b32 t, {word}, {word}, {R3_LOW_ROTATION};",
+        f"and.b32 u, t, {R3_LOW_MASK:#010x};",
+        f"shf.r.wrap.b32 t, {word}, {word}, {R3_REST_ROTATION};",
+        f"lop3.b32 {regs[3]}, u, t, {rest:#010x}, 0xF8;",  # u | (t & rest)
+    ]
+    lines += [f"mul.rn.bf16x2 {r}, {r}, bias;" for r in regs]  # * 2**126: the E2M1 value, a normal bf16
+    return "\n".join(lines) + "\n"
+
+
+def decode_block_ptx(scaled: bool = False) -> str:
+    """A PTX block of the decode alone: $4 a prepared word -> $0..$3 its registers R0..R3; `scaled`: each register
+    then multiplied by the bf16x2 scale pair $5 (exact: E2M1 values times powers of two; what the tiled GEMM and
+    the dequantizer run). Also the text suites/gemm/ptx_subset.py runs on the CPU tier."""
+    head = f"{{\n.reg .b32 t, u, mk, bias;\nmov.b32 mk, {MASK:#010x};\nmov.b32 bias, {BIAS_BF16X2:#010x};\n"
+    body = decode_ptx("$4", ("$0", "$1", "$2", "$3"))
+    if scaled:
+        body += "".join(f"mul.rn.bf16x2 ${i}, ${i}, $5;\n" for i in range(4))
+    return head + body + "}"
 
 
 def _stored_bit(register: int, target: int) -> int:

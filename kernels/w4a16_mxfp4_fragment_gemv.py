@@ -34,8 +34,10 @@ scaled by its power of two (exact unless it over- or underflows) and added in fp
 same class of order as `kernels.w4a16_mxfp4_gemm`'s dot path (lossy bounds against the mirror; named cases
 exact). Scale byte 0xFF gives NaN for its row; bytes 253 and 254 are outside the contract as in the GEMM.
 
-Where the PTX cannot run (the interpreter, ROCm, NVIDIA before sm_90: `kernels._packed_ptx.packed_ptx`) the op
-gives the weights back in the interchange layout and runs `kernels.w4a16_mxfp4_gemm` on them.
+Above GEMV_MAX_M rows, and at every M where the PTX cannot run (the interpreter, ROCm, NVIDIA before sm_90:
+`kernels._packed_ptx.packed_ptx`), the op runs the tiled W4A16 GEMM on the same words
+(`kernels.w4a16_mxfp4_gemm`'s fragment mode, `kernels._mxfp4_fragment_tiles`): one layout serves every batch
+size, and the runner stores nothing else (prefill dequantizes it: `kernels.mxfp4_fragment_dequantize`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from kernels import w4a16_mxfp4_gemm
 from kernels._boundary import check_device
 from kernels._packed_ptx import packed_ptx
 from kernels._tiles import mma_lanes, split4
+from kernels.mxfp4_fragment_dequantize import check_fragment_weights
 
 # Planted bugs for the suite's negative controls (constexpr FAULT; 0 compiles them away).
 FAULTS = {
@@ -64,31 +67,10 @@ FAULTS = {
 # cp.async through shared memory, a CTA barrier a turn) was 2-7x slower and is not offered.
 GPU_CONFIG = (8, 2, 1)
 GROUP = 8  # x rows of one MMA (n8); a program takes one group, or two when M > 8
-
-
-def _decode_ptx(word: str, regs: tuple[str, ...]) -> str:
-    """PTX: the prepared word register `word` -> bf16x2 registers regs (R0..R3, the E2M1 values, exact)."""
-    r0, r1, r2 = layout.ROTATIONS
-    assert r0 == 0, "R0 is the word masked in place"
-    lines = [f"and.b32 {regs[0]}, {word}, mk;"]
-    for reg, rot in ((regs[1], r1), (regs[2], r2)):
-        lines += [f"shf.r.wrap.b32 t, {word}, {word}, {rot};", f"and.b32 {reg}, t, mk;"]
-    rest = layout.MASK & ~layout.R3_LOW_MASK
-    lines += [
-        f"shf.r.wrap.b32 t, {word}, {word}, {layout.R3_LOW_ROTATION};",
-        f"and.b32 u, t, {layout.R3_LOW_MASK:#010x};",
-        f"shf.r.wrap.b32 t, {word}, {word}, {layout.R3_REST_ROTATION};",
-        f"lop3.b32 {regs[3]}, u, t, {rest:#010x}, 0xF8;",  # u | (t & rest)
-    ]
-    lines += [f"mul.rn.bf16x2 {r}, {r}, bias;" for r in regs]  # * 2**126: the E2M1 value, a normal bf16
-    return "\n".join(lines) + "\n"
-
-
-def decode_block_ptx() -> str:
-    """A PTX block of the decode alone: $4 a prepared word -> $0..$3 its registers R0..R3 (the text the kernel's
-    step runs, for suites/gemm/ptx_subset.py on the CPU tier)."""
-    head = f"{{\n.reg .b32 t, u, mk, bias;\nmov.b32 mk, {layout.MASK:#010x};\nmov.b32 bias, 0x7E807E80;\n"
-    return head + _decode_ptx("$4", ("$0", "$1", "$2", "$3")) + "}"
+# Above this many rows the op runs the tiled W4A16 GEMM on the same words (`w4a16_mxfp4_gemm.launch(fragment=True)`):
+# a GEMV program decodes its weights once for at most two column groups, so every 16 rows more re-read and re-decode
+# them; the GEMV at M = 16 (two groups) is where the module doc's measurements stop.
+GEMV_MAX_M = 16
 
 
 def _step_ptx(groups: int, full: bool) -> str:
@@ -104,10 +86,10 @@ def _step_ptx(groups: int, full: bool) -> str:
     acc_in = pairs + 2
     s = (
         "{\n.reg .b32 t, u, mk, bias, sc, r<16>;\n.reg .f32 p<16>, z, sa, sb, a<8>;\n"
-        f"mov.b32 mk, {layout.MASK:#010x};\nmov.b32 bias, 0x7E807E80;\nmov.f32 z, 0f00000000;\n"
+        f"mov.b32 mk, {layout.MASK:#010x};\nmov.b32 bias, {layout.BIAS_BF16X2:#010x};\nmov.f32 z, 0f00000000;\n"
     )
     for w in range(4):  # r[4w .. 4w + 3]: R0..R3 of word w
-        s += _decode_ptx(f"${words + w}", tuple(f"r{4 * w + i}" for i in range(4)))
+        s += layout.decode_ptx(f"${words + w}", tuple(f"r{4 * w + i}" for i in range(4)))
     for j in range(groups):
         for b in range(2):
             # A: (R0 g, R0 g+8, R1 g, R1 g+8) for the block's first k16, (R2, R3) for its second; words 2b, 2b + 1.
@@ -325,35 +307,30 @@ def check_fragment_args(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tenso
     """(N, K) of a valid call; a one-line error naming the argument otherwise."""
     if x.dtype != torch.bfloat16 or x.dim() != 2:
         raise TypeError(f"x: must be bf16 [M, K], got {x.dtype} {tuple(x.shape)}")
-    if words.dtype != torch.int32 or words.dim() != 4 or words.shape[2:] != (layout.LANES, 4):
-        raise TypeError(
-            "words: must be int32 [N/16, K/64, 32, 4] (mxfp4_fragment_layout.prepare), "
-            f"got {words.dtype} {tuple(words.shape)}"
-        )
-    n, k = words.shape[0] * layout.ROWS, words.shape[1] * layout.STEP_K
-    if pairs.dtype != torch.int32 or tuple(pairs.shape) != (words.shape[0], words.shape[1], 8, 2):
-        raise TypeError(
-            f"pairs: must be int32 {(words.shape[0], words.shape[1], 8, 2)}, got {pairs.dtype} {tuple(pairs.shape)}"
-        )
+    n, k = check_fragment_weights(words, pairs)
     if x.shape[1] != k:
         raise ValueError(f"x: K = {x.shape[1]} does not match the weights' K = {k}")
-    for name, tensor in (("words", words), ("pairs", pairs)):
-        if not tensor.is_contiguous():
-            raise ValueError(f"{name}: must be contiguous (as mxfp4_fragment_layout.prepare returns it)")
     return n, k
 
 
-def launch(x, words, pairs, config: tuple | None = None, fault: str = "none") -> torch.Tensor:
-    """Validate, allocate and launch; `config` (WARPS, U, DEPTH) overrides GPU_CONFIG (sweeps), `fault` plants a
-    named bug (negative controls)."""
+def launch(x, words, pairs, config: tuple | None = None, fault: str = "none", gemv: bool | None = None) -> torch.Tensor:
+    """Validate, allocate and launch; `config` overrides the chosen kernel's launch (the GEMV's (WARPS, U, DEPTH) or
+    the tiled kernel's table row: sweeps), `fault` plants a named bug (negative controls), `gemv` forces the GEMV
+    (True) or the tiled kernel (False); by default the GEMV takes up to GEMV_MAX_M rows where its PTX runs."""
     n, k = check_fragment_args(x, words, pairs)
     check_device(x=x, words=words, pairs=pairs)
     m = x.shape[0]
-    if not packed_ptx(x.device):  # no PTX here: the interchange layout through the CUDA-core / portable GEMM
-        if fault != "none":
-            raise ValueError(f"fault: planted bugs live in the PTX kernel, which {x.device} does not run")
-        codes, scales = layout.interchange(words, pairs)
-        return w4a16_mxfp4_gemm.launch(x, codes, scales)
+    ptx = packed_ptx(x.device)
+    if gemv is None:
+        gemv = ptx and m <= GEMV_MAX_M
+    if gemv and not ptx:
+        raise ValueError(f"gemv: the tensor-core GEMV is PTX for NVIDIA sm_90+, which {x.device} does not run")
+    if not gemv:
+        if fault not in w4a16_mxfp4_gemm.FAULTS:
+            raise ValueError(
+                f"fault: {fault!r} is planted in the GEMV only; the tiled kernel has {list(w4a16_mxfp4_gemm.FAULTS)}"
+            )
+        return w4a16_mxfp4_gemm.launch(x, words, pairs, config=config, fault=fault, fragment=True)
     y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
     if m == 0 or n == 0:
         return y
@@ -382,5 +359,6 @@ def _(x, words, pairs):
 
 
 def w4a16_mxfp4_fragment_gemv(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
-    """bf16 [M, N]: the mirror of x against `kernels.mxfp4_fragment_layout.interchange(words, pairs)`."""
+    """bf16 [M, N]: the mirror of x against `kernels.mxfp4_fragment_layout.interchange(words, pairs)`, for any M
+    (the GEMV up to GEMV_MAX_M rows where its PTX runs, the tiled GEMM on the same words otherwise)."""
     return torch.ops.touchstone.w4a16_mxfp4_fragment_gemv(x, words, pairs)

@@ -57,6 +57,7 @@ SELECTION = {
         "suites/gemm/test_w4a16_mxfp4_fragment_gemv.py::test_launch_shapes",
     ],
     "mxfp4_fragment_layout": ["suites/gemm/test_w4a16_mxfp4_fragment_gemv.py::test_opcheck"],
+    "mxfp4_fragment_dequantize": ["suites/quant/test_mxfp4_fragment_dequantize.py::test_named_dequantize_cases"],
     "split_k": ["suites/gemm/test_split_k.py::test_sum_is_in_split_order"],
     "rms_norm": ["suites/norm/test_rms_norm.py::test_named_cases"],
     "_fp8_groups": ["suites/norm/test_rms_norm.py::test_opcheck_fp8"],

@@ -4,12 +4,14 @@
 Every tier: the layout is a bijection (prepare then interchange gives the bytes back), a named word pins where
 each element's bits go, and the kernel's decode PTX, run by the numpy PTX interpreter (suites/gemm/ptx_subset.py)
 over every code at every position and 2**17 random words, gives the reference's E2M1 values bit for bit (three
-planted bugs in that text must not); the op matches the mirror under the W4A16 GEMM's lossy policy
-(kernels.tolerances, "w4a16_mxfp4_gemm") and its named cases exactly. On a GPU that runs the PTX (sm_90+) those
-checks run the tensor-core kernel, with its launch shapes (0, 1 and 2 turns of loads ahead, 1 and 2 steps a
-turn, one and two column groups), and two planted bugs (rows g and g + 8 exchanged, a block scaled by its
-neighbour's scale) must be caught; elsewhere the op reads the weights back to the interchange layout and runs
-`kernels.w4a16_mxfp4_gemm`, and those GPU cases are skipped (they live in the PTX).
+planted bugs in that text must not; the scaled decode the tiled GEMM runs is checked the same way); the op
+matches the mirror under the W4A16 GEMM's lossy policy (kernels.tolerances, "w4a16_mxfp4_gemm") and its named
+cases exactly, on both of its paths: the tiled W4A16 GEMM on the same words (every tier: the interpreter runs its
+Triton decode, a GPU of sm_90+ the PTX), whose planted bugs (a block scaled by its neighbour's scale, the halves
+of each register exchanged) must be caught; and on a GPU that runs the PTX the tensor-core GEMV, with its launch
+shapes (0, 1 and 2 turns of loads ahead, 1 and 2 steps a turn, one and two column groups) and its two planted
+bugs (rows g and g + 8 exchanged, a block scaled by its neighbour's scale); elsewhere the GEMV cases are skipped
+(they live in the PTX) and asking for it is refused by name.
 """
 
 from __future__ import annotations
@@ -95,9 +97,10 @@ def test_four_rotations_of_the_mask_cannot_tile_a_word():
     assert covered == set(range(32))  # the layout used instead: every bit of the word holds one code bit
 
 
-def decoded_by(ptx: str) -> tuple[torch.Tensor, torch.Tensor]:
+def decoded_by(ptx: str, scale_byte: int = 127) -> tuple[torch.Tensor, torch.Tensor]:
     """(what `ptx` decodes, what the reference decodes) for every code (0..15) at every element position, in words
-    whose other elements are random, and 2**17 random words."""
+    whose other elements are random, and 2**17 random words; a scaled decode gets the block scale `scale_byte`
+    as its bf16 pair $5."""
     rng = np.random.default_rng(0)
     words = [rng.integers(0, 2**32, 2**17, dtype=np.uint64).astype(np.uint32)]
     for j in range(8):
@@ -107,23 +110,34 @@ def decoded_by(ptx: str) -> tuple[torch.Tensor, torch.Tensor]:
     codes = torch.from_numpy(interchange.view(np.uint8).reshape(-1, 4).copy())
     block = torch.zeros(codes.shape[0], 16, dtype=torch.uint8)  # one MX block a word, scale 127 (1.0)
     block[:, :4] = codes
-    want = dequantize_mxfp4(block, torch.full((codes.shape[0], 1), 127, dtype=torch.uint8), dtype=torch.float32)
+    scale = torch.full((codes.shape[0], 1), scale_byte, dtype=torch.uint8)
+    want = dequantize_mxfp4(block, scale, dtype=torch.float32)
     # Prepare each word on its own row of a 16 x 64 tile: it is the lane-0 first word of its tile.
     padded = torch.zeros(codes.shape[0], 16, 32, dtype=torch.uint8)
     padded[:, 0, :4] = codes
     prepared_words, _ = layout.prepare(padded, torch.full((codes.shape[0], 16, 2), 127, dtype=torch.uint8))
     stored = prepared_words[:, 0, 0, 0, 0].numpy().view(np.uint32)
-    out = ptx_subset.run(ptx, {4: stored})
+    bf = 0x0040 if scale_byte == 0 else scale_byte << 7
+    out = ptx_subset.run(ptx, {4: stored, 5: np.full(stored.shape, bf | bf << 16, dtype=np.uint32)})
     regs = np.stack([out[i] for i in range(4)], axis=-1)
     halves = np.stack([regs & 0xFFFF, regs >> 16], axis=-1).reshape(-1, 8).astype(np.uint32)
     got = torch.from_numpy((halves << 16).view(np.float32))
-    assert_exact(layout.decode_word(torch.from_numpy(stored.view(np.int32))), want[:, :8], "decode_word")
+    if scale_byte == 127:
+        assert_exact(layout.decode_word(torch.from_numpy(stored.view(np.int32))), want[:, :8], "decode_word")
     return got, want[:, :8]
 
 
 def test_decode_ptx_gives_the_reference_values():
-    got, want = decoded_by(kernel.decode_block_ptx())
+    got, want = decoded_by(layout.decode_block_ptx())
     assert_exact(got, want, "decode PTX")
+
+
+@pytest.mark.parametrize("scale_byte", [127, 0, 1, 130, 200])
+def test_scaled_decode_ptx_gives_the_reference_values(scale_byte):
+    """The tiled GEMM's and the dequantizer's decode: each register then times the block's bf16 scale pair ($5),
+    against the reference's values at that scale (subnormal 2**-127 included)."""
+    got, want = decoded_by(layout.decode_block_ptx(scaled=True), scale_byte)
+    assert_exact(got, want, f"scaled decode PTX, scale byte {scale_byte}")
 
 
 @pytest.mark.parametrize(
@@ -133,7 +147,7 @@ def test_decode_ptx_gives_the_reference_values():
 )
 def test_decode_ptx_controls(planted):
     """Negative controls on every tier: the decode text with one planted bug mismatches the reference."""
-    got, want = decoded_by(kernel.decode_block_ptx().replace(*planted))
+    got, want = decoded_by(layout.decode_block_ptx().replace(*planted))
     assert not torch.equal(got, want)
 
 
@@ -150,6 +164,7 @@ def problems(draw):
         x_exponent=x_exponent,
         w_exponent=draw(st.integers(max(-100, -100 - x_exponent), min(100, 100 - x_exponent))),
         zero_block=draw(st.booleans()),
+        gemv=draw(st.sampled_from([None, False])),
     )
 
 
@@ -168,7 +183,7 @@ def test_matches_mirror_and_ideal(p, device):
         codes[0, :16], scales[0, 0] = 0, 0
     x = (random_blocks((p["m"], p["k"]), torch.float32, p["seed"] + 1, 2.0) * 2.0 ** p["x_exponent"]).to(torch.bfloat16)
     ideal = ref.w4a16_mxfp4_gemm_ideal(x, codes, scales) if p["spread"] > 4 else oracles.unquantized_product(x, w)
-    check(x, codes, scales, device, ideal)
+    check(x, codes, scales, device, ideal, gemv=p["gemv"])
 
 
 def _padded(codes, scales):
@@ -187,19 +202,51 @@ def test_named_cases(name, x_rows, code_bytes, scale_bytes, want, note, device):
     codes, scales = _padded(codes, scales)
     words, pairs = prepared(codes, scales, device)
     want = torch.tensor(want, dtype=torch.bfloat16)
-    for rows in (1, 9):  # one x row (the M = 1 kernel) and nine (every accumulator, two column blocks)
+    # One x row (the GEMV's M = 1 kernel) and nine (every accumulator, two column blocks), on the GEMV where its PTX
+    # runs and on the tiled GEMM everywhere.
+    for rows, gemv in itertools.product((1, 9), (True, False) if packed_ptx(torch.device(device)) else (False,)):
         for r in range(x.shape[0]):
-            got = kernel.w4a16_mxfp4_fragment_gemv(x[r : r + 1].expand(rows, -1).contiguous().to(device), words, pairs)
-            assert_exact(got.cpu()[:, 0], want[r].expand(rows), f"{name}: x row {r}, M = {rows} ({note})")
+            rows_x = x[r : r + 1].expand(rows, -1).contiguous().to(device)
+            got = kernel.launch(rows_x, words, pairs, gemv=gemv)
+            assert_exact(got.cpu()[:, 0], want[r].expand(rows), f"{name}: x row {r}, M = {rows}, gemv {gemv} ({note})")
 
 
-def test_nan_scale_poisons_its_row_only(device):
+@pytest.mark.parametrize("m", [2, 20])  # the GEMV where its PTX runs, and the tiled GEMM
+def test_nan_scale_poisons_its_row_only(device, m):
     _, codes, scales = quantized_weights(32, 128, 3, 4.0, 0, "floor")
     scales[9, 2] = 0xFF
-    x = random_blocks((2, 128), torch.bfloat16, 4, 2.0)
+    x = random_blocks((m, 128), torch.bfloat16, 4, 2.0)
     words, pairs = prepared(codes, scales, device)
     got = kernel.w4a16_mxfp4_fragment_gemv(x.to(device), words, pairs).cpu()
     assert torch.isnan(got[:, 9]).all() and not torch.isnan(got[:, torch.arange(32) != 9]).any()
+
+
+@pytest.mark.parametrize("fault", ["scale_of_next_block", "swap_nibbles"])
+def test_tiled_path_planted_bugs_are_caught(fault, device):
+    """Negative controls of the tiled GEMM on fragment words (every tier)."""
+    w, codes, scales = quantized_weights(32, 256, 7, 6.0, 0, "floor")
+    x = random_blocks((20, 256), torch.bfloat16, 8, 2.0)
+    check(x, codes, scales, device, oracles.unquantized_product(x, w), gemv=False)
+    with pytest.raises(AssertionError):
+        check(x, codes, scales, device, oracles.unquantized_product(x, w), gemv=False, fault=fault)
+
+
+def test_tiled_path_steps_past_the_end(device):
+    """K = 3 steps in tiles of 2 (a K tile half past the end) and a split-K launch (two splits of one tile)."""
+    w, codes, scales = quantized_weights(48, 192, 9, 6.0, 0, "even")
+    x = random_blocks((19, 192), torch.bfloat16, 10, 3.0)
+    ideal = oracles.unquantized_product(x, w)
+    check(x, codes, scales, device, ideal, gemv=False, config=("dot", 16, 16, 4, 1, 1, 1))
+    check(x, codes, scales, device, ideal, gemv=False, config=("dot", 16, 16, 2, 2, 1, 1))
+
+
+def test_gemv_is_refused_where_its_ptx_does_not_run(device):
+    if packed_ptx(torch.device(device)):
+        pytest.skip("this device runs the GEMV's PTX")
+    _, codes, scales = quantized_weights(16, 64, 11, 2.0, 0, "floor")
+    words, pairs = prepared(codes, scales, device)
+    with pytest.raises(ValueError, match="gemv: the tensor-core GEMV is PTX"):
+        kernel.launch(torch.zeros(1, 64, dtype=torch.bfloat16, device=device), words, pairs, gemv=True)
 
 
 GPU_ONLY = "the PTX kernel's launch shapes and planted bugs need a GPU that runs its PTX (sm_90+)"
@@ -214,7 +261,7 @@ def test_launch_shapes(config, device):
     w, codes, scales = quantized_weights(48, 448, 5, 6.0, 0, "rceil")
     for m in (1, 5, 8, 13, 16, 40):
         x = random_blocks((m, 448), torch.bfloat16, 6 + m, 3.0)
-        check(x, codes, scales, device, oracles.unquantized_product(x, w), config=config)
+        check(x, codes, scales, device, oracles.unquantized_product(x, w), config=config, gemv=True)
 
 
 @pytest.mark.parametrize("fault", [f for f in kernel.FAULTS if f != "none"])
@@ -223,14 +270,15 @@ def test_planted_bugs_are_caught(fault, device):
         pytest.skip(GPU_ONLY)
     w, codes, scales = quantized_weights(32, 256, 7, 6.0, 0, "floor")
     x = random_blocks((1, 256), torch.bfloat16, 8, 2.0)
-    check(x, codes, scales, device, oracles.unquantized_product(x, w))  # the control passes without the bug
+    check(x, codes, scales, device, oracles.unquantized_product(x, w), gemv=True)  # passes without the bug
     with pytest.raises(AssertionError):
-        check(x, codes, scales, device, oracles.unquantized_product(x, w), fault=fault)
+        check(x, codes, scales, device, oracles.unquantized_product(x, w), fault=fault, gemv=True)
 
 
-def test_opcheck(device):
+@pytest.mark.parametrize("m", [2, 17])
+def test_opcheck(device, m):
     _, codes, scales = quantized_weights(16, 64, 11, 2.0, 0, "floor")
-    x = random_blocks((2, 64), torch.bfloat16, 12, 2.0)
+    x = random_blocks((m, 64), torch.bfloat16, 12, 2.0)
     words, pairs = prepared(codes, scales, device)
     torch.library.opcheck(torch.ops.touchstone.w4a16_mxfp4_fragment_gemv.default, (x.to(device), words, pairs))
 

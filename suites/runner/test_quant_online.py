@@ -291,14 +291,24 @@ def _forced_kernels(monkeypatch, module) -> None:
     monkeypatch.setattr(module, "uses_kernels", lambda x: True)
 
 
-# K padded to the block; MXFP4 from DEQUANTIZE_FROM_ROWS rows on takes the dequantize kernel + bf16 GEMM branch
+# K padded to the block; MXFP4 from DEQUANTIZE_FROM_ROWS rows on takes the dequantize kernel + bf16 GEMM branch,
+# in each weight layout a layer can store (K = 96 is not a whole number of fragment steps: "prepared" on a GPU).
 @pytest.mark.parametrize(
-    ("scheme", "k", "rows"), [("fp8_block", 320, 3), ("mxfp4", 96, 3), ("mxfp4", 96, DEQUANTIZE_FROM_ROWS)]
+    ("scheme", "k", "rows", "layout"),
+    [
+        ("fp8_block", 320, 3, None),
+        ("mxfp4", 96, 3, "prepared"),
+        ("mxfp4", 96, DEQUANTIZE_FROM_ROWS, "prepared"),
+        ("mxfp4", 128, 1, "fragment"),
+        ("mxfp4", 128, 20, "fragment"),
+        ("mxfp4", 128, DEQUANTIZE_FROM_ROWS, "fragment"),
+    ],
 )
-def test_the_kernel_branch_agrees_with_the_references(monkeypatch, device, scheme, k, rows):
-    """The GPU path of apply (the block-FP8 GEMM with its activation quantizer; the W4A16 GEMM, or for many
-    rows the dequantize kernel and a bf16 GEMM), run by the interpreter on this tier and by the GPU on a GPU
-    tier, against the same layer's mirror and the float64 product of its dequantized operands."""
+def test_the_kernel_branch_agrees_with_the_references(monkeypatch, device, scheme, k, rows, layout):
+    """The GPU path of apply (the block-FP8 GEMM with its activation quantizer; for MXFP4 the W4A16 GEMV or GEMM
+    on the layer's layout, or for many rows the dequantize kernel and a bf16 GEMM), run by the interpreter on this
+    tier and by the GPU on a GPU tier, against the same layer's mirror and the float64 product of its dequantized
+    operands."""
     from kernels.tolerances import assert_lossy, families
     from reference.gemm import block_fp8, w4a16_mxfp4
     from reference.quant.fp8 import quantize_fp8 as ref_quantize_fp8
@@ -307,10 +317,13 @@ def test_the_kernel_branch_agrees_with_the_references(monkeypatch, device, schem
     gen = torch.Generator().manual_seed(7)
     w = torch.randn(48, k, generator=gen).to(torch.bfloat16)
     x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
-    layer = Linear(k, 48, torch.bfloat16, device, make_scheme(scheme, online=True))
-    layer.weight_loader(layer.weight, w.to(device))
     if device == "cpu":
         _forced_kernels(monkeypatch, fp8_block if scheme == "fp8_block" else mxfp4)
+    if layout is not None:
+        monkeypatch.setattr(mxfp4, "weight_layout", lambda *_: layout)
+    layer = Linear(k, 48, torch.bfloat16, device, make_scheme(scheme, online=True))
+    layer.weight_loader(layer.weight, w.to(device))
+    assert scheme != "mxfp4" or layer.weight_layout == layout
     got = layer(x.to(device)).cpu()
     layer.cpu()
     if scheme == "fp8_block":
@@ -321,7 +334,7 @@ def test_the_kernel_branch_agrees_with_the_references(monkeypatch, device, schem
         family = families.BLOCK_FP8_GEMM
     else:
         a = zero_pad_columns(x, 32)
-        codes, scales = mxfp4.interchange_weight(layer)  # prepared for the kernels on a GPU tier
+        codes, scales = mxfp4.interchange_weight(layer)
         mirror = w4a16_mxfp4.w4a16_mxfp4_gemm_mirror(a, codes, scales)
         ideal = w4a16_mxfp4.w4a16_mxfp4_gemm_ideal(a, codes, scales)
         family = families.W4A16_MXFP4_GEMM
@@ -402,20 +415,48 @@ def test_mxfp4_even_mode_equals_amd_quarks_quantizer_on_every_weight_of_the_embe
     assert checked == 4 * config.num_hidden_layers
 
 
-def test_mxfp4_codes_are_stored_prepared_where_the_kernels_run(device):
-    """A bf16 layer on a GPU keeps its codes in the W4A16 GEMM's prepared layout (kernels.w4a16_mxfp4_layout),
-    on the CPU tier in the interchange layout; either way `interchange_weight` gives the quantizer's bytes."""
+@pytest.mark.parametrize(("n", "k"), [(48, 96), (48, 128), (40, 128)])
+def test_mxfp4_weights_are_stored_in_the_kernels_layout(device, n, k):
+    """A bf16 layer on a GPU keeps its weights in a kernel layout: `kernels.mxfp4_fragment_layout` where the packed
+    PTX runs and N % 16 == 0, K % 64 == 0, else the W4A16 GEMM's prepared codes (`kernels.w4a16_mxfp4_layout`); on
+    the CPU tier the interchange layout. Whichever, `interchange_weight` gives the quantizer's bytes."""
+    from kernels import mxfp4_fragment_layout as fragment
+    from kernels._packed_ptx import packed_ptx
     from kernels.w4a16_mxfp4_layout import prepare_codes
     from runner.model.quant.mxfp4 import interchange_weight
 
-    w = torch.randn(48, 96, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
-    layer = Linear(96, 48, torch.bfloat16, device, make_scheme("mxfp4", online=True))
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    layer = Linear(k, n, torch.bfloat16, device, make_scheme("mxfp4", online=True))
     layer.weight_loader(layer.weight, w.to(device))
     codes, scales = quantize_mxfp4(w, scale_mode="floor")
     codes = positive_zeros(codes)
-    on_gpu = device != "cpu"
-    assert layer.codes_prepared is on_gpu
-    assert_exact(layer.weight_codes.cpu(), prepare_codes(codes) if on_gpu else codes, "stored codes")
+    if device == "cpu":
+        want = "interchange"
+    else:
+        want = "fragment" if packed_ptx(torch.device(device)) and n % 16 == 0 and k % 64 == 0 else "prepared"
+    assert layer.weight_layout == want
+    if want == "fragment":
+        words, pairs = fragment.prepare(codes, scales)
+        assert_exact(layer.weight_words.cpu(), words, "stored words")
+        assert_exact(layer.weight_pairs.cpu(), pairs, "stored scale pairs")
+    else:
+        assert_exact(layer.weight_codes.cpu(), prepare_codes(codes) if want == "prepared" else codes, "stored codes")
     got_codes, got_scales = interchange_weight(layer)
     assert_exact(got_codes.cpu(), codes, "interchange codes")
     assert_exact(got_scales.cpu(), scales, "scales")
+
+
+def test_mxfp4_fragment_layout_is_prepared_in_row_chunks(monkeypatch):
+    """The fragment words are prepared PREPARE_ROWS rows at a time (the load's peak); chunks that do not divide
+    N give the words of the whole tensor."""
+    from kernels import mxfp4_fragment_layout as fragment
+    from runner.model.quant import mxfp4
+
+    monkeypatch.setattr(mxfp4, "weight_layout", lambda *_: "fragment")
+    monkeypatch.setattr(mxfp4, "PREPARE_ROWS", 32)
+    w = torch.randn(80, 128, generator=torch.Generator().manual_seed(4))
+    layer = Linear(128, 80, torch.float32, "cpu", make_scheme("mxfp4", online=True))
+    layer.weight_loader(layer.weight, w)
+    words, pairs = fragment.prepare(*mxfp4.quantize_weight(w))
+    assert_exact(layer.weight_words, words, "words")
+    assert_exact(layer.weight_pairs, pairs, "scale pairs")

@@ -18,6 +18,7 @@ from kernels import (
     block_fp8_gemm,
     fp8_quant,
     mxfp4,
+    mxfp4_fragment_dequantize,
     mxfp4_fragment_layout,
     nvfp4,
     paged_decode,
@@ -111,6 +112,14 @@ CASES = {
     "w4a16_mxfp4_fragment_gemv (two groups)": (
         w4a16_mxfp4_fragment_gemv.w4a16_mxfp4_fragment_gemv,
         lambda: _fragment_inputs(13),
+    ),
+    "w4a16_mxfp4_fragment_gemv (tiled)": (
+        w4a16_mxfp4_fragment_gemv.w4a16_mxfp4_fragment_gemv,
+        lambda: _fragment_inputs(20),
+    ),
+    "dequantize_mxfp4_fragment": (
+        mxfp4_fragment_dequantize.dequantize_mxfp4_fragment,
+        lambda: {name: t for name, t in _fragment_inputs(1).items() if name != "x"},
     ),
     "dequantize_mxfp4_prepared": (
         mxfp4.dequantize_mxfp4_prepared,

@@ -7,9 +7,13 @@ Negative zero: a weight that rounds to zero keeps its sign bit in the E2M1 code 
 not in others; AMD Quark's checkpoints hold positive zeros only, and vLLM's online-MXFP4 test normalizes -0
 before comparing. The load normalizes too: no 0x8 nibble is ever stored (it dequantizes to the same value).
 
-Where apply takes the kernel branch (CUDA, bf16), the codes are stored once, at load, in the W4A16 GEMM's
-prepared layout (`kernels.w4a16_mxfp4_layout`: each word's nibbles reordered so that the packed decode yields
-weights in K order); `interchange_weight` gives them back in the interchange layout."""
+Where apply takes the kernel branch (CUDA, bf16), the weights are stored once, at load, in a kernel layout
+(`weight_layout`), and `interchange_weight` gives them back in the interchange layout:
+- "fragment" where the packed PTX runs (NVIDIA sm_90+) and N % 16 == 0, K % 64 == 0: `kernels.mxfp4_fragment_layout`
+  (words and bf16 scale pairs in mma.sync fragment order), read by the tensor-core GEMV up to 16 rows, the tiled
+  W4A16 GEMM above (`kernels.w4a16_mxfp4_fragment_gemv`) and the dequantizer for prefill;
+- "prepared" elsewhere on CUDA: `kernels.w4a16_mxfp4_layout` (each word's nibbles reordered so that the packed
+  decode yields weights in K order), interchange E8M0 scales."""
 
 from __future__ import annotations
 
@@ -75,10 +79,17 @@ class Mxfp4W4A16(OnlineScheme):
 
     def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
         x = zero_pad_columns(x, MX_BLOCK_SIZE)
+        if uses_kernels(x) and layer.weight_layout == "fragment":
+            from kernels.mxfp4_fragment_dequantize import dequantize_mxfp4_fragment
+            from kernels.w4a16_mxfp4_fragment_gemv import w4a16_mxfp4_fragment_gemv
+
+            if x.shape[0] >= DEQUANTIZE_FROM_ROWS:
+                return F.linear(x, dequantize_mxfp4_fragment(layer.weight_words, layer.weight_pairs))
+            return w4a16_mxfp4_fragment_gemv(x, layer.weight_words, layer.weight_pairs)
         if uses_kernels(x):
             from kernels import mxfp4, w4a16_mxfp4_gemm
 
-            prepared = layer.codes_prepared
+            prepared = layer.weight_layout == "prepared"
             if x.shape[0] >= DEQUANTIZE_FROM_ROWS:
                 dequantize = mxfp4.dequantize_mxfp4_prepared if prepared else mxfp4.dequantize_mxfp4
                 return F.linear(x, dequantize(layer.weight_codes, layer.weight_scales, dtype=x.dtype))
@@ -89,19 +100,57 @@ class Mxfp4W4A16(OnlineScheme):
         return F.linear(x, dequantize_mxfp4(*interchange_weight(layer), dtype=x.dtype))
 
 
+# Rows prepared at a time: `mxfp4_fragment_layout.prepare` works on 8-byte copies of the codes (about 4 live at
+# once, 16x the codes' bytes), so a whole 28672 x 4096 gate_up would add ~0.9 GiB to the load's peak; 2048 rows of
+# it add 64 MiB.
+PREPARE_ROWS = 2048
+
+
+def fragment_shape(codes: torch.Tensor, last: int) -> tuple[int, ...]:
+    """[N / 16, K / 64, 32, 4] (last = 4, the words) or [N / 16, K / 64, 8, 2] (last = 2, the scale pairs)."""
+    n, k = codes.shape[0], codes.shape[1] * 2
+    return (n // 16, k // 64, 32, 4) if last == 4 else (n // 16, k // 64, 8, 2)
+
+
+def weight_layout(device: torch.device, dtype: torch.dtype, n: int, k: int) -> str:
+    """The layout a layer of N x K weights stores on `device` for activations of `dtype` (the module doc)."""
+    if not kernels_run_on(device, dtype):
+        return "interchange"
+    from kernels import mxfp4_fragment_layout as fragment
+    from kernels._packed_ptx import packed_ptx
+
+    if packed_ptx(device) and n % fragment.ROWS == 0 and k % fragment.STEP_K == 0:
+        return "fragment"
+    return "prepared"
+
+
 def store_weight(layer, codes: torch.Tensor, scales: torch.Tensor) -> None:
-    """The layer's final weight: interchange codes and scales, the codes in the W4A16 GEMM's prepared layout where
-    apply takes the kernel branch (`kernels_run_on` the layer's device and dtype)."""
+    """The layer's final weight, from interchange codes and scales, in its `weight_layout`."""
+    layer.weight_layout = weight_layout(codes.device, layer.dtype, codes.shape[0], codes.shape[1] * 2)
+    if layer.weight_layout == "fragment":
+        from kernels import mxfp4_fragment_layout as fragment
+
+        layer.register_buffer("weight_words", codes.new_empty(fragment_shape(codes, 4), dtype=torch.int32))
+        layer.register_buffer("weight_pairs", codes.new_empty(fragment_shape(codes, 2), dtype=torch.int32))
+        for first in range(0, codes.shape[0], PREPARE_ROWS):
+            words, pairs = fragment.prepare(codes[first : first + PREPARE_ROWS], scales[first : first + PREPARE_ROWS])
+            tiles = slice(first // fragment.ROWS, first // fragment.ROWS + words.shape[0])
+            layer.weight_words[tiles], layer.weight_pairs[tiles] = words, pairs
+        return
     from kernels.w4a16_mxfp4_layout import prepare_codes
 
-    layer.codes_prepared = kernels_run_on(codes.device, layer.dtype)
-    layer.register_buffer("weight_codes", prepare_codes(codes) if layer.codes_prepared else codes)
+    prepared = layer.weight_layout == "prepared"
+    layer.register_buffer("weight_codes", prepare_codes(codes) if prepared else codes)
     layer.register_buffer("weight_scales", scales)
 
 
 def interchange_weight(layer) -> tuple[torch.Tensor, torch.Tensor]:
     """The layer's (codes, scales) in the interchange layout (`reference.quant.mxfp4`'s), whatever it stores."""
-    if not layer.codes_prepared:
+    if layer.weight_layout == "fragment":
+        from kernels import mxfp4_fragment_layout as fragment
+
+        return fragment.interchange(layer.weight_words, layer.weight_pairs)
+    if layer.weight_layout == "interchange":
         return layer.weight_codes, layer.weight_scales
     from kernels.w4a16_mxfp4_layout import interchange_codes
 

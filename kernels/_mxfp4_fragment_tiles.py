@@ -1,0 +1,111 @@
+"""Triton helpers on `kernels.mxfp4_fragment_layout`'s prepared words for the kernels that read them by row and
+K (the W4A16 GEMM's fragment mode, the fragment dequantizer); no launch of their own. A word and its block's bf16
+scale give four bf16x2 registers, elements 2i and 2i + 1 of the word in register i: the E2M1 values times the
+scale, exact (powers of two; the contract's scale bytes 253 and 254 aside). Where the packed PTX runs (NVIDIA
+sm_90+) the layout's own decode text does it (`mxfp4_fragment_layout.decode_block_ptx(scaled=True)`); elsewhere
+(the interpreter, ROCm, older GPUs) the same rotations and masks in Triton integer ops and an fp32 multiply do,
+giving the same bytes (NaN blocks aside, whose payload the callers fix).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels import mxfp4_fragment_layout as layout
+
+SCALED_DECODE = tl.constexpr(layout.decode_block_ptx(scaled=True))
+MASK = tl.constexpr(layout.MASK)
+R3_LOW_MASK = tl.constexpr(layout.R3_LOW_MASK)
+R3_REST_MASK = tl.constexpr(layout.MASK & ~layout.R3_LOW_MASK)
+R1_ROTATION = tl.constexpr(layout.ROTATIONS[1])
+R2_ROTATION = tl.constexpr(layout.ROTATIONS[2])
+R3_LOW_ROTATION = tl.constexpr(layout.R3_LOW_ROTATION)
+R3_REST_ROTATION = tl.constexpr(layout.R3_REST_ROTATION)
+TWO_126 = tl.constexpr(8.507059173023462e37)
+
+
+@triton.jit
+def _rotr(u, R: tl.constexpr):
+    return (u >> R) | (u << (32 - R))
+
+
+@triton.jit
+def _swap_halves(reg):
+    u = reg.to(tl.uint32, bitcast=True)
+    return ((u >> 16) | (u << 16)).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _scaled_register(reg, scale):
+    """A decoded register (uint32: two bf16 E2M1 values * 2**-126) times fp32 `scale`, back as bf16x2 (exact)."""
+    low = ((reg & 0xFFFF) << 16).to(tl.float32, bitcast=True) * TWO_126 * scale
+    high = (reg & 0xFFFF0000).to(tl.float32, bitcast=True) * TWO_126 * scale
+    return ((low.to(tl.uint32, bitcast=True) >> 16) | (high.to(tl.uint32, bitcast=True) & 0xFFFF0000)).to(
+        tl.int32, bitcast=True
+    )
+
+
+@triton.jit
+def fragment_registers(words, scale_bits, PTX: tl.constexpr):
+    """Prepared words (int32) and their blocks' scales as bf16 bits (int32, 0 .. 0xFFFF), same shape -> (R0, R1, R2,
+    R3) int32, register i = elements 2i (low half) and 2i + 1 (high) of each word, bf16, times the scale."""
+    if PTX:
+        pair = scale_bits | (scale_bits << 16)
+        return tl.inline_asm_elementwise(
+            SCALED_DECODE, "=r,=r,=r,=r,r,r", [words, pair], dtype=(tl.int32,) * 4, is_pure=True, pack=1
+        )
+    u = words.to(tl.uint32, bitcast=True)
+    scale = (scale_bits.to(tl.uint32) << 16).to(tl.float32, bitcast=True)
+    r0 = u & MASK
+    r1 = _rotr(u, R1_ROTATION) & MASK
+    r2 = _rotr(u, R2_ROTATION) & MASK
+    r3 = (_rotr(u, R3_LOW_ROTATION) & R3_LOW_MASK) | (_rotr(u, R3_REST_ROTATION) & R3_REST_MASK)
+    return (
+        _scaled_register(r0, scale),
+        _scaled_register(r1, scale),
+        _scaled_register(r2, scale),
+        _scaled_register(r3, scale),
+    )
+
+
+@triton.jit
+def registers_in_k_order(r0, r1, r2, r3):
+    """Four register tensors [R, W] -> bf16 [R, W * 8]: word w's elements 0..7 at columns 8w .. 8w + 7."""
+    rows: tl.constexpr = r0.shape[0]
+    cols: tl.constexpr = r0.shape[1] * 8
+    regs = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), [rows, cols // 2]).to(tl.uint32, bitcast=True)
+    halves = tl.join((regs & 0xFFFF).to(tl.uint16), (regs >> 16).to(tl.uint16))
+    return tl.reshape(halves, [rows, cols]).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def fragment_weight_tile(
+    words_ptr, pairs_ptr, n, tile, n_steps, GROUPS: tl.constexpr, FAULT: tl.constexpr, PTX: tl.constexpr
+):
+    """K tile `tile` (GROUPS MX blocks, GROUPS even: GROUPS / 2 steps) of rows n ([BLOCK_N] int64, each < N) ->
+    bf16 [BLOCK_N, GROUPS * 32] in K order. Steps past the end read as code 0 with scale 0 (zeros). FAULT (the W4A16
+    GEMM's planted bugs): 1 a block scaled by the next block's scale (the last keeps its own), 2 each register's
+    halves exchanged, 3 the next block's scale with no clamp (the last row tile reads past the end)."""
+    WORDS: tl.constexpr = GROUPS * 4
+    w = tl.arange(0, WORDS)
+    block = tile * GROUPS + w // 4
+    step = block // 2
+    live = step < n_steps
+    step = tl.where(live, step, 0)
+    row_tile, h, g = n // 16, (n // 8) % 2, n % 8
+    at = (row_tile[:, None] * n_steps + step[None, :]) * 32 + (g * 4)[:, None] + (w % 4)[None, :]
+    words = tl.load(words_ptr + at * 4 + (2 * (block % 2))[None, :] + h[:, None], mask=live[None, :], other=0)
+    scale_block = block
+    if FAULT == 1:
+        scale_block = tl.minimum(block + 1, 2 * n_steps - 1)
+    if FAULT == 3:
+        scale_block = block + 1
+    scale_step = tl.where(live, scale_block // 2, 0)
+    pair_at = ((row_tile[:, None] * n_steps + scale_step[None, :]) * 8 + g[:, None]) * 2 + (scale_block % 2)[None, :]
+    pairs = tl.load(pairs_ptr + pair_at, mask=live[None, :], other=0)
+    scale_bits = ((pairs >> (16 * h)[:, None]) & 0xFFFF).to(tl.int32)
+    r0, r1, r2, r3 = fragment_registers(words, scale_bits, PTX)
+    if FAULT == 2:
+        r0, r1, r2, r3 = _swap_halves(r0), _swap_halves(r1), _swap_halves(r2), _swap_halves(r3)
+    return registers_in_k_order(r0, r1, r2, r3)
