@@ -30,7 +30,7 @@ FAULTS = {"none": 0, "rows_swapped": 1}  # rows g and g + 8 of a tile stored in 
 # shape of the interchange dequantizer's GPU row (`kernels.mxfp4`); reports/cuda-h200/mxfp4_dequantize.md has
 # the bench of both.
 GPU_CONFIG = (8, 4)
-INTERPRETER_CONFIG = (1, 1)
+INTERPRETER_CONFIG = (8, 1)  # the interpreter runs programs one by one: few, large ones
 
 
 @triton.jit

@@ -9,19 +9,23 @@ CPU. Implementations:
 - reference-eager: reference.quant.mxfp4 as written (float64, large temporaries);
 - reference-compiled: the same functions under torch.compile, compiled once per process with dynamic
   shapes, so the sweep reuses one graph across sizes;
-- triton: kernels.mxfp4, imported when first used (a missing module makes the impl a recorded skip).
+- triton: kernels.mxfp4, imported when first used (a missing module makes the impl a recorded skip);
+- triton-fragment (dequantize): kernels.mxfp4_fragment_dequantize on the same weights in the fragment layout
+  the runner stores where the packed PTX runs (kernels.mxfp4_fragment_layout, prepared before timing; its
+  scales are bf16 pairs, so it reads 1/32 of a byte a weight more than the bytes model counts).
 Correctness: bit-exact (codes and scales; output bits) against reference-eager where it ran, else against
 reference-compiled.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
 
-from bench.quant.sweeps import bf16_input, packed_fp4_input, quant_op, sweeps
-from bench.registry import Case, OpBench, register
+from bench.quant.sweeps import bf16_input, packed_fp4_input, quant_op, sweeps, triton_skip
+from bench.registry import Case, Impl, OpBench, register
 from reference.quant.mxfp4 import MX_BLOCK_SIZE, dequantize_mxfp4, quantize_mxfp4
 
 K = 4096
@@ -77,7 +81,23 @@ def _op(name: str, kind: str, dtype: str, make_inputs: Callable, wrap: Callable,
     )
 
 
+def _fragment_dequantize(inputs: tuple[torch.Tensor, torch.Tensor]) -> Callable[[], object]:
+    from kernels.mxfp4_fragment_dequantize import dequantize_mxfp4_fragment
+    from kernels.mxfp4_fragment_layout import prepare
+
+    words, pairs = prepare(*inputs)
+    return lambda: dequantize_mxfp4_fragment(words, pairs)
+
+
+def _with_fragment(op: OpBench) -> OpBench:
+    fragment = Impl("triton-fragment", _fragment_dequantize, triton_skip)
+    headline = (*op.headline, ("triton-fragment", "memcpy"))
+    return dataclasses.replace(op, impls=(*op.impls, fragment), headline=headline)
+
+
 QUANTIZE = register(_op("mxfp4_quantize", "quantize", "bfloat16->mxfp4", bf16_input, _quantize_with, quantize_mxfp4))
 DEQUANTIZE = register(
-    _op("mxfp4_dequantize", "dequantize", "mxfp4->bfloat16", dequantize_inputs, _dequantize_with, dequantize_mxfp4)
+    _with_fragment(
+        _op("mxfp4_dequantize", "dequantize", "mxfp4->bfloat16", dequantize_inputs, _dequantize_with, dequantize_mxfp4)
+    )
 )
