@@ -1,10 +1,11 @@
 """Triton helpers on `kernels.mxfp4_fragment_layout`'s prepared words for the kernels that read them by row and
-K (the W4A16 GEMM's fragment mode, the fragment dequantizer); no launch of their own. A word and its block's bf16
-scale give four bf16x2 registers, elements 2i and 2i + 1 of the word in register i: the E2M1 values times the
-scale, exact (powers of two; the contract's scale bytes 253 and 254 aside). Where the packed PTX runs (NVIDIA
-sm_90+) the layout's own decode text does it (`mxfp4_fragment_layout.decode_block_ptx(scaled=True)`); elsewhere
+K (`kernels.w4a16_mxfp4_fragment_gemm`, `kernels.mxfp4_fragment_dequantize`); no launch of their own.
+
+A word and its block's bf16 scale give four bf16x2 registers, elements 2i and 2i + 1 of the word in register i:
+the E2M1 values times the scale, exact (powers of two; the contract's scale bytes 253 and 254 aside). Where the
+packed PTX runs (NVIDIA sm_90+) the layout's own decode text does it (`decode_block_ptx(scaled=True)`); elsewhere
 (the interpreter, ROCm, older GPUs) the same rotations and masks in Triton integer ops and an fp32 multiply do,
-giving the same bytes (NaN blocks aside, whose payload the callers fix).
+giving the same bytes (NaN payloads aside).
 """
 
 from __future__ import annotations
@@ -80,32 +81,52 @@ def registers_in_k_order(r0, r1, r2, r3):
 
 
 @triton.jit
-def fragment_weight_tile(
-    words_ptr, pairs_ptr, n, tile, n_steps, GROUPS: tl.constexpr, FAULT: tl.constexpr, PTX: tl.constexpr
+def fragment_pair_tiles(
+    words_ptr, pairs_ptr, row_tile, g, tile, n_steps, GROUPS: tl.constexpr, FAULT: tl.constexpr, PTX: tl.constexpr
 ):
-    """K tile `tile` (GROUPS MX blocks, GROUPS even: GROUPS / 2 steps) of rows n ([BLOCK_N] int64, each < N) ->
-    bf16 [BLOCK_N, GROUPS * 32] in K order. Steps past the end read as code 0 with scale 0 (zeros). FAULT (the W4A16
-    GEMM's planted bugs): 1 a block scaled by the next block's scale (the last keeps its own), 2 each register's
-    halves exchanged, 3 the next block's scale with no clamp (the last row tile reads past the end)."""
-    WORDS: tl.constexpr = GROUPS * 4
-    w = tl.arange(0, WORDS)
-    block = tile * GROUPS + w // 4
-    step = block // 2
+    """K tile `tile` (GROUPS MX blocks, GROUPS even: GROUPS / 2 steps) of the row pairs (row_tile, g) ([P] int64):
+    (rows 16 row_tile + g, rows 16 row_tile + 8 + g), each bf16 [P, GROUPS * 32], K in the tile's fragment order
+    (step, c, block of the step, element: `fragment_k_order`). A pair's words of one step are 64 contiguous bytes
+    (lanes 4g .. 4g + 3), so a thread's loads are whole 16-byte lane chunks, which hold both rows: split, not
+    gathered. Steps past the end read as code 0 with scale 0 (zeros). FAULT (the W4A16 GEMM's planted bugs): 1 a
+    block scaled by the next block's scale (the last keeps its own), 2 each register's halves exchanged, 3 the next
+    block's scale with no clamp (the last row tile reads past the end)."""
+    S: tl.constexpr = GROUPS // 2
+    P: tl.constexpr = row_tile.shape[0]
+    j = tl.arange(0, S * 16)  # (step, c, block b, row h) of the pair's words
+    step = tile * S + j // 16
     live = step < n_steps
     step = tl.where(live, step, 0)
-    row_tile, h, g = n // 16, (n // 8) % 2, n % 8
-    at = (row_tile[:, None] * n_steps + step[None, :]) * 32 + (g * 4)[:, None] + (w % 4)[None, :]
-    words = tl.load(words_ptr + at * 4 + (2 * (block % 2))[None, :] + h[:, None], mask=live[None, :], other=0)
-    scale_block = block
+    at = (row_tile[:, None] * n_steps + step[None, :]) * 128 + (g * 16)[:, None] + (j % 16)[None, :]
+    words = tl.load(words_ptr + at, mask=live[None, :], other=0)
+    low_row, high_row = tl.split(tl.reshape(words, [P, S * 8, 2]))
+    q = tl.arange(0, S * 2)  # (step, block b): one scale pair a block
+    block = tile * GROUPS + q
     if FAULT == 1:
-        scale_block = tl.minimum(block + 1, 2 * n_steps - 1)
+        block = tl.minimum(block + 1, 2 * n_steps - 1)
     if FAULT == 3:
-        scale_block = block + 1
-    scale_step = tl.where(live, scale_block // 2, 0)
-    pair_at = ((row_tile[:, None] * n_steps + scale_step[None, :]) * 8 + g[:, None]) * 2 + (scale_block % 2)[None, :]
-    pairs = tl.load(pairs_ptr + pair_at, mask=live[None, :], other=0)
-    scale_bits = ((pairs >> (16 * h)[:, None]) & 0xFFFF).to(tl.int32)
+        block = block + 1
+    scale_live = (tile * S + q // 2) < n_steps
+    scale_step = tl.where(scale_live, block // 2, 0)
+    pair_at = ((row_tile[:, None] * n_steps + scale_step[None, :]) * 8 + g[:, None]) * 2 + (block % 2)[None, :]
+    pairs = tl.load(pairs_ptr + pair_at, mask=scale_live[None, :], other=0)
+    pairs = tl.reshape(tl.broadcast_to(tl.reshape(pairs, [P, S, 1, 2]), [P, S, 4, 2]), [P, S * 8])
+    low = _decoded_tile(low_row, pairs & 0xFFFF, FAULT, PTX)
+    high = _decoded_tile(high_row, (pairs >> 16) & 0xFFFF, FAULT, PTX)
+    return low, high
+
+
+@triton.jit
+def _decoded_tile(words, scale_bits, FAULT: tl.constexpr, PTX: tl.constexpr):
     r0, r1, r2, r3 = fragment_registers(words, scale_bits, PTX)
     if FAULT == 2:
         r0, r1, r2, r3 = _swap_halves(r0), _swap_halves(r1), _swap_halves(r2), _swap_halves(r3)
     return registers_in_k_order(r0, r1, r2, r3)
+
+
+@triton.jit
+def fragment_k_order(BK: tl.constexpr):
+    """The K index, within a tile of BK (a multiple of 64), of each column of `fragment_pair_tiles`' tiles:
+    (step, c, block b, element e) -> 64 step + 32 b + 8 c + e."""
+    i = tl.arange(0, BK)
+    return (i // 64) * 64 + ((i // 8) % 2) * 32 + ((i // 16) % 4) * 8 + i % 8

@@ -35,9 +35,9 @@ same class of order as `kernels.w4a16_mxfp4_gemm`'s dot path (lossy bounds again
 exact). Scale byte 0xFF gives NaN for its row; bytes 253 and 254 are outside the contract as in the GEMM.
 
 Above GEMV_MAX_M rows, and at every M where the PTX cannot run (the interpreter, ROCm, NVIDIA before sm_90:
-`kernels._packed_ptx.packed_ptx`), the op runs the tiled W4A16 GEMM on the same words
-(`kernels.w4a16_mxfp4_gemm`'s fragment mode, `kernels._mxfp4_fragment_tiles`): one layout serves every batch
-size, and the runner stores nothing else (prefill dequantizes it: `kernels.mxfp4_fragment_dequantize`).
+`kernels._packed_ptx.packed_ptx`), the op runs the tiled GEMM on the same words
+(`kernels.w4a16_mxfp4_fragment_gemm`): one layout serves every batch size, and the runner stores nothing else
+(prefill dequantizes it: `kernels.mxfp4_fragment_dequantize`).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ import triton
 import triton.language as tl
 
 from kernels import mxfp4_fragment_layout as layout
-from kernels import w4a16_mxfp4_gemm
+from kernels import w4a16_mxfp4_fragment_gemm
 from kernels._boundary import check_device
 from kernels._packed_ptx import packed_ptx
 from kernels._tiles import mma_lanes, split4
@@ -67,7 +67,7 @@ FAULTS = {
 # cp.async through shared memory, a CTA barrier a turn) was 2-7x slower and is not offered.
 GPU_CONFIG = (8, 2, 1)
 GROUP = 8  # x rows of one MMA (n8); a program takes one group, or two when M > 8
-# Above this many rows the op runs the tiled W4A16 GEMM on the same words (`w4a16_mxfp4_gemm.launch(fragment=True)`):
+# Above this many rows the op runs the tiled GEMM on the same words (`kernels.w4a16_mxfp4_fragment_gemm`):
 # a GEMV program decodes its weights once for at most two column groups, so every 16 rows more re-read and re-decode
 # them; the GEMV at M = 16 (two groups) is where the module doc's measurements stop.
 GEMV_MAX_M = 16
@@ -326,11 +326,10 @@ def launch(x, words, pairs, config: tuple | None = None, fault: str = "none", ge
     if gemv and not ptx:
         raise ValueError(f"gemv: the tensor-core GEMV is PTX for NVIDIA sm_90+, which {x.device} does not run")
     if not gemv:
-        if fault not in w4a16_mxfp4_gemm.FAULTS:
-            raise ValueError(
-                f"fault: {fault!r} is planted in the GEMV only; the tiled kernel has {list(w4a16_mxfp4_gemm.FAULTS)}"
-            )
-        return w4a16_mxfp4_gemm.launch(x, words, pairs, config=config, fault=fault, fragment=True)
+        if fault not in w4a16_mxfp4_fragment_gemm.FAULTS:
+            tiled = list(w4a16_mxfp4_fragment_gemm.FAULTS)
+            raise ValueError(f"fault: {fault!r} is planted in the GEMV only; the tiled GEMM has {tiled}")
+        return w4a16_mxfp4_fragment_gemm.launch(x, words, pairs, config=config, fault=fault)
     y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
     if m == 0 or n == 0:
         return y

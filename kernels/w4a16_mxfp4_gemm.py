@@ -49,7 +49,6 @@ import triton
 import triton.language as tl
 
 from kernels._boundary import check_device, runs_interpreted
-from kernels._mxfp4_fragment_tiles import fragment_weight_tile
 from kernels._packed_ptx import packed_ptx
 from kernels.split_k import launch_split, sum_splits
 from reference.gemm.w4a16_mxfp4 import check_w4a16_args
@@ -629,11 +628,9 @@ def _dot_kernel(
     FAULT: tl.constexpr,
     PACKED: tl.constexpr = False,
     PREPARED: tl.constexpr = False,
-    FRAGMENT: tl.constexpr = False,
 ):
-    # x_ptr: bf16 [M, K] (PACKED or FRAGMENT) or int32 words of bf16 pairs [M, K/2]; program (n tile, m tile,
-    # split); acc is y^T's tile. FRAGMENT: codes_ptr and scales_ptr hold `kernels.mxfp4_fragment_layout`'s words
-    # and scale pairs, codes_row_stride its step count (K / 64).
+    # x_ptr: bf16 [M, K] (PACKED) or int32 words of bf16 pairs [M, K/2]; program (n tile, m tile, split); acc is
+    # y^T's tile.
     pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = n < N
@@ -646,25 +643,22 @@ def _dot_kernel(
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     first = split * tiles_per_split
     last = tl.minimum(first + tiles_per_split, tl.cdiv(n_blocks, GROUPS))
-    if PACKED or FRAGMENT:
-        # x_ptr: bf16 [M, K], read in K order (and permuted to the decoded tile's order unless PREPARED or
-        # FRAGMENT); codes_ptr: int32 words; one dot a K tile.
+    if PACKED:
+        # x_ptr: bf16 [M, K], read in K order (and permuted to the decoded tile's order unless PREPARED);
+        # codes_ptr: int32 words; one dot a K tile.
         BK: tl.constexpr = GROUPS * 32
         for tile in range(first, last):
-            if FRAGMENT:
-                w = fragment_weight_tile(codes_ptr, scales_ptr, n, tile, codes_row_stride, GROUPS, FAULT, PACKED)
-            else:
-                w = _blocked_weights(
-                    codes_ptr, scales_ptr, n, n_mask, tile, codes_row_stride, scales_row_stride, n_blocks, GROUPS,
-                    EVEN_K, FAULT,
-                )  # fmt: skip
+            w = _blocked_weights(
+                codes_ptr, scales_ptr, n, n_mask, tile, codes_row_stride, scales_row_stride, n_blocks, GROUPS,
+                EVEN_K, FAULT,
+            )  # fmt: skip
             k = tile * BK + tl.arange(0, BK)
             x_offsets = m[:, None] * x_row_stride + k[None, :]  # [BLOCK_M, BK], read in K order
             if EVEN_K:
                 x = tl.load(x_ptr + x_offsets)
             else:
                 x = tl.load(x_ptr + x_offsets, mask=(k < n_blocks * 32)[None, :], other=0.0)
-            if not PREPARED and not FRAGMENT:  # those layouts decode in K order
+            if not PREPARED:  # prepared codes decode in K order (`kernels.w4a16_mxfp4_layout`)
                 x = _in_word_k_order(x, BK)
             acc = tl.dot(w, tl.trans(x), acc)
     else:
@@ -720,14 +714,9 @@ def launch(
     config: tuple | None = None,
     fault: str = "none",
     prepared: bool = False,
-    fragment: bool = False,
 ) -> torch.Tensor:
     """Validate, allocate and launch. `config` overrides the table (launch sweeps); `fault` plants a named bug
-    (negative controls only); `prepared`: the codes are in `kernels.w4a16_mxfp4_layout`'s layout; `fragment`:
-    codes and scales are `kernels.mxfp4_fragment_layout`'s words and scale pairs, which the caller has validated
-    (`kernels.w4a16_mxfp4_fragment_gemv.check_fragment_args`), and the tiled kernel runs at every M."""
-    if fragment:
-        return _launch_fragment(x, codes, scales, config, fault)
+    (negative controls only); `prepared`: the codes are in `kernels.w4a16_mxfp4_layout`'s layout."""
     check_w4a16_args(x, codes, scales)
     check_device(x=x, codes=codes, scales=scales)
     for name, t in (("x", x), ("codes", codes), ("scales", scales)):
@@ -802,34 +791,6 @@ def launch(
             PACKED=packed,
             **common,
         )
-    if split_k > 1:
-        sum_splits(out, y)
-    return y
-
-
-def _launch_fragment(x, words, pairs, config, fault) -> torch.Tensor:
-    """The tiled kernel on fragment-layout weights ([N / 16, K / 64, 32, 4] words, [.., 8, 2] scale pairs): x read
-    in K order as bf16, the weights decoded by the layout's PTX where it runs, by Triton integer ops elsewhere."""
-    m, n, n_steps = x.shape[0], words.shape[0] * 16, words.shape[1]
-    y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
-    if m == 0 or n == 0:
-        return y
-    # The table's rows for at least 2 rows are the dot kernel's (the M = 1 row is the interchange GEMV's).
-    kind, block_n, block_m, groups, split_k, warps, stages = config or launch_config(max(m, 2), n, x.device)
-    if kind != "dot" or groups % 2 or block_n % 16:
-        raise ValueError(
-            f"config: the fragment layout runs the dot kernel with even GROUPS and BLOCK_N % 16 == 0, got {config}"
-        )
-    if x.stride(1) != 1:
-        raise ValueError(f"x: last dim must have stride 1, got strides {x.stride()}")
-    n_blocks = 2 * n_steps
-    split_k, tiles_per_split = launch_split(triton.cdiv(n_blocks, groups), split_k)
-    out = y if split_k == 1 else torch.empty(split_k, m, n, dtype=torch.float32, device=x.device)
-    _dot_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m), split_k)](
-        x, words, pairs, out, m, n, n_blocks, tiles_per_split, x.stride(0), n_steps, 0, n, m * n,
-        BLOCK_N=block_n, BLOCK_M=block_m, GROUPS=groups, EVEN_K=n_blocks % groups == 0, OUT_FP32=split_k > 1,
-        FAULT=FAULTS[fault], PACKED=packed_decode(x.device), FRAGMENT=True, num_warps=warps, num_stages=stages,
-    )  # fmt: skip
     if split_k > 1:
         sum_splits(out, y)
     return y

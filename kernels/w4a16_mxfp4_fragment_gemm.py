@@ -1,0 +1,110 @@
+"""Tiled W4A16 MXFP4 GEMM in Triton on the weights in `kernels.mxfp4_fragment_layout`'s prepared layout:
+y = x @ W^T for more rows of x than the tensor-core GEMV takes (`kernels.w4a16_mxfp4_fragment_gemv`, whose op
+calls this above its GEMV_MAX_M rows and wherever its PTX cannot run). One layout serves every batch size, so the
+runner stores nothing else.
+
+It computes what `reference.gemm.w4a16_mxfp4.w4a16_mxfp4_gemm_mirror` computes for the interchange codes and
+scales `mxfp4_fragment_layout.interchange` gives back: exact products of bf16 x and exact weights on the tensor
+cores (tl.dot, wgmma on sm_90), fp32 sums, one bf16 rounding; the same arithmetic class as
+`kernels.w4a16_mxfp4_gemm`'s dot path and its lossy bounds.
+
+Structure. A program takes BLOCK_N rows of W as BLOCK_N / 2 row pairs (16 t + g, 16 t + 8 + g): the layout keeps a
+pair's words of one step in 64 contiguous bytes, so the weights are read in 16-byte pieces and split into the pair's
+two rows in registers (`kernels._mxfp4_fragment_tiles.fragment_pair_tiles`), and the program runs two dots a K
+tile, one a row of each pair, into two accumulators. Within a tile K runs in the layout's order (step, lane column
+c, block, element); x is read in that order (16-byte pieces of 8 consecutive elements), which the dot does not mind.
+Weights are decoded exactly to bf16 by the layout's PTX where it runs (NVIDIA sm_90+) and by the same integer ops in
+Triton elsewhere (the interpreter, which is how the CPU tier checks this kernel's indexing). Split-K as in
+`kernels.w4a16_mxfp4_gemm` (an fp32 workspace summed in split order, `kernels.split_k`).
+
+Launch rows: `kernels.w4a16_mxfp4_gemm`'s dot rows (`launch_config` at two rows or more); BLOCK_N a multiple of 16,
+GROUPS even (whole steps a tile). Scale bytes 253 and 254 are outside the contract as in that GEMM.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels import w4a16_mxfp4_gemm
+from kernels._mxfp4_fragment_tiles import fragment_k_order, fragment_pair_tiles
+from kernels._packed_ptx import packed_ptx
+from kernels.split_k import launch_split, sum_splits
+
+FAULTS = w4a16_mxfp4_gemm.FAULTS  # the same planted bugs, named alike (`fragment_pair_tiles` plants them)
+
+
+@triton.jit
+def _store_rows(out, rows, m, m_mask, acc, N, out_row_stride, OUT_FP32: tl.constexpr):
+    at = out + m[None, :] * out_row_stride + rows[:, None]
+    mask = (rows < N)[:, None] & m_mask[None, :]
+    if OUT_FP32:
+        tl.store(at, acc, mask=mask)
+    else:
+        tl.store(at, acc.to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
+def _fragment_gemm_kernel(
+    x_ptr, words_ptr, pairs_ptr, out_ptr, M, N, n_steps, tiles_per_split, x_row_stride, out_row_stride,
+    out_split_stride, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, GROUPS: tl.constexpr, EVEN_K: tl.constexpr,
+    OUT_FP32: tl.constexpr, FAULT: tl.constexpr, PTX: tl.constexpr,
+):  # fmt: skip
+    # x_ptr: bf16 [M, K]; program (n tile, m tile, split); the accumulators are y^T's rows of each pair.
+    pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    P: tl.constexpr = BLOCK_N // 2
+    pair = pid_n * P + tl.arange(0, P)
+    row_tile, g = (pair // 8).to(tl.int64), pair % 8
+    low_rows = row_tile * 16 + g
+    row_tile = tl.where(low_rows < N, row_tile, 0)  # pairs past N read row tile 0; never stored
+    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = m < M
+    m = tl.where(m_mask, m, 0).to(tl.int64)
+    BK: tl.constexpr = GROUPS * 32
+    k_order = fragment_k_order(BK)
+    acc_low = tl.zeros([P, BLOCK_M], dtype=tl.float32)
+    acc_high = tl.zeros([P, BLOCK_M], dtype=tl.float32)
+    first = split * tiles_per_split
+    last = tl.minimum(first + tiles_per_split, tl.cdiv(2 * n_steps, GROUPS))
+    for tile in range(first, last):
+        low, high = fragment_pair_tiles(words_ptr, pairs_ptr, row_tile, g, tile, n_steps, GROUPS, FAULT, PTX)
+        k = tile * BK + k_order
+        x_offsets = m[:, None] * x_row_stride + k[None, :]
+        if EVEN_K:
+            x = tl.load(x_ptr + x_offsets)
+        else:
+            x = tl.load(x_ptr + x_offsets, mask=(k < n_steps * 64)[None, :], other=0.0)
+        xt = tl.trans(x)
+        acc_low = tl.dot(low, xt, acc_low)
+        acc_high = tl.dot(high, xt, acc_high)
+    out = out_ptr + split.to(tl.int64) * out_split_stride
+    _store_rows(out, low_rows, m, m_mask, acc_low, N, out_row_stride, OUT_FP32)
+    _store_rows(out, low_rows + 8, m, m_mask, acc_high, N, out_row_stride, OUT_FP32)
+
+
+def launch(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, config=None, fault: str = "none"):
+    """Allocate and launch on arguments `kernels.w4a16_mxfp4_fragment_gemv.check_fragment_args` has validated;
+    `config` a `kernels.w4a16_mxfp4_gemm` dot row (sweeps), `fault` a planted bug (negative controls)."""
+    m, n, n_steps = x.shape[0], words.shape[0] * 16, words.shape[1]
+    y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
+    if m == 0 or n == 0:
+        return y
+    if x.stride(1) != 1:
+        raise ValueError(f"x: last dim must have stride 1, got strides {x.stride()}")
+    # The table's rows for two rows or more are dot rows (its M = 1 row is the interchange GEMV's).
+    kind, block_n, block_m, groups, split_k, warps, stages = config or w4a16_mxfp4_gemm.launch_config(
+        max(m, 2), n, x.device
+    )
+    if kind != "dot" or groups % 2 or block_n % 16:
+        raise ValueError(f"config: needs a dot row with even GROUPS and BLOCK_N a multiple of 16, got {config}")
+    split_k, tiles_per_split = launch_split(triton.cdiv(2 * n_steps, groups), split_k)
+    out = y if split_k == 1 else torch.empty(split_k, m, n, dtype=torch.float32, device=x.device)
+    _fragment_gemm_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m), split_k)](
+        x, words, pairs, out, m, n, n_steps, tiles_per_split, x.stride(0), n, m * n,
+        BLOCK_N=block_n, BLOCK_M=block_m, GROUPS=groups, EVEN_K=(2 * n_steps) % groups == 0, OUT_FP32=split_k > 1,
+        FAULT=FAULTS[fault], PTX=packed_ptx(x.device), num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+    if split_k > 1:
+        sum_splits(out, y)
+    return y
