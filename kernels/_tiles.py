@@ -20,6 +20,16 @@ def mma_lanes(WARPS: tl.constexpr):
 
 
 @triton.jit
+def store_partial(at, acc, mask, OUT_FP32: tl.constexpr):
+    """A split-K GEMM's fp32 accumulator, stored as it is (OUT_FP32: a split's partial, `kernels.split_k`) or
+    rounded once to bf16 (the only split)."""
+    if OUT_FP32:
+        tl.store(at, acc, mask=mask)
+    else:
+        tl.store(at, acc.to(tl.bfloat16), mask=mask)
+
+
+@triton.jit
 def split4(v):
     """[T, 4] -> its four columns, each [T] (a thread tensor's four words, for inline PTX operands)."""
     even, odd = tl.split(tl.reshape(v, [v.shape[0], 2, 2]))

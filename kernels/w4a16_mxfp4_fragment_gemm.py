@@ -30,6 +30,7 @@ import triton.language as tl
 from kernels import w4a16_mxfp4_gemm
 from kernels._mxfp4_fragment_tiles import fragment_k_order, fragment_pair_tiles
 from kernels._packed_ptx import packed_ptx
+from kernels._tiles import store_partial
 from kernels.split_k import launch_split, sum_splits
 
 FAULTS = w4a16_mxfp4_gemm.FAULTS  # the same planted bugs, named alike (`fragment_pair_tiles` plants them)
@@ -39,10 +40,7 @@ FAULTS = w4a16_mxfp4_gemm.FAULTS  # the same planted bugs, named alike (`fragmen
 def _store_rows(out, rows, m, m_mask, acc, N, out_row_stride, OUT_FP32: tl.constexpr):
     at = out + m[None, :] * out_row_stride + rows[:, None]
     mask = (rows < N)[:, None] & m_mask[None, :]
-    if OUT_FP32:
-        tl.store(at, acc, mask=mask)
-    else:
-        tl.store(at, acc.to(tl.bfloat16), mask=mask)
+    store_partial(at, acc, mask, OUT_FP32)
 
 
 @triton.jit

@@ -50,6 +50,7 @@ import triton.language as tl
 
 from kernels._boundary import check_device, runs_interpreted
 from kernels._packed_ptx import packed_ptx
+from kernels._tiles import store_partial
 from kernels.split_k import launch_split, sum_splits
 from reference.gemm.w4a16_mxfp4 import check_w4a16_args
 from reference.quant.mxfp4 import MX_BLOCK_SIZE
@@ -408,10 +409,7 @@ def _gemv_kernel(
         codes_row_stride, scales_row_stride, spread_mask, GROUPS, PREFETCH, EVEN_K, FAULT, PREPARED,
     )  # fmt: skip
     out = out_ptr + split.to(tl.int64) * out_split_stride + m.to(tl.int64) * out_row_stride + n
-    if OUT_FP32:
-        tl.store(out, y, mask=n_mask)
-    else:
-        tl.store(out, y.to(tl.bfloat16), mask=n_mask)
+    store_partial(out, y, n_mask, OUT_FP32)
 
 
 @triton.jit
@@ -685,10 +683,7 @@ def _dot_kernel(
             acc = tl.dot(high, odd, acc)
     out = out_ptr + split.to(tl.int64) * out_split_stride + m[None, :] * out_row_stride + n[:, None]
     mask = n_mask[:, None] & m_mask[None, :]
-    if OUT_FP32:
-        tl.store(out, acc, mask=mask)
-    else:
-        tl.store(out, acc.to(tl.bfloat16), mask=mask)
+    store_partial(out, acc, mask, OUT_FP32)
 
 
 def packed_decode(device: torch.device) -> bool:
