@@ -17,8 +17,8 @@ Weights are decoded exactly to bf16 by the layout's PTX where it runs (NVIDIA sm
 Triton elsewhere (the interpreter, which is how the CPU tier checks this kernel's indexing). Split-K as in
 `kernels.w4a16_mxfp4_gemm` (an fp32 workspace summed in split order, `kernels.split_k`).
 
-Launch rows: `kernels.w4a16_mxfp4_gemm`'s dot rows (`launch_config` at two rows or more); BLOCK_N a multiple of 16,
-GROUPS even (whole steps a tile). Scale bytes 253 and 254 are outside the contract as in that GEMM.
+Launch rows: GPU_CONFIGS (`bench.gemm.w4a16_mxfp4_launch_sweep --fragment`); BLOCK_N a multiple of 16, GROUPS
+even (whole steps a tile). Scale bytes 253 and 254 are outside the contract as in that GEMM.
 """
 
 from __future__ import annotations
@@ -28,12 +28,29 @@ import triton
 import triton.language as tl
 
 from kernels import w4a16_mxfp4_gemm
+from kernels._boundary import runs_interpreted
 from kernels._mxfp4_fragment_tiles import fragment_k_order, fragment_pair_tiles
 from kernels._packed_ptx import packed_ptx
 from kernels._tiles import store_partial
 from kernels.split_k import launch_split, sum_splits
 
 FAULTS = w4a16_mxfp4_gemm.FAULTS  # the same planted bugs, named alike (`fragment_pair_tiles` plants them)
+
+# (largest M, "dot", BLOCK_N, BLOCK_M, GROUPS, SPLIT_K, warps, stages); the first row whose M bound holds. Not yet
+# swept: BLOCK_N 128 keeps each of a tile's two dots at 64 rows (a wgmma warpgroup's); `kernels.w4a16_mxfp4_gemm`'s
+# dot rows otherwise.
+GPU_CONFIGS = (
+    (32, "dot", 128, 32, 4, 4, 8, 3),
+    (64, "dot", 128, 64, 4, 4, 8, 3),
+    (256, "dot", 128, 128, 4, 2, 8, 3),
+    (None, "dot", 128, 128, 4, 1, 8, 3),
+)
+INTERPRETER_CONFIG = ("dot", 16, 16, 2, 1, 1, 1)  # the interpreter runs programs one by one: few
+
+
+def launch_config(m: int, n: int) -> tuple:
+    """The launch row for M rows on a GPU (`n` for a table by shape once one is measured)."""
+    return next(row[1:] for row in GPU_CONFIGS if row[0] is None or m <= row[0])
 
 
 @triton.jit
@@ -90,10 +107,9 @@ def launch(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, config=Non
         return y
     if x.stride(1) != 1:
         raise ValueError(f"x: last dim must have stride 1, got strides {x.stride()}")
-    # The table's rows for two rows or more are dot rows (its M = 1 row is the interchange GEMV's).
-    kind, block_n, block_m, groups, split_k, warps, stages = config or w4a16_mxfp4_gemm.launch_config(
-        max(m, 2), n, x.device
-    )
+    if config is None:
+        config = INTERPRETER_CONFIG if runs_interpreted(x.device) else launch_config(m, n)
+    kind, block_n, block_m, groups, split_k, warps, stages = config
     if kind != "dot" or groups % 2 or block_n % 16:
         raise ValueError(f"config: needs a dot row with even GROUPS and BLOCK_N a multiple of 16, got {config}")
     split_k, tiles_per_split = launch_split(triton.cdiv(2 * n_steps, groups), split_k)

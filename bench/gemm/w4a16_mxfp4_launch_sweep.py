@@ -7,6 +7,11 @@ of the same run, and weight GB/s against a memcpy of the same run.
 `--prepared` times the kernels on the codes in the layout the runner prepares at load
 (kernels.w4a16_mxfp4_layout; the op `w4a16_mxfp4_gemm_prepared`), which the table serves too.
 
+`--fragment` times the tiled GEMM on the weights in mma fragment order (kernels.mxfp4_fragment_layout, the
+layout the runner stores where the packed PTX runs; kernels.w4a16_mxfp4_fragment_gemm), over its own candidates
+(FRAGMENT: BLOCK_N 128 / 256 so that each of its two dots a tile has 64 or 128 rows, whole steps a K tile), which
+is how `kernels.w4a16_mxfp4_fragment_gemm.GPU_CONFIGS` is chosen.
+
 `--set model` is the shorter list for a model's projection shapes (e.g. Llama-3.1-8B's, N x K:
 6144x4096,4096x4096,28672x4096,4096x14336), where the grid, not the decode, decides: GEMV and dot candidates
 across split-K 1..16 and narrow tiles, so a shape with few N tiles still fills the SMs.
@@ -70,6 +75,15 @@ def dot_configs(m: int, splits: tuple[int, ...] | None = None) -> list[tuple]:
     return [("dot", bn, bm, 4, s, w, 3) for bn, bm, s, w in itertools.product((64, 128), block_ms, splits, (4, 8))]
 
 
+def fragment_configs(m: int) -> list[tuple]:
+    block_m = next(b for b in (16, 32, 64, 128) if b >= min(m, 128))
+    return [
+        ("dot", bn, block_m, g, s, w, 3)
+        for bn, g, s, w in itertools.product((128, 256), (2, 4), (1, 2, 4), (4, 8))
+        if not (bn == 256 and w == 4)
+    ]
+
+
 def candidates(m: int, model: bool = False) -> list[tuple]:
     """GEMV candidates up to M = 4 (one program per row of x; the full list at M = 1 only, so that --m 1 4 16
     fits one 10-minute run), tensor-core ones from M = 1 (padded to 16). `model`: GEMV_MODEL at M = 1 alone,
@@ -80,13 +94,27 @@ def candidates(m: int, model: bool = False) -> list[tuple]:
     return gemv + dot_configs(m)
 
 
-def sweep_m(x, codes, scales, w, memcpy: float, only: str | None, model: bool, prepared: bool = False) -> None:
+def sweep_m(
+    x, codes, scales, w, memcpy: float, only: str | None, model: bool, prepared: bool = False, fragment: bool = False
+) -> None:
     m, n = x.shape[0], codes.shape[0]
     shape = f"N={n} K={x.shape[1]} M={m}"
     weight_bytes = codes.numel() + scales.numel()
     bound = lossy_bound(families.W4A16_MXFP4_GEMM, torch.bfloat16)
     want = w4a16_mxfp4_gemm_mirror(x, codes, scales)
     layout_codes = prepare_codes(codes) if prepared else codes
+    if fragment:
+        from kernels import mxfp4_fragment_layout, w4a16_mxfp4_fragment_gemm
+
+        words, pairs = mxfp4_fragment_layout.prepare(codes, scales)
+
+        def run(config):
+            return w4a16_mxfp4_fragment_gemm.launch(x, words, pairs, config=config)
+    else:
+
+        def run(config):
+            return kernel.launch(x, layout_codes, scales, config=config, prepared=prepared)
+
     matmul = time_ms(lambda: torch.matmul(x, w.T), cuda_graph=True)
     dispatch = time_ms(lambda: kernel.w4a16_mxfp4_gemm(x, codes, scales))
     note(f"{shape} bf16 matmul", f"{shape}: bf16 matmul {matmul * 1e3:.1f} us", time_us=matmul * 1e3)
@@ -95,19 +123,16 @@ def sweep_m(x, codes, scales, w, memcpy: float, only: str | None, model: bool, p
         f"{shape}: op through torch.ops (default config, eager) {dispatch * 1e3:.1f} us",
         time_us=dispatch * 1e3,
     )
-    table = kernel.launch_config(m, n, x.device)
+    table = w4a16_mxfp4_fragment_gemm.launch_config(m, n) if fragment else kernel.launch_config(m, n, x.device)
     results = []
-    for config in candidates(m, model):
+    for config in fragment_configs(m) if fragment else candidates(m, model):
         if only and config[0] != only:
             continue
         try:
-            got = kernel.launch(x, layout_codes, scales, config=config, prepared=prepared)
+            got = run(config)
             metrics = lossy_metrics(got, want, want)
             ok = metrics.max_rel <= bound.max_rel and metrics.rms_rel <= bound.rms_rel
-            ms = time_ms(
-                lambda config=config: kernel.launch(x, layout_codes, scales, config=config, prepared=prepared),
-                cuda_graph=True,
-            )
+            ms = time_ms(lambda config=config: run(config), cuda_graph=True)
         except Exception as err:  # a config that does not compile or fit is a line, not the end of the sweep
             failed(f"{shape} {config}", err)
             continue
@@ -132,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_argument("--set", choices=("full", "model"), default="full", help="candidate list (see above)")
     cli.add_argument("--only", choices=("gemv", "dot"), help="restrict to one kernel")
     cli.add_argument("--prepared", action="store_true", help="the codes in the prepared layout")
+    cli.add_argument("--fragment", action="store_true", help="the tiled GEMM on the fragment layout")
     args = gpu_args(cli, argv, "w4a16_mxfp4_launch_sweep")
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
     memcpy = memcpy_gbps(1 << 30, f"shapes N x K {args.shapes}")
@@ -143,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"N = {n}, K = {k}: weights {(codes.numel() + scales.numel()) / 2**20:.1f} MiB", flush=True)
         for m in args.m:
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda", generator=gen)
-            sweep_m(x, codes, scales, w, memcpy, args.only, args.set == "model", args.prepared)
+            sweep_m(x, codes, scales, w, memcpy, args.only, args.set == "model", args.prepared, args.fragment)
         del codes, scales, w
     return 0
 
