@@ -36,21 +36,28 @@ from kernels.split_k import launch_split, sum_splits
 
 FAULTS = w4a16_mxfp4_gemm.FAULTS  # the same planted bugs, named alike (`fragment_pair_tiles` plants them)
 
-# (largest M, "dot", BLOCK_N, BLOCK_M, GROUPS, SPLIT_K, warps, stages); the first row whose M bound holds. Not yet
-# swept: BLOCK_N 128 keeps each of a tile's two dots at 64 rows (a wgmma warpgroup's); `kernels.w4a16_mxfp4_gemm`'s
-# dot rows otherwise.
+# (largest M, "dot", BLOCK_N, BLOCK_M, GROUPS, SPLIT_K, warps, stages); the first row whose M bound holds, from
+# WIDE_N outputs on the wide table. H200 sweep at M = 32 (`bench.gemm.w4a16_mxfp4_launch_sweep --fragment --m 32
+# --shapes 28672x4096,4096x14336,6144x4096`, CUDA-graph replays, cold L2; bf16 matmul 69.6 / 42.8 / 23.2 us):
+# gate_up (28672 x 4096) best at 256 x 32, 2 groups, split 2: 59.2 us; down (4096 x 14336) 128 x 32, 4 groups,
+# split 4 at 4 or 8 warps: 49.1 / 47.5 us; qkv (6144 x 4096) 256 x 32, 2 groups, split 4: 23.8 us (the rows below
+# 25.6 us). The first guess (128 x 32, 4 groups, split 4, 8 warps) was 93.0 / 47.5 / 31.2 us. Rows past M = 32 are
+# not swept: BLOCK_N 128 keeps each of a tile's two dots at 64 rows (a wgmma warpgroup's).
 GPU_CONFIGS = (
-    (32, "dot", 128, 32, 4, 4, 8, 3),
+    (32, "dot", 128, 32, 4, 4, 4, 3),
     (64, "dot", 128, 64, 4, 4, 8, 3),
     (256, "dot", 128, 128, 4, 2, 8, 3),
     (None, "dot", 128, 128, 4, 1, 8, 3),
 )
+WIDE_N = w4a16_mxfp4_gemm.WIDE_N
+GPU_CONFIGS_WIDE = ((32, "dot", 256, 32, 2, 2, 8, 3), *GPU_CONFIGS[1:])
 INTERPRETER_CONFIG = ("dot", 16, 16, 2, 1, 1, 1)  # the interpreter runs programs one by one: few
 
 
 def launch_config(m: int, n: int) -> tuple:
-    """The launch row for M rows on a GPU (`n` for a table by shape once one is measured)."""
-    return next(row[1:] for row in GPU_CONFIGS if row[0] is None or m <= row[0])
+    """The launch row for M rows and N outputs on a GPU."""
+    table = GPU_CONFIGS_WIDE if n >= WIDE_N else GPU_CONFIGS
+    return next(row[1:] for row in table if row[0] is None or m <= row[0])
 
 
 @triton.jit
