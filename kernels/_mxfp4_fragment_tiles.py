@@ -71,11 +71,17 @@ def fragment_registers(words, scale_bits, PTX: tl.constexpr):
 
 
 @triton.jit
+def stacked_registers(r0, r1, r2, r3):
+    """Four register tensors [...] -> [..., 2, 2], R0 .. R3 in order when the last two dims are flattened."""
+    return tl.join(tl.join(r0, r2), tl.join(r1, r3))
+
+
+@triton.jit
 def registers_in_k_order(r0, r1, r2, r3):
     """Four register tensors [R, W] -> bf16 [R, W * 8]: word w's elements 0..7 at columns 8w .. 8w + 7."""
     rows: tl.constexpr = r0.shape[0]
     cols: tl.constexpr = r0.shape[1] * 8
-    regs = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), [rows, cols // 2]).to(tl.uint32, bitcast=True)
+    regs = tl.reshape(stacked_registers(r0, r1, r2, r3), [rows, cols // 2]).to(tl.uint32, bitcast=True)
     halves = tl.join((regs & 0xFFFF).to(tl.uint16), (regs >> 16).to(tl.uint16))
     return tl.reshape(halves, [rows, cols]).to(tl.bfloat16, bitcast=True)
 

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from kernels import mxfp4_fragment_layout as layout
 from kernels._boundary import check_device, runs_interpreted
-from kernels._mxfp4_fragment_tiles import fragment_registers
+from kernels._mxfp4_fragment_tiles import fragment_registers, stacked_registers
 from kernels._packed_ptx import packed_ptx
 
 # Planted bugs for the suite's negative control (constexpr FAULT; 0 compiles them away).
@@ -49,7 +49,7 @@ def _dequantize_fragment_kernel(
     pairs = tl.load(pairs_ptr + (chunk * 8 + g) * 2 + b, mask=live, other=0)
     scale_bits = (pairs >> (16 * h)) & 0xFFFF
     r0, r1, r2, r3 = fragment_registers(words, scale_bits, PTX)
-    regs = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), [STEPS * 128, 4])
+    regs = tl.reshape(stacked_registers(r0, r1, r2, r3), [STEPS * 128, 4])
     if FAULT == 1:
         h = 1 - h
     row = tile * 16 + 8 * h + g

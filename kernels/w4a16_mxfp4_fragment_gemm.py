@@ -107,7 +107,7 @@ def _fragment_gemm_kernel(
 
 def launch(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, config=None, fault: str = "none"):
     """Allocate and launch on arguments `kernels.w4a16_mxfp4_fragment_gemv.check_fragment_args` has validated;
-    `config` a `kernels.w4a16_mxfp4_gemm` dot row (sweeps), `fault` a planted bug (negative controls)."""
+    `config` a GPU_CONFIGS row without its M bound (sweeps), `fault` a planted bug (negative controls)."""
     m, n, n_steps = x.shape[0], words.shape[0] * 16, words.shape[1]
     y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
     if m == 0 or n == 0:
