@@ -57,26 +57,9 @@ def _dequantize_fragment_kernel(
     tl.store(out_ptr + first_pair[:, None] + tl.arange(0, 4)[None, :], regs, mask=live[:, None])
 
 
-def check_fragment_weights(words: torch.Tensor, pairs: torch.Tensor) -> tuple[int, int]:
-    """(N, K) of valid fragment-layout weights; a one-line error naming the argument otherwise."""
-    if words.dtype != torch.int32 or words.dim() != 4 or tuple(words.shape[2:]) != (layout.LANES, 4):
-        raise TypeError(
-            "words: must be int32 [N/16, K/64, 32, 4] (mxfp4_fragment_layout.prepare), "
-            f"got {words.dtype} {tuple(words.shape)}"
-        )
-    if pairs.dtype != torch.int32 or tuple(pairs.shape) != (words.shape[0], words.shape[1], 8, 2):
-        raise TypeError(
-            f"pairs: must be int32 {(words.shape[0], words.shape[1], 8, 2)}, got {pairs.dtype} {tuple(pairs.shape)}"
-        )
-    for name, tensor in (("words", words), ("pairs", pairs)):
-        if not tensor.is_contiguous():
-            raise ValueError(f"{name}: must be contiguous (as mxfp4_fragment_layout.prepare returns it)")
-    return words.shape[0] * layout.ROWS, words.shape[1] * layout.STEP_K
-
-
 def launch(words: torch.Tensor, pairs: torch.Tensor, fault: str = "none") -> torch.Tensor:
     """Validate, allocate and launch; `fault` plants a named bug (negative controls)."""
-    n, k = check_fragment_weights(words, pairs)
+    n, k = layout.check_weights(words, pairs)
     check_device(words=words, pairs=pairs)
     out = torch.empty(n, k, dtype=torch.bfloat16, device=words.device)
     if out.numel() == 0:
@@ -97,7 +80,7 @@ def _dequantize_op(words: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
 
 @_dequantize_op.register_fake
 def _(words, pairs):
-    n, k = check_fragment_weights(words, pairs)
+    n, k = layout.check_weights(words, pairs)
     return words.new_empty(n, k, dtype=torch.bfloat16)
 
 

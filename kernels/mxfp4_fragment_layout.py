@@ -110,6 +110,24 @@ def _check(codes: torch.Tensor, scales: torch.Tensor) -> tuple[int, int]:
     return n, k
 
 
+def check_weights(words: torch.Tensor, pairs: torch.Tensor) -> tuple[int, int]:
+    """(N, K) of valid prepared weights (`prepare`'s words and scale pairs); a one-line error naming the argument
+    otherwise."""
+    if words.dtype != torch.int32 or words.dim() != 4 or tuple(words.shape[2:]) != (LANES, 4):
+        raise TypeError(
+            f"words: must be int32 [N/16, K/64, 32, 4] (mxfp4_fragment_layout.prepare), got {words.dtype} "
+            f"{tuple(words.shape)}"
+        )
+    if pairs.dtype != torch.int32 or tuple(pairs.shape) != (words.shape[0], words.shape[1], 8, 2):
+        raise TypeError(
+            f"pairs: must be int32 {(words.shape[0], words.shape[1], 8, 2)}, got {pairs.dtype} {tuple(pairs.shape)}"
+        )
+    for name, tensor in (("words", words), ("pairs", pairs)):
+        if not tensor.is_contiguous():
+            raise ValueError(f"{name}: must be contiguous (as mxfp4_fragment_layout.prepare returns it)")
+    return words.shape[0] * ROWS, words.shape[1] * STEP_K
+
+
 def _permute_bits(words: torch.Tensor, forward: bool) -> torch.Tensor:
     """int64 words (32 bits) with every bit moved by BIT_MAP (forward) or back."""
     out = torch.zeros_like(words)
@@ -124,10 +142,30 @@ def _to_int32(values: torch.Tensor) -> torch.Tensor:
     return torch.where(values >= 2**31, values - 2**32, values).to(torch.int32)
 
 
+# Rows prepared at a time: the bit permutation works on 8-byte copies of the codes (about 4 live at once, 16x the
+# codes' bytes), so a whole 28672 x 4096 gate_up would add ~0.9 GiB to a load's peak; 2048 rows of it add 64 MiB.
+PREPARE_ROWS = 2048
+
+
 def prepare(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Interchange codes [..., N, K/2] and E8M0 scales [..., N, K/32] (uint8) -> (words int32 [..., N/16, K/64, 32,
-    4], scales int32 [..., N/16, K/64, 8, 2]), new contiguous tensors on the same device."""
+    4], scales int32 [..., N/16, K/64, 8, 2]), new contiguous tensors on the same device; PREPARE_ROWS rows at a
+    time."""
     n, k = _check(codes, scales)
+    lead = codes.shape[:-2]
+    words = codes.new_empty((*lead, n // ROWS, k // STEP_K, LANES, 4), dtype=torch.int32)
+    pairs = codes.new_empty((*lead, n // ROWS, k // STEP_K, 8, 2), dtype=torch.int32)
+    for first in range(0, n, PREPARE_ROWS):
+        rows = slice(first, first + PREPARE_ROWS)
+        tiles = slice(first // ROWS, (first + PREPARE_ROWS) // ROWS)
+        chunk = _prepare_rows(codes[..., rows, :], scales[..., rows, :])
+        words[..., tiles, :, :, :], pairs[..., tiles, :, :, :] = chunk
+    return words, pairs
+
+
+def _prepare_rows(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`prepare` of rows whose count is a multiple of ROWS, in one pass."""
+    n, k = codes.shape[-2], codes.shape[-1] * 2
     lead = codes.shape[:-2]
     words = codes.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF  # [..., N, K/8]
     words = _to_int32(_permute_bits(words, True))

@@ -51,7 +51,6 @@ from kernels import w4a16_mxfp4_fragment_gemm
 from kernels._boundary import check_device
 from kernels._packed_ptx import packed_ptx
 from kernels._tiles import mma_lanes, split4
-from kernels.mxfp4_fragment_dequantize import check_fragment_weights
 
 # Planted bugs for the suite's negative controls (constexpr FAULT; 0 compiles them away).
 FAULTS = {
@@ -307,7 +306,7 @@ def check_fragment_args(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tenso
     """(N, K) of a valid call; a one-line error naming the argument otherwise."""
     if x.dtype != torch.bfloat16 or x.dim() != 2:
         raise TypeError(f"x: must be bf16 [M, K], got {x.dtype} {tuple(x.shape)}")
-    n, k = check_fragment_weights(words, pairs)
+    n, k = layout.check_weights(words, pairs)
     if x.shape[1] != k:
         raise ValueError(f"x: K = {x.shape[1]} does not match the weights' K = {k}")
     return n, k

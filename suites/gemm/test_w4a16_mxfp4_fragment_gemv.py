@@ -60,6 +60,20 @@ def test_prepare_is_undone_by_interchange(tiles, steps, batch, seed):
     assert_exact(back_scales, scales, "interchange(prepare(scales))")
 
 
+@pytest.mark.parametrize("batch", [(), (2,)])
+def test_prepare_in_row_chunks_equals_one_pass(monkeypatch, batch):
+    """`prepare` works PREPARE_ROWS rows at a time (a load's peak); chunks that do not divide N (80 rows in 32s)
+    give the one-pass words and scale pairs."""
+    gen = torch.Generator().manual_seed(4)
+    codes = torch.randint(0, 256, (*batch, 80, 64), dtype=torch.uint8, generator=gen)
+    scales = torch.randint(0, 256, (*batch, 80, 4), dtype=torch.uint8, generator=gen)
+    whole = layout.prepare(codes, scales)
+    monkeypatch.setattr(layout, "PREPARE_ROWS", 32)
+    chunked = layout.prepare(codes, scales)
+    assert_exact(chunked[0], whole[0], "words")
+    assert_exact(chunked[1], whole[1], "scale pairs")
+
+
 def test_a_named_word_and_its_place():
     """Row 0's first word (elements 0..7 of block 0, lane 0) with element j = code 0xF (-6) alone: its bits land
     on BIT_MAP[j], which the module doc derives (R0 at rotation 0: bits 6, 7, 8, 15 for element 0; R1 at 4; R2

@@ -446,14 +446,13 @@ def test_mxfp4_weights_are_stored_in_the_kernels_layout(device, n, k):
     assert_exact(got_scales.cpu(), scales, "scales")
 
 
-def test_mxfp4_fragment_layout_is_prepared_in_row_chunks(monkeypatch):
-    """The fragment words are prepared PREPARE_ROWS rows at a time (the load's peak); chunks that do not divide
-    N give the words of the whole tensor."""
+def test_mxfp4_fragment_layout_stores_the_prepared_quantized_weight(monkeypatch):
+    """A layer that stores the fragment layout (forced on this tier) holds `mxfp4_fragment_layout.prepare` of the
+    quantizer's bytes (the chunked preparation is the layout suite's)."""
     from kernels import mxfp4_fragment_layout as fragment
     from runner.model.quant import mxfp4
 
     monkeypatch.setattr(mxfp4, "weight_layout", lambda *_: "fragment")
-    monkeypatch.setattr(mxfp4, "PREPARE_ROWS", 32)
     w = torch.randn(80, 128, generator=torch.Generator().manual_seed(4))
     layer = Linear(128, 80, torch.float32, "cpu", make_scheme("mxfp4", online=True))
     layer.weight_loader(layer.weight, w)

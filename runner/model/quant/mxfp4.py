@@ -100,18 +100,6 @@ class Mxfp4W4A16(OnlineScheme):
         return F.linear(x, dequantize_mxfp4(*interchange_weight(layer), dtype=x.dtype))
 
 
-# Rows prepared at a time: `mxfp4_fragment_layout.prepare` works on 8-byte copies of the codes (about 4 live at
-# once, 16x the codes' bytes), so a whole 28672 x 4096 gate_up would add ~0.9 GiB to the load's peak; 2048 rows of
-# it add 64 MiB.
-PREPARE_ROWS = 2048
-
-
-def fragment_shape(codes: torch.Tensor, last: int) -> tuple[int, ...]:
-    """[N / 16, K / 64, 32, 4] (last = 4, the words) or [N / 16, K / 64, 8, 2] (last = 2, the scale pairs)."""
-    n, k = codes.shape[0], codes.shape[1] * 2
-    return (n // 16, k // 64, 32, 4) if last == 4 else (n // 16, k // 64, 8, 2)
-
-
 def weight_layout(device: torch.device, dtype: torch.dtype, n: int, k: int) -> str:
     """The layout a layer of N x K weights stores on `device` for activations of `dtype` (the module doc)."""
     if not kernels_run_on(device, dtype):
@@ -130,12 +118,9 @@ def store_weight(layer, codes: torch.Tensor, scales: torch.Tensor) -> None:
     if layer.weight_layout == "fragment":
         from kernels import mxfp4_fragment_layout as fragment
 
-        layer.register_buffer("weight_words", codes.new_empty(fragment_shape(codes, 4), dtype=torch.int32))
-        layer.register_buffer("weight_pairs", codes.new_empty(fragment_shape(codes, 2), dtype=torch.int32))
-        for first in range(0, codes.shape[0], PREPARE_ROWS):
-            words, pairs = fragment.prepare(codes[first : first + PREPARE_ROWS], scales[first : first + PREPARE_ROWS])
-            tiles = slice(first // fragment.ROWS, first // fragment.ROWS + words.shape[0])
-            layer.weight_words[tiles], layer.weight_pairs[tiles] = words, pairs
+        words, pairs = fragment.prepare(codes, scales)  # a few rows at a time: the load's peak stays low
+        layer.register_buffer("weight_words", words)
+        layer.register_buffer("weight_pairs", pairs)
         return
     from kernels.w4a16_mxfp4_layout import prepare_codes
 
