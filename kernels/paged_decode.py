@@ -36,6 +36,7 @@ from kernels._boundary import runs_interpreted
 from kernels._e4m3 import e4m3_words_to_fp16
 from kernels._packed_ptx import packed_ptx
 from kernels._paged import FAULTS, LOG2E, MIN_DOT, check_launch
+from kernels._pdl import launch_args, wait_then_release
 from reference.attention.paged import check_num_splits, check_paged_args
 
 # GPU launch shapes: tokens per tile of the split kernel (a power of two; raised to the block size when
@@ -212,7 +213,9 @@ def _split_kernel(
     PTX: tl.constexpr,
     FAULT: tl.constexpr,
     DIRECT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_then_release(PDL)  # kernels._pdl: before any read of an earlier kernel's output
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -391,6 +394,7 @@ def launch_paged_decode(
         DIRECT=direct,
         num_warps=cfg[key + "warps"],
         num_stages=cfg[key + "stages"],
+        **launch_args(device),
     )
     if direct:
         return out

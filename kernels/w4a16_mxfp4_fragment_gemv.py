@@ -46,10 +46,12 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import _pdl as pdl
 from kernels import mxfp4_fragment_layout as layout
 from kernels import w4a16_mxfp4_fragment_gemm
 from kernels._boundary import check_device
 from kernels._packed_ptx import packed_ptx
+from kernels._pdl import wait_then_release
 from kernels._tiles import mma_lanes, split4
 
 # Planted bugs for the suite's negative controls (constexpr FAULT; 0 compiles them away).
@@ -187,13 +189,9 @@ def _step(words, pairs, x00, x10, x01, x11, acc, GROUPS: tl.constexpr, FULL: tl.
 
 
 @triton.jit
-def _turn_loads(
-    words_ptr, pairs_ptr, x_ptr, tile, turn, n_steps, lane, g, c, x_rows, x_rows_2, x_row_stride,
-    U: tl.constexpr, GROUPS: tl.constexpr,
-):  # fmt: skip
-    """The U steps turn * U .. of every lane: words [T, 4, U], scale pairs [T, 2, U], and x pairs [T, 4, U] of
-    (block, column group) 00, 10, 01, 11 (the group-1 ones are group 0's with one group). Steps past the end
-    re-read step 0 with zero scales (they add nothing)."""
+def _turn_weights(words_ptr, pairs_ptr, tile, turn, n_steps, lane, g, U: tl.constexpr):
+    """The weights of the U steps turn * U .. of every lane: words [T, 4, U], scale pairs [T, 2, U]. Steps past
+    the end re-read step 0 with zero scales (they add nothing)."""
     step = (turn * U)[:, None] + tl.arange(0, U)[None, :]  # [T, U]
     live = step < n_steps
     s = tl.where(live, step, 0)
@@ -203,11 +201,31 @@ def _turn_loads(
     two = tl.arange(0, 2)
     pairs = tl.load(pairs_ptr + ((at * 8 + g[:, None]) * 2)[:, None, :] + two[None, :, None])
     pairs = tl.where(live[:, None, :], pairs, 0)
+    return words, pairs
+
+
+@triton.jit
+def _turn_x(x_ptr, turn, n_steps, c, x_rows, x_rows_2, x_row_stride, U: tl.constexpr, GROUPS: tl.constexpr):
+    """x pairs [T, 4, U] of (block, column group) 00, 10, 01, 11 for the U steps turn * U .. (the group-1 ones are
+    group 0's with one group); steps past the end read step 0."""
+    step = (turn * U)[:, None] + tl.arange(0, U)[None, :]  # [T, U]
+    s = tl.where(step < n_steps, step, 0)
     x00, x10 = _x_pairs(x_ptr, x_rows, c, s, x_row_stride)
     if GROUPS == 2:
         x01, x11 = _x_pairs(x_ptr, x_rows_2, c, s, x_row_stride)
     else:
         x01, x11 = x00, x10
+    return x00, x10, x01, x11
+
+
+@triton.jit
+def _turn_loads(
+    words_ptr, pairs_ptr, x_ptr, tile, turn, n_steps, lane, g, c, x_rows, x_rows_2, x_row_stride,
+    U: tl.constexpr, GROUPS: tl.constexpr,
+):  # fmt: skip
+    """Everything the U steps turn * U .. of every lane read: `_turn_weights`, then `_turn_x`."""
+    words, pairs = _turn_weights(words_ptr, pairs_ptr, tile, turn, n_steps, lane, g, U)
+    x00, x10, x01, x11 = _turn_x(x_ptr, turn, n_steps, c, x_rows, x_rows_2, x_row_stride, U, GROUPS)
     return words, pairs, x00, x10, x01, x11
 
 
@@ -264,7 +282,7 @@ def _store_group(out_ptr, acc0, acc1, acc2, acc3, tile, first_col, M, out_row_st
 def _fragment_gemv_kernel(
     x_ptr, words_ptr, pairs_ptr, out_ptr, M, N, n_steps, x_row_stride, out_row_stride,
     WARPS: tl.constexpr, U: tl.constexpr, DEPTH: tl.constexpr, GROUPS: tl.constexpr, FULL: tl.constexpr,
-    FAULT: tl.constexpr,
+    FAULT: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # x_ptr: int32 words (bf16 pairs) [M, K/2]; program (row tile, column block of 8 * GROUPS x rows).
     tile, q = tl.program_id(0), tl.program_id(1)
@@ -279,17 +297,22 @@ def _fragment_gemv_kernel(
     turns = tl.cdiv(n_steps, WARPS * U)
     where = (words_ptr, pairs_ptr, x_ptr, tile)
     lanes = (n_steps, lane, g, c, x_rows, x_rows_2, x_row_stride)
-    # DEPTH turns of loads in flight ahead of the one computed (register prefetch; 0: none).
+    # DEPTH turns of loads in flight ahead of the one computed (register prefetch; 0: none). With PDL the first
+    # turn's weights are requested before the wait for the kernel that writes x (`kernels._pdl`).
     if DEPTH == 0:
+        wait_then_release(PDL)
         for i in range(0, turns):
             acc = _turn(_turn_loads(*where, i * WARPS + warp, *lanes, U, GROUPS), acc, U, GROUPS, FULL, FAULT)
     elif DEPTH == 1:
-        ahead = _turn_loads(*where, warp, *lanes, U, GROUPS)
+        words, pairs = _turn_weights(words_ptr, pairs_ptr, tile, warp, n_steps, lane, g, U)
+        wait_then_release(PDL)
+        ahead = (words, pairs, *_turn_x(x_ptr, warp, n_steps, c, x_rows, x_rows_2, x_row_stride, U, GROUPS))
         for i in range(0, turns):
             now = ahead
             ahead = _turn_loads(*where, (i + 1) * WARPS + warp, *lanes, U, GROUPS)
             acc = _turn(now, acc, U, GROUPS, FULL, FAULT)
     else:
+        wait_then_release(PDL)
         ahead = _turn_loads(*where, warp, *lanes, U, GROUPS)
         after = _turn_loads(*where, WARPS + warp, *lanes, U, GROUPS)
         for i in range(0, turns):
@@ -340,7 +363,7 @@ def launch(x, words, pairs, config: tuple | None = None, fault: str = "none", ge
     _fragment_gemv_kernel[(n // layout.ROWS, triton.cdiv(m, GROUP * groups))](
         xw, words, pairs, y, m, n, k // layout.STEP_K, xw.stride(0), y.stride(0),
         WARPS=warps, U=u, DEPTH=depth, GROUPS=groups, FULL=m > 1, FAULT=FAULTS[fault], num_warps=warps,
-        num_stages=1,
+        num_stages=1, **pdl.launch_args(x.device),
     )  # fmt: skip
     return y
 

@@ -17,8 +17,11 @@ import triton
 
 from bench.launch_sweep import gpu_args, line, memcpy_gbps, parser, time_ms
 from kernels import rms_norm as kernel
+from kernels._boundary import f32_bits
+from kernels._pdl import launch_args
 from kernels.tolerances import families, lossy_bound, lossy_metrics, tolerance_verdict
 from reference.norm.rms_norm import rms_norm, rms_norm_ideal
+from reference.quant.fp8 import DEFAULT_EPS
 
 EPS = 1e-5
 HIDDENS = (576, 4096)
@@ -47,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
                 ideal = rms_norm_ideal(x, weight, EPS, res)
                 want, ideal = (want[0], ideal[0]) if fused else (want, ideal)
                 out, new_res = torch.empty_like(x), torch.empty_like(x)
+                scales = torch.empty(rows, 0, dtype=torch.float32, device=x.device)  # FP8 off: never read
                 for warps in WARPS:
                     launch = functools.partial(
                         kernel._rms_norm_kernel[(rows,)],
@@ -59,10 +63,14 @@ def main(argv: list[str] | None = None) -> int:
                         hidden,
                         hidden,
                         EPS,
+                        scales,
+                        f32_bits(DEFAULT_EPS),
                         BLOCK=block,
                         HAS_RESIDUAL=fused,
+                        FP8=False,
                         FAULT=0,
                         num_warps=warps,
+                        **launch_args(x.device),
                     )
                     ms = time_ms(launch, cuda_graph=True)
                     verdict = tolerance_verdict(lossy_metrics(out.cpu(), want.cpu(), ideal.cpu()), bound)
