@@ -306,7 +306,8 @@ def _fragment_gemv_kernel(
     elif DEPTH == 1:
         words, pairs = _turn_weights(words_ptr, pairs_ptr, tile, warp, n_steps, lane, g, U)
         wait_then_release(PDL)
-        ahead = (words, pairs, *_turn_x(x_ptr, warp, n_steps, c, x_rows, x_rows_2, x_row_stride, U, GROUPS))
+        x00, x10, x01, x11 = _turn_x(x_ptr, warp, n_steps, c, x_rows, x_rows_2, x_row_stride, U, GROUPS)
+        ahead = (words, pairs, x00, x10, x01, x11)
         for i in range(0, turns):
             now = ahead
             ahead = _turn_loads(*where, (i + 1) * WARPS + warp, *lanes, U, GROUPS)
