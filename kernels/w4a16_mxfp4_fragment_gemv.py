@@ -72,8 +72,6 @@ GROUP = 8  # x rows of one MMA (n8); a program takes one group, or two when M > 
 # a GEMV program decodes its weights once for at most two column groups, so every 16 rows more re-read and re-decode
 # them; the GEMV at M = 16 (two groups) is where the module doc's measurements stop.
 GEMV_MAX_M = 16
-# Turns of weights a warp requests before it waits for the kernel that writes x (`kernels._pdl`; DEPTH 1 only): 1 or 2.
-EARLY_TURNS = int(__import__("os").environ.get("TOUCHSTONE_GEMV_EARLY", 1))
 
 
 def _step_ptx(groups: int, full: bool) -> str:
@@ -284,7 +282,7 @@ def _store_group(out_ptr, acc0, acc1, acc2, acc3, tile, first_col, M, out_row_st
 def _fragment_gemv_kernel(
     x_ptr, words_ptr, pairs_ptr, out_ptr, M, N, n_steps, x_row_stride, out_row_stride,
     WARPS: tl.constexpr, U: tl.constexpr, DEPTH: tl.constexpr, GROUPS: tl.constexpr, FULL: tl.constexpr,
-    FAULT: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr,
+    FAULT: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # x_ptr: int32 words (bf16 pairs) [M, K/2]; program (row tile, column block of 8 * GROUPS x rows).
     tile, q = tl.program_id(0), tl.program_id(1)
@@ -307,19 +305,10 @@ def _fragment_gemv_kernel(
             acc = _turn(_turn_loads(*where, i * WARPS + warp, *lanes, U, GROUPS), acc, U, GROUPS, FULL, FAULT)
     elif DEPTH == 1:
         words, pairs = _turn_weights(words_ptr, pairs_ptr, tile, warp, n_steps, lane, g, U)
-        if EARLY == 2:  # the second turn's weights too; the first turn is peeled off the loop to take them
-            words_1, pairs_1 = _turn_weights(words_ptr, pairs_ptr, tile, WARPS + warp, n_steps, lane, g, U)
         wait_then_release(PDL)
         x00, x10, x01, x11 = _turn_x(x_ptr, warp, n_steps, c, x_rows, x_rows_2, x_row_stride, U, GROUPS)
         ahead = (words, pairs, x00, x10, x01, x11)
-        first = 0
-        if EARLY == 2:
-            now = ahead
-            x00, x10, x01, x11 = _turn_x(x_ptr, WARPS + warp, n_steps, c, x_rows, x_rows_2, x_row_stride, U, GROUPS)
-            ahead = (words_1, pairs_1, x00, x10, x01, x11)
-            acc = _turn(now, acc, U, GROUPS, FULL, FAULT)
-            first = 1
-        for i in range(first, turns):
+        for i in range(0, turns):
             now = ahead
             ahead = _turn_loads(*where, (i + 1) * WARPS + warp, *lanes, U, GROUPS)
             acc = _turn(now, acc, U, GROUPS, FULL, FAULT)
@@ -375,7 +364,7 @@ def launch(x, words, pairs, config: tuple | None = None, fault: str = "none", ge
     _fragment_gemv_kernel[(n // layout.ROWS, triton.cdiv(m, GROUP * groups))](
         xw, words, pairs, y, m, n, k // layout.STEP_K, xw.stride(0), y.stride(0),
         WARPS=warps, U=u, DEPTH=depth, GROUPS=groups, FULL=m > 1, FAULT=FAULTS[fault], num_warps=warps,
-        num_stages=1, EARLY=EARLY_TURNS, **pdl.launch_args(x.device),
+        num_stages=1, **pdl.launch_args(x.device),
     )  # fmt: skip
     return y
 
