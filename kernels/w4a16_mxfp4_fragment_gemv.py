@@ -337,44 +337,13 @@ def _tile_sums(
 
 
 @triton.jit
-def _two_tile_sums(
-    x_ptr, words_ptr, pairs_ptr, tile, tile_2, n_steps, lane, warp, g, c, x_rows, x_rows_2, x_row_stride,
-    WARPS: tl.constexpr, U: tl.constexpr, GROUPS: tl.constexpr, FULL: tl.constexpr, FAULT: tl.constexpr,
-    PDL: tl.constexpr,
-):  # fmt: skip
-    """`_tile_sums` of row tiles `tile` and `tile_2` in one pass (one turn of loads ahead): each turn's x is read
-    once for both. (The two tiles one after the other ran the 8B decode step's gate/up 11 % slower than the
-    unfused GEMV on the H200: half the programs, each twice as long, with the second tile's first loads exposed.)"""
-    T: tl.constexpr = 32 * WARPS
-    zero = tl.zeros([T], dtype=tl.float32)
-    acc = (zero, zero, zero, zero, zero, zero, zero, zero)
-    acc_2 = acc
-    turns = tl.cdiv(n_steps, WARPS * U)
-    words, pairs = _turn_weights(words_ptr, pairs_ptr, tile, warp, n_steps, lane, g, U)
-    words_2, pairs_2 = _turn_weights(words_ptr, pairs_ptr, tile_2, warp, n_steps, lane, g, U)
-    wait_then_release(PDL)
-    x00, x10, x01, x11 = _turn_x(x_ptr, warp, n_steps, c, x_rows, x_rows_2, x_row_stride, U, GROUPS)
-    for i in range(0, turns):
-        now = (words, pairs, x00, x10, x01, x11)
-        now_2 = (words_2, pairs_2, x00, x10, x01, x11)
-        turn = (i + 1) * WARPS + warp
-        words, pairs = _turn_weights(words_ptr, pairs_ptr, tile, turn, n_steps, lane, g, U)
-        words_2, pairs_2 = _turn_weights(words_ptr, pairs_ptr, tile_2, turn, n_steps, lane, g, U)
-        x00, x10, x01, x11 = _turn_x(x_ptr, turn, n_steps, c, x_rows, x_rows_2, x_row_stride, U, GROUPS)
-        acc = _turn(now, acc, U, GROUPS, FULL, FAULT)
-        acc_2 = _turn(now_2, acc_2, U, GROUPS, FULL, FAULT)
-    return acc, acc_2
-
-
-@triton.jit
 def _fragment_gemv_kernel(
     x_ptr, words_ptr, pairs_ptr, out_ptr, M, N, n_steps, x_row_stride, out_row_stride,
     WARPS: tl.constexpr, U: tl.constexpr, DEPTH: tl.constexpr, GROUPS: tl.constexpr, FULL: tl.constexpr,
     FAULT: tl.constexpr, PDL: tl.constexpr, SILU: tl.constexpr,
 ):  # fmt: skip
     # x_ptr: int32 words (bf16 pairs) [M, K/2]; program (row tile, column block of 8 * GROUPS x rows). SILU: the
-    # program takes gate tile `tile` and up tile `tile` + N / 32 (weight rows N / 2 on) together (DEPTH is 1)
-    # and stores silu(gate) * up.
+    # program takes gate tile `tile` and up tile `tile` + N / 32 (weight rows N / 2 on) and stores silu(gate) * up.
     tile, q = tl.program_id(0), tl.program_id(1)
     lane, warp, g, c = mma_lanes(WARPS)
     first = q * 8 * GROUPS
@@ -383,13 +352,12 @@ def _fragment_gemv_kernel(
     x_rows_2 = tl.minimum(first + 8 + g, M - 1)
     args = (x_ptr, words_ptr, pairs_ptr)
     lanes = (n_steps, lane, warp, g, c, x_rows, x_rows_2, x_row_stride)
+    acc = _tile_sums(*args, tile, *lanes, WARPS, U, DEPTH, GROUPS, FULL, FAULT, PDL)
+    up = acc
     if SILU:
-        acc, up = _two_tile_sums(*args, tile, tile + N // 32, *lanes, WARPS, U, GROUPS, FULL, FAULT, PDL)
+        up = _tile_sums(*args, tile + N // 32, *lanes, WARPS, U, DEPTH, GROUPS, FULL, FAULT, False)
         if FAULT == 3:
             acc, up = up, acc
-    else:
-        acc = _tile_sums(*args, tile, *lanes, WARPS, U, DEPTH, GROUPS, FULL, FAULT, PDL)
-        up = acc
     group_0 = ((acc[0], acc[1], acc[2], acc[3]), (up[0], up[1], up[2], up[3]))
     _store_group(out_ptr, *group_0, tile, first, M, out_row_stride, WARPS, SILU)
     if GROUPS == 2:
