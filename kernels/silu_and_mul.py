@@ -38,13 +38,6 @@ _WARPS = 4
 
 
 @triton.jit
-def silu_mul(gate, up):
-    """silu(gate) * up of fp32 values, in fp32: the op's arithmetic, shared with kernels that fuse it
-    (`kernels.w4a16_mxfp4_fragment_gemv`), so their bits are this op's."""
-    return gate / (1.0 + tl.exp(-gate)) * up
-
-
-@triton.jit
 def _silu_and_mul_kernel(
     x_ptr,
     out_ptr,
@@ -66,7 +59,7 @@ def _silu_and_mul_kernel(
     up = tl.load(x_ptr + row * x_row_stride + inter + col, mask=mask, other=0.0).to(tl.float32)
     if FAULT == 1:
         gate, up = up, gate
-    out = silu_mul(gate, up).to(x_ptr.dtype.element_ty)
+    out = (gate / (1.0 + tl.exp(-gate)) * up).to(x_ptr.dtype.element_ty)
     if FP8:  # padding lanes are 0: they never raise a group's amax, and are not stored
         codes, scale = e4m3fn_groups(tl.reshape(out.to(tl.float32), [BLOCK // GROUP, GROUP]), eps_bits)
         tl.store(out_ptr + row * inter + col, tl.reshape(codes, [BLOCK]), mask=mask)

@@ -53,14 +53,12 @@ from kernels._boundary import check_device
 from kernels._packed_ptx import packed_ptx
 from kernels._pdl import wait_then_release
 from kernels._tiles import mma_lanes, split4
-from kernels.silu_and_mul import launch_silu_and_mul, silu_mul
 
 # Planted bugs for the suite's negative controls (constexpr FAULT; 0 compiles them away).
 FAULTS = {
     "none": 0,
     "rows_swapped": 1,  # rows g and g + 8 of a tile exchanged
     "scale_of_next_block": 2,  # block 0 of a step scaled by block 1's scale
-    "gate_up_swapped": 3,  # the fused SiLU-and-multiply takes the up tile as the gate
 }
 
 # (WARPS, U steps a turn, DEPTH turns of loads ahead). H200 sweep (`launch(config=...)` on N = K = 8192 and the
@@ -264,28 +262,12 @@ def _turn(loads, acc, U: tl.constexpr, GROUPS: tl.constexpr, FULL: tl.constexpr,
 
 
 @triton.jit
-def _warp_sums(acc0, acc1, acc2, acc3, WARPS: tl.constexpr):
-    """A column group's four accumulators summed over the warps (through shared memory): [32] each, by lane."""
-    return (
-        tl.sum(tl.reshape(acc0, [WARPS, 32]), axis=0),
-        tl.sum(tl.reshape(acc1, [WARPS, 32]), axis=0),
-        tl.sum(tl.reshape(acc2, [WARPS, 32]), axis=0),
-        tl.sum(tl.reshape(acc3, [WARPS, 32]), axis=0),
-    )
-
-
-@triton.jit
-def _store_group(out_ptr, acc, up, tile, first_col, M, out_row_stride, WARPS: tl.constexpr, SILU: tl.constexpr):
-    """A column group's outputs (accumulators acc[0..3]), summed over the warps, rounded once, stored; with SILU
-    `silu_mul` of them (the gate tile's) and of `up` (the up tile's), each rounded to bf16 first: what the GEMV
-    and then `kernels.silu_and_mul` give."""
-    r0, r1, r2, r3 = _warp_sums(acc[0], acc[1], acc[2], acc[3], WARPS)
-    if SILU:
-        u0, u1, u2, u3 = _warp_sums(up[0], up[1], up[2], up[3], WARPS)
-        r0 = silu_mul(r0.to(tl.bfloat16).to(tl.float32), u0.to(tl.bfloat16).to(tl.float32))
-        r1 = silu_mul(r1.to(tl.bfloat16).to(tl.float32), u1.to(tl.bfloat16).to(tl.float32))
-        r2 = silu_mul(r2.to(tl.bfloat16).to(tl.float32), u2.to(tl.bfloat16).to(tl.float32))
-        r3 = silu_mul(r3.to(tl.bfloat16).to(tl.float32), u3.to(tl.bfloat16).to(tl.float32))
+def _store_group(out_ptr, acc0, acc1, acc2, acc3, tile, first_col, M, out_row_stride, WARPS: tl.constexpr):
+    """A column group's four accumulators, summed over the warps (through shared memory), rounded once, stored."""
+    r0 = tl.sum(tl.reshape(acc0, [WARPS, 32]), axis=0)
+    r1 = tl.sum(tl.reshape(acc1, [WARPS, 32]), axis=0)
+    r2 = tl.sum(tl.reshape(acc2, [WARPS, 32]), axis=0)
+    r3 = tl.sum(tl.reshape(acc3, [WARPS, 32]), axis=0)
     lanes = tl.arange(0, 32)
     n = tile * 16 + lanes // 4
     col = first_col + 2 * (lanes % 4)
@@ -297,20 +279,26 @@ def _store_group(out_ptr, acc, up, tile, first_col, M, out_row_stride, WARPS: tl
 
 
 @triton.jit
-def _tile_sums(
-    x_ptr, words_ptr, pairs_ptr, tile, n_steps, lane, warp, g, c, x_rows, x_rows_2, x_row_stride,
+def _fragment_gemv_kernel(
+    x_ptr, words_ptr, pairs_ptr, out_ptr, M, N, n_steps, x_row_stride, out_row_stride,
     WARPS: tl.constexpr, U: tl.constexpr, DEPTH: tl.constexpr, GROUPS: tl.constexpr, FULL: tl.constexpr,
     FAULT: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """This lane's 8 fp32 accumulators (4 a column group) of row tile `tile` over the steps its warp takes. PDL:
-    wait for the kernel that writes x first (`kernels._pdl`), after requesting the first turn's weights."""
+    # x_ptr: int32 words (bf16 pairs) [M, K/2]; program (row tile, column block of 8 * GROUPS x rows).
+    tile, q = tl.program_id(0), tl.program_id(1)
     T: tl.constexpr = 32 * WARPS
+    lane, warp, g, c = mma_lanes(WARPS)
+    first = q * 8 * GROUPS
+    # MMA column g of group j is x row first + 8 j + g; rows past M compute a copy of row M - 1, never stored.
+    x_rows = tl.minimum(first + g, M - 1)
+    x_rows_2 = tl.minimum(first + 8 + g, M - 1)
     zero = tl.zeros([T], dtype=tl.float32)
     acc = (zero, zero, zero, zero, zero, zero, zero, zero)
     turns = tl.cdiv(n_steps, WARPS * U)
     where = (words_ptr, pairs_ptr, x_ptr, tile)
     lanes = (n_steps, lane, g, c, x_rows, x_rows_2, x_row_stride)
-    # DEPTH turns of loads in flight ahead of the one computed (register prefetch; 0: none).
+    # DEPTH turns of loads in flight ahead of the one computed (register prefetch; 0: none). With PDL the first
+    # turn's weights are requested before the wait for the kernel that writes x (`kernels._pdl`).
     if DEPTH == 0:
         wait_then_release(PDL)
         for i in range(0, turns):
@@ -333,36 +321,9 @@ def _tile_sums(
             ahead = after
             after = _turn_loads(*where, (i + 2) * WARPS + warp, *lanes, U, GROUPS)
             acc = _turn(now, acc, U, GROUPS, FULL, FAULT)
-    return acc
-
-
-@triton.jit
-def _fragment_gemv_kernel(
-    x_ptr, words_ptr, pairs_ptr, out_ptr, M, N, n_steps, x_row_stride, out_row_stride,
-    WARPS: tl.constexpr, U: tl.constexpr, DEPTH: tl.constexpr, GROUPS: tl.constexpr, FULL: tl.constexpr,
-    FAULT: tl.constexpr, PDL: tl.constexpr, SILU: tl.constexpr,
-):  # fmt: skip
-    # x_ptr: int32 words (bf16 pairs) [M, K/2]; program (row tile, column block of 8 * GROUPS x rows). SILU: the
-    # program takes gate tile `tile` and up tile `tile` + N / 32 (weight rows N / 2 on) and stores silu(gate) * up.
-    tile, q = tl.program_id(0), tl.program_id(1)
-    lane, warp, g, c = mma_lanes(WARPS)
-    first = q * 8 * GROUPS
-    # MMA column g of group j is x row first + 8 j + g; rows past M compute a copy of row M - 1, never stored.
-    x_rows = tl.minimum(first + g, M - 1)
-    x_rows_2 = tl.minimum(first + 8 + g, M - 1)
-    args = (x_ptr, words_ptr, pairs_ptr)
-    lanes = (n_steps, lane, warp, g, c, x_rows, x_rows_2, x_row_stride)
-    acc = _tile_sums(*args, tile, *lanes, WARPS, U, DEPTH, GROUPS, FULL, FAULT, PDL)
-    up = acc
-    if SILU:
-        up = _tile_sums(*args, tile + N // 32, *lanes, WARPS, U, DEPTH, GROUPS, FULL, FAULT, False)
-        if FAULT == 3:
-            acc, up = up, acc
-    group_0 = ((acc[0], acc[1], acc[2], acc[3]), (up[0], up[1], up[2], up[3]))
-    _store_group(out_ptr, *group_0, tile, first, M, out_row_stride, WARPS, SILU)
+    _store_group(out_ptr, acc[0], acc[1], acc[2], acc[3], tile, first, M, out_row_stride, WARPS)
     if GROUPS == 2:
-        group_1 = ((acc[4], acc[5], acc[6], acc[7]), (up[4], up[5], up[6], up[7]))
-        _store_group(out_ptr, *group_1, tile, first + 8, M, out_row_stride, WARPS, SILU)
+        _store_group(out_ptr, acc[4], acc[5], acc[6], acc[7], tile, first + 8, M, out_row_stride, WARPS)
 
 
 def check_fragment_args(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor) -> tuple[int, int]:
@@ -375,22 +336,12 @@ def check_fragment_args(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tenso
     return n, k
 
 
-def launch(
-    x, words, pairs, config: tuple | None = None, fault: str = "none", gemv: bool | None = None,
-    silu_and_mul: bool = False,
-) -> torch.Tensor:  # fmt: skip
+def launch(x, words, pairs, config: tuple | None = None, fault: str = "none", gemv: bool | None = None) -> torch.Tensor:
     """Validate, allocate and launch; `config` overrides the chosen kernel's launch (the GEMV's (WARPS, U, DEPTH) or
     the tiled kernel's table row: sweeps), `fault` plants a named bug (negative controls), `gemv` forces the GEMV
-    (True) or the tiled kernel (False); by default the GEMV takes up to GEMV_MAX_M rows where its PTX runs.
-    `silu_and_mul`: the weights are gate rows then up rows (N / 2 each), and the result is
-    `kernels.silu_and_mul` of the product, [M, N / 2]: fused into the GEMV's store, composed elsewhere."""
+    (True) or the tiled kernel (False); by default the GEMV takes up to GEMV_MAX_M rows where its PTX runs."""
     n, k = check_fragment_args(x, words, pairs)
     check_device(x=x, words=words, pairs=pairs)
-    if silu_and_mul and n % (2 * layout.ROWS):
-        raise ValueError(
-            f"words: silu_and_mul takes gate and up halves of whole {layout.ROWS}-row tiles; N = {n} is not a "
-            f"multiple of {2 * layout.ROWS}"
-        )
     m = x.shape[0]
     ptx = packed_ptx(x.device)
     if gemv is None:
@@ -401,9 +352,8 @@ def launch(
         if fault not in w4a16_mxfp4_fragment_gemm.FAULTS:
             tiled = list(w4a16_mxfp4_fragment_gemm.FAULTS)
             raise ValueError(f"fault: {fault!r} is planted in the GEMV only; the tiled GEMM has {tiled}")
-        y = w4a16_mxfp4_fragment_gemm.launch(x, words, pairs, config=config, fault=fault)
-        return launch_silu_and_mul(y) if silu_and_mul else y
-    y = torch.empty(m, n // 2 if silu_and_mul else n, dtype=torch.bfloat16, device=x.device)
+        return w4a16_mxfp4_fragment_gemm.launch(x, words, pairs, config=config, fault=fault)
+    y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
     if m == 0 or n == 0:
         return y
     if x.stride(1) != 1 or x.stride(0) % 2 or x.data_ptr() % 4:
@@ -411,10 +361,10 @@ def launch(
     warps, u, depth = config or GPU_CONFIG
     groups = 1 if m <= GROUP else 2
     xw = x.view(torch.int32)
-    _fragment_gemv_kernel[(y.shape[1] // layout.ROWS, triton.cdiv(m, GROUP * groups))](
+    _fragment_gemv_kernel[(n // layout.ROWS, triton.cdiv(m, GROUP * groups))](
         xw, words, pairs, y, m, n, k // layout.STEP_K, xw.stride(0), y.stride(0),
-        WARPS=warps, U=u, DEPTH=depth, GROUPS=groups, FULL=m > 1, FAULT=FAULTS[fault], SILU=silu_and_mul,
-        num_warps=warps, num_stages=1, **pdl.launch_args(x.device),
+        WARPS=warps, U=u, DEPTH=depth, GROUPS=groups, FULL=m > 1, FAULT=FAULTS[fault], num_warps=warps,
+        num_stages=1, **pdl.launch_args(x.device),
     )  # fmt: skip
     return y
 
@@ -434,23 +384,3 @@ def w4a16_mxfp4_fragment_gemv(x: torch.Tensor, words: torch.Tensor, pairs: torch
     """bf16 [M, N]: the mirror of x against `kernels.mxfp4_fragment_layout.interchange(words, pairs)`, for any M
     (the GEMV up to GEMV_MAX_M rows where its PTX runs, the tiled GEMM on the same words otherwise)."""
     return torch.ops.touchstone.w4a16_mxfp4_fragment_gemv(x, words, pairs)
-
-
-@torch.library.custom_op("touchstone::w4a16_mxfp4_fragment_gemv_silu_and_mul", mutates_args=())
-def _fragment_gemv_silu_op(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
-    return launch(x, words, pairs, silu_and_mul=True)
-
-
-@_fragment_gemv_silu_op.register_fake
-def _(x, words, pairs):
-    n, _ = check_fragment_args(x, words, pairs)
-    if n % (2 * layout.ROWS):
-        raise ValueError(f"words: silu_and_mul takes gate and up halves of whole {layout.ROWS}-row tiles, N = {n}")
-    return x.new_empty(x.shape[0], n // 2)
-
-
-def w4a16_mxfp4_fragment_gemv_silu_and_mul(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
-    """bf16 [M, N / 2]: `kernels.silu_and_mul.silu_and_mul` of `w4a16_mxfp4_fragment_gemv(x, words, pairs)` (gate
-    rows, then up rows), bit for bit; the GEMV computes both halves in one launch and multiplies them in its store
-    (a decode step's MLP one launch shorter), the tiled GEMM's result goes through the SiLU kernel."""
-    return torch.ops.touchstone.w4a16_mxfp4_fragment_gemv_silu_and_mul(x, words, pairs)

@@ -225,11 +225,6 @@ class GateUpLinear(FusedLinear):
     def __init__(self, hidden: int, intermediate: int, dtype, device, scheme=None) -> None:
         super().__init__(hidden, {0: intermediate, 1: intermediate}, dtype, device, scheme)
 
-    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor | None:
-        """SiluAndMul of this layer's output in one launch where its scheme has that form for x (the same bits),
-        else None."""
-        return self.scheme.apply_silu_and_mul(self, x)
-
 
 class Embedding(nn.Module):
     def __init__(self, vocab: int, hidden: int, dtype: torch.dtype, device) -> None:

@@ -99,10 +99,6 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(inter, h, dtype, device, _scheme(quant, f"{prefix}.down_proj"))
 
     def forward(self, x: torch.Tensor | Fp8Groups) -> torch.Tensor:
-        if isinstance(x, torch.Tensor) and not wants_fp8_groups(self.down_proj, x, self.down_proj.in_features):
-            act = self.gate_up_proj.silu_and_mul(x)  # one launch where the scheme fuses the activation
-            if act is not None:
-                return self.down_proj(act)
         h = self.gate_up_proj(x)
         return self.down_proj(self.act(h, wants_fp8_groups(self.down_proj, h, h.shape[-1] // 2)))
 

@@ -341,32 +341,6 @@ def test_the_kernel_branch_agrees_with_the_references(monkeypatch, device, schem
     assert_lossy(family, got, mirror, ideal, f"{scheme} layer")
 
 
-@pytest.mark.parametrize("rows", [1, 16, 17])
-def test_mxfp4_gate_up_fuses_the_activation_where_the_gemv_runs(monkeypatch, device, rows):
-    """An MXFP4 gate/up layer in the fragment layout: `silu_and_mul(x)` is SiluAndMul of the layer's output bit for
-    bit where the tensor-core GEMV runs (up to its GEMV_MAX_M rows on a GPU that runs its PTX: one launch), and
-    None elsewhere (the MLP then runs the layer and the activation)."""
-    from kernels._packed_ptx import packed_ptx
-    from kernels.w4a16_mxfp4_fragment_gemv import GEMV_MAX_M
-    from runner.model.layers import GateUpLinear, SiluAndMul
-    from runner.model.quant import mxfp4
-
-    if device == "cpu":
-        _forced_kernels(monkeypatch, mxfp4)
-        monkeypatch.setattr(mxfp4, "weight_layout", lambda *_: "fragment")
-    gen = torch.Generator().manual_seed(11)
-    layer = GateUpLinear(128, 32, torch.bfloat16, device, make_scheme("mxfp4", online=True))
-    for shard in (0, 1):
-        layer.weight_loader(layer.weight, torch.randn(32, 128, generator=gen).to(torch.bfloat16).to(device), shard)
-    assert layer.weight_layout == "fragment"
-    x = torch.randn(rows, 128, generator=gen).to(torch.bfloat16).to(device)
-    got = layer.silu_and_mul(x)
-    if not (packed_ptx(torch.device(device)) and rows <= GEMV_MAX_M):
-        assert got is None
-        return
-    assert_exact(got.cpu(), SiluAndMul()(layer(x)).cpu(), f"{rows} rows")
-
-
 @pytest.mark.parametrize("static", [False, True])
 def test_fp8_decode_rows_take_the_block_gemm_within_its_row(monkeypatch, device, static):
     """Up to DECODE_ROWS rows (K a multiple of 128) the per-tensor scheme runs the block-FP8 GEMM with its one

@@ -99,21 +99,6 @@ class Mxfp4W4A16(OnlineScheme):
 
         return F.linear(x, dequantize_mxfp4(*interchange_weight(layer), dtype=x.dtype))
 
-    def apply_silu_and_mul(self, layer, x: torch.Tensor) -> torch.Tensor | None:
-        """Where `apply` runs the tensor-core GEMV (the fragment layout, up to its GEMV_MAX_M rows where its PTX
-        runs): the GEMV with SiLU-and-multiply in its store, one launch where the decode step's MLP took two."""
-        if not (uses_kernels(x) and layer.weight_layout == "fragment"):
-            return None
-        from kernels import mxfp4_fragment_layout as fragment
-        from kernels._packed_ptx import packed_ptx
-        from kernels.w4a16_mxfp4_fragment_gemv import GEMV_MAX_M, w4a16_mxfp4_fragment_gemv_silu_and_mul
-
-        whole_tiles = layer.out_features % (2 * fragment.ROWS) == 0  # gate and up: whole tiles each
-        if x.shape[0] > GEMV_MAX_M or not packed_ptx(x.device) or not whole_tiles:
-            return None
-        x = zero_pad_columns(x, MX_BLOCK_SIZE)
-        return w4a16_mxfp4_fragment_gemv_silu_and_mul(x, layer.weight_words, layer.weight_pairs)
-
 
 def weight_layout(device: torch.device, dtype: torch.dtype, n: int, k: int) -> str:
     """The layout a layer of N x K weights stores on `device` for activations of `dtype` (the module doc)."""

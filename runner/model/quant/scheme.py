@@ -5,8 +5,7 @@
   shard_id=None)` that copies a shard into its row slice.
 - `process_weights_after_loading(layer)`: once every shard is in, turn the loaded tensors into what `apply`
   reads (quantize, pad, repack, transpose). Runs once: a second call is an error, never a second conversion.
-- `apply(layer, x)`: y = x W^T in the activation dtype; `apply_silu_and_mul(layer, x)`, a gate/up layer's product
-  with the MLP's activation fused in, where a scheme has that form.
+- `apply(layer, x)`: y = x W^T in the activation dtype.
 
 An online scheme quantizes an unquantized checkpoint while it loads. Its weight is allocated only when the
 first shard of the layer arrives, and is freed by `process_weights_after_loading`, which the layer runs as soon
@@ -32,12 +31,6 @@ class LinearScheme:
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
-
-    def apply_silu_and_mul(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
-        """For a gate/up layer (gate rows, then up rows): silu(gate) * up of its product, in one launch, where the
-        scheme has such a form for this x, with the bits of `apply` then `runner.model.layers.SiluAndMul`. None
-        (the default): the caller runs `apply`, then the activation."""
-        return None
 
     def describe(self) -> str:
         return self.name
