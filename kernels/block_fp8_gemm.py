@@ -30,6 +30,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels._boundary import check_device, runs_interpreted
 from kernels._packed_ptx import packed_ptx
+from kernels._pdl import launch_args, wait_then_release
 from kernels.block_fp8_gemv import launch_fp8_gemv
 from kernels.split_k import launch_split, sum_splits
 from reference.gemm.block_fp8 import BLOCK, check_block_fp8_gemm_args
@@ -203,7 +204,9 @@ def _block_fp8_gemm_kernel(
     PERSISTENT: tl.constexpr,
     WARP_SPECIALIZE: tl.constexpr,
     FAULT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_then_release(PDL)  # kernels._pdl: before any read of an earlier kernel's output
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     if PERSISTENT:
@@ -347,6 +350,7 @@ def launch_block_fp8_gemm(
         FAULT=FAULTS[fault],
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **launch_args(device),
     )
     if split > 1:
         sum_splits(target, out)  # the K ranges added in split order (deterministic, no atomics), one rounding

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from kernels._fp8_fragment_rows import fp8_fragment_tile
+from kernels._pdl import launch_args, wait_then_release
 from kernels._tiles import mma_lanes
 
 # `kernels.block_fp8_gemm.FAULTS` as `fp8_fragment_tile`'s fault codes
@@ -41,7 +42,9 @@ def _store(out_ptr, v, rows, toks, N, M, out_stride):
 def _fp8_gemv_kernel(
     a_words, as_ptr, w_words, ws_ptr, out_ptr, M, N, n_blocks, a_stride, stride_asm, stride_ask, stride_wn,
     stride_wsn, out_stride, WARPS: tl.constexpr, U: tl.constexpr, FAULT: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    wait_then_release(PDL)  # kernels._pdl: before any read of an earlier kernel's output
     p, q = tl.program_id(0), tl.program_id(1)
     _, _, g, c = mma_lanes(WARPS)
     first_tok = q * 8
@@ -74,6 +77,6 @@ def launch_fp8_gemv(a, a_scales, b, b_scales, out: torch.Tensor, fault: int = 0,
     _fp8_gemv_kernel[(triton.cdiv(n, 16), triton.cdiv(m, 8))](
         a_words, a_scales, w_words, b_scales, out, m, n, k // 128, a_words.stride(0), a_scales.stride(0),
         a_scales.stride(1), w_words.stride(0), b_scales.stride(0), out.stride(0),
-        WARPS=warps, U=u, FAULT=TILE_FAULTS[fault], num_warps=warps, num_stages=1,
+        WARPS=warps, U=u, FAULT=TILE_FAULTS[fault], num_warps=warps, num_stages=1, **launch_args(a.device),
     )  # fmt: skip
     return out

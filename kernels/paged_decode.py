@@ -292,7 +292,9 @@ def _combine_kernel(
     HEAD: tl.constexpr,
     HEAD_PAD: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_then_release(PDL)  # kernels._pdl: before any read of an earlier kernel's output
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     row = (seq * tl.num_programs(1) + head) * num_splits
@@ -409,6 +411,7 @@ def launch_paged_decode(
         HEAD_PAD=head_pad,
         SPLITS_PAD=triton.next_power_of_2(num_splits),
         num_warps=cfg["combine_warps"],
+        **launch_args(device),
     )
     return out
 

@@ -31,6 +31,7 @@ from kernels import w4a16_mxfp4_gemm
 from kernels._boundary import runs_interpreted
 from kernels._mxfp4_fragment_tiles import fragment_k_order, fragment_pair_tiles
 from kernels._packed_ptx import packed_ptx
+from kernels._pdl import launch_args, wait_then_release
 from kernels._tiles import store_partial
 from kernels.split_k import launch_split, sum_splits
 
@@ -72,7 +73,9 @@ def _fragment_gemm_kernel(
     x_ptr, words_ptr, pairs_ptr, out_ptr, M, N, n_steps, tiles_per_split, x_row_stride, out_row_stride,
     out_split_stride, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, GROUPS: tl.constexpr, EVEN_K: tl.constexpr,
     OUT_FP32: tl.constexpr, FAULT: tl.constexpr, PTX: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
+    wait_then_release(PDL)  # kernels._pdl: before any read of an earlier kernel's output
     # x_ptr: bf16 [M, K]; program (n tile, m tile, split); the accumulators are y^T's rows of each pair.
     pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     P: tl.constexpr = BLOCK_N // 2
@@ -124,7 +127,7 @@ def launch(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, config=Non
     _fragment_gemm_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m), split_k)](
         x, words, pairs, out, m, n, n_steps, tiles_per_split, x.stride(0), n, m * n,
         BLOCK_N=block_n, BLOCK_M=block_m, GROUPS=groups, EVEN_K=(2 * n_steps) % groups == 0, OUT_FP32=split_k > 1,
-        FAULT=FAULTS[fault], PTX=packed_ptx(x.device), num_warps=warps, num_stages=stages,
+        FAULT=FAULTS[fault], PTX=packed_ptx(x.device), num_warps=warps, num_stages=stages, **launch_args(x.device),
     )  # fmt: skip
     if split_k > 1:
         sum_splits(out, y)

@@ -18,6 +18,7 @@ import triton
 from bench.launch_sweep import gpu_args, memcpy_gbps, parser, report, time_ms
 from kernels import fp8_quant as kernel
 from kernels._boundary import f32_bits
+from kernels._pdl import launch_args
 from reference.quant import fp8 as ref
 
 K = 7168
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                     CONTIGUOUS=True,
                     FAULT=0,
                     num_warps=warps,
+                    **launch_args(x.device),
                 )
             )
             exact = torch.equal(q[tail].cpu(), want_q.view(torch.uint8)) and torch.equal(scales[tail].cpu(), want_s)
