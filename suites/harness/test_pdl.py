@@ -54,6 +54,11 @@ def test_the_wait_orders_a_dependent_that_starts_early(device, wait):
         pytest.skip("PDL needs NVIDIA sm_90+")
     flag = torch.zeros(1, dtype=torch.int32, device=device)
     out = torch.full((1,), -1, dtype=torch.int32, device=device)
+    # compile both first: a reader compiled between the launches would start after the whole spin
+    _slow_writer[(1,)](out, 0)
+    _reader[(1,)](flag, out, WAIT=wait, launch_pdl=True)
+    flag.zero_()
+    torch.cuda.synchronize()
     _slow_writer[(1,)](flag, SPIN_NS)
     _reader[(1,)](flag, out, WAIT=wait, launch_pdl=True)
     torch.cuda.synchronize()
