@@ -30,7 +30,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels._boundary import check_device, runs_interpreted
 from kernels._packed_ptx import packed_ptx
-from kernels._pdl import launch_args, pdl_entry
+from kernels._pdl import launch_args, wait_then_release
 from kernels.block_fp8_gemv import launch_fp8_gemv
 from kernels.split_k import launch_split, sum_splits
 from reference.gemm.block_fp8 import BLOCK, check_block_fp8_gemm_args
@@ -206,7 +206,7 @@ def _block_fp8_gemm_kernel(
     FAULT: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pdl_entry(PDL)  # kernels._pdl: before any read of an earlier kernel's output
+    wait_then_release(PDL)  # kernels._pdl: before any read of an earlier kernel's output
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     if PERSISTENT:

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from kernels._fp8_fragment_rows import fp8_fragment_tile
-from kernels._pdl import launch_args, pdl_entry
+from kernels._pdl import launch_args, wait_then_release
 from kernels._tiles import mma_lanes
 
 # `kernels.block_fp8_gemm.FAULTS` as `fp8_fragment_tile`'s fault codes
@@ -44,7 +44,7 @@ def _fp8_gemv_kernel(
     stride_wsn, out_stride, WARPS: tl.constexpr, U: tl.constexpr, FAULT: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
-    pdl_entry(PDL)  # kernels._pdl: before any read of an earlier kernel's output
+    wait_then_release(PDL)  # kernels._pdl: before any read of an earlier kernel's output
     p, q = tl.program_id(0), tl.program_id(1)
     _, _, g, c = mma_lanes(WARPS)
     first_tok = q * 8

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from kernels._boundary import as_rows, check_device, f32_bits, runs_interpreted
 from kernels._fp8_groups import group_scale
-from kernels._pdl import launch_args, pdl_entry
+from kernels._pdl import launch_args, wait_then_release
 from kernels._tiles import block_offsets
 from reference.quant.fp8 import DEFAULT_EPS, FP8_FORMATS, check_quantize_fp8_args, scale_shape
 
@@ -60,7 +60,7 @@ def _amax_bits_kernel(
     x_ptr, amax_ptr, n_rows, row_len, x_row_stride, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr
 ):
     """amax_ptr[0] = max over the tensor of |x|'s fp32 bits (int32 atomics: the patterns are non-negative)."""
-    pdl_entry(PDL)  # kernels._pdl: before any read of an earlier kernel's output
+    wait_then_release(PDL)  # kernels._pdl: before any read of an earlier kernel's output
     row = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     best = tl.zeros([BLOCK_R], dtype=tl.int32)
     for start in range(0, row_len, BLOCK_K):
@@ -92,7 +92,7 @@ def _quantize_fp8_kernel(
     FAULT: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pdl_entry(PDL)  # kernels._pdl: before any read of an earlier kernel's output
+    wait_then_release(PDL)  # kernels._pdl: before any read of an earlier kernel's output
     group = tl.program_id(0).to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
     lane = tl.arange(0, GROUP)
     offset = block_offsets(group, groups_per_row, x_row_stride, group_len, CONTIGUOUS)
@@ -182,7 +182,7 @@ def launch_quantize_fp8(x, granularity, group_size, fmt, eps, ue8m0, static_scal
                 rows.stride(0),
                 BLOCK_R=block_r,
                 BLOCK_K=block_k,
-                **launch_args(x.device, release_first=True),
+                **launch_args(x.device),
             )
     block_g, group, warps = _tile(group_len, n_groups, x.device)
     _quantize_fp8_kernel[(triton.cdiv(n_groups, block_g),)](
@@ -204,7 +204,7 @@ def launch_quantize_fp8(x, granularity, group_size, fmt, eps, ue8m0, static_scal
         CONTIGUOUS=rows.shape[0] == 1 or rows.stride(0) == k,
         FAULT=FAULTS[fault],
         num_warps=warps,
-        **launch_args(x.device, release_first=True),
+        **launch_args(x.device),
     )
     return q, scales
 

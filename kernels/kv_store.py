@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from kernels._boundary import check_device, f32_bits, runs_interpreted
-from kernels._pdl import launch_args, pdl_entry
+from kernels._pdl import launch_args, wait_then_release
 from reference.kv.packed_codec import AMAX_EPS, DS_MLA_NOPE, DS_MLA_TILE, DSV4_NOPE, DSV4_TILE, ROPE_DIM
 from reference.kv.store import check_store_dsv4_args, check_store_fp8_ds_mla_args, check_store_kv_args
 from reference.quant.fp8 import DEFAULT_EPS
@@ -145,7 +145,7 @@ def _store_kv_kernel(
     FAULT: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pdl_entry(PDL)  # kernels._pdl: before any read of an earlier kernel's output
+    wait_then_release(PDL)  # kernels._pdl: before any read of an earlier kernel's output
     token = tl.program_id(0).to(tl.int64)
     valid, block, pos = _slot(slot_ptr, token, block_size, num_slots, FAULT)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -291,7 +291,7 @@ def launch_store_kv(key, value, k_cache, v_cache, slot_mapping, layout, k_scale,
         FP8=fp8,
         FAULT=FAULTS[fault],
         num_warps=_GPU["kv_warps"],
-        **launch_args(device, release_first=True),
+        **launch_args(device),
     )
 
 

@@ -22,7 +22,7 @@ from kernels import mxfp4_fragment_layout as layout
 from kernels._boundary import check_device, runs_interpreted
 from kernels._mxfp4_fragment_tiles import fragment_registers, stacked_registers
 from kernels._packed_ptx import packed_ptx
-from kernels._pdl import launch_args, pdl_entry
+from kernels._pdl import launch_args, wait_then_release
 
 # Planted bugs for the suite's negative control (constexpr FAULT; 0 compiles them away).
 FAULTS = {"none": 0, "rows_swapped": 1}  # rows g and g + 8 of a tile stored in each other's place
@@ -46,7 +46,7 @@ def _dequantize_fragment_kernel(
     FAULT: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pdl_entry(PDL)  # kernels._pdl: before any read of an earlier kernel's output
+    wait_then_release(PDL)  # kernels._pdl: before any read of an earlier kernel's output
     # out_ptr: int32 words of bf16 pairs [N, K / 2]; program (row tile, group of STEPS steps).
     tile, first = tl.program_id(0).to(tl.int64), tl.program_id(1) * STEPS
     i = tl.arange(0, STEPS * 128)  # (step, lane g c, word b h) of the program's words, in memory order

@@ -36,7 +36,7 @@ from kernels._boundary import runs_interpreted
 from kernels._e4m3 import e4m3_words_to_fp16
 from kernels._packed_ptx import packed_ptx
 from kernels._paged import FAULTS, LOG2E, MIN_DOT, check_launch
-from kernels._pdl import launch_args, pdl_entry
+from kernels._pdl import launch_args, wait_then_release
 from reference.attention.paged import check_num_splits, check_paged_args
 
 # GPU launch shapes: tokens per tile of the split kernel (a power of two; raised to the block size when
@@ -215,7 +215,7 @@ def _split_kernel(
     DIRECT: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pdl_entry(PDL)  # kernels._pdl: before any read of an earlier kernel's output
+    wait_then_release(PDL)  # kernels._pdl: before any read of an earlier kernel's output
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -294,7 +294,7 @@ def _combine_kernel(
     SPLITS_PAD: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pdl_entry(PDL)  # kernels._pdl: before any read of an earlier kernel's output
+    wait_then_release(PDL)  # kernels._pdl: before any read of an earlier kernel's output
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     row = (seq * tl.num_programs(1) + head) * num_splits
@@ -396,7 +396,7 @@ def launch_paged_decode(
         DIRECT=direct,
         num_warps=cfg[key + "warps"],
         num_stages=cfg[key + "stages"],
-        **launch_args(device, release_first=True),
+        **launch_args(device),
     )
     if direct:
         return out
@@ -411,7 +411,7 @@ def launch_paged_decode(
         HEAD_PAD=head_pad,
         SPLITS_PAD=triton.next_power_of_2(num_splits),
         num_warps=cfg["combine_warps"],
-        **launch_args(device, release_first=True),
+        **launch_args(device),
     )
     return out
 

@@ -19,7 +19,7 @@ import triton.language as tl
 
 from kernels._boundary import as_rows, check_device, f32_bits
 from kernels._fp8_groups import e4m3fn_groups
-from kernels._pdl import launch_args, pdl_entry
+from kernels._pdl import launch_args, wait_then_release
 from reference.norm.rms_norm import check_rms_norm_args
 from reference.quant.fp8 import DEFAULT_EPS
 
@@ -61,7 +61,7 @@ def _rms_norm_kernel(
     FAULT: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pdl_entry(PDL)  # kernels._pdl: before any read of an earlier kernel's output
+    wait_then_release(PDL)  # kernels._pdl: before any read of an earlier kernel's output
     row = tl.program_id(0).to(tl.int64)
     col = tl.arange(0, BLOCK)
     mask = col < hidden
@@ -129,7 +129,7 @@ def launch_rms_norm(x, weight, eps, residual=None, fault="none", fp8_groups=Fals
             FP8=fp8_groups,
             FAULT=FAULTS[fault],
             num_warps=_warps(block),
-            **launch_args(x.device, release_first=True),
+            **launch_args(x.device),
         )
     out = (out, scales) if fp8_groups else out
     return out if residual is None else (out, new_res)

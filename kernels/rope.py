@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from kernels._boundary import check_device, runs_interpreted
-from kernels._pdl import launch_args, pdl_entry
+from kernels._pdl import launch_args, wait_then_release
 from reference.rotary.rope import check_rope_args
 
 # Planted bugs for the suite's negative controls; FAULT is a constexpr, so fault 0 compiles them away.
@@ -96,7 +96,7 @@ def _rope_kernel(
     FAULT: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pdl_entry(PDL)  # kernels._pdl: before any read of an earlier kernel's output
+    wait_then_release(PDL)  # kernels._pdl: before any read of an earlier kernel's output
     tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     tok_mask = tok < n_tokens
     pos = tl.load(pos_ptr + tok * pos_stride, mask=tok_mask, other=0)
@@ -154,7 +154,7 @@ def launch_rope(q, k, positions, cos_sin_cache, fault="none") -> None:
         FAULT=FAULTS[fault],
         num_warps=warps,
         enable_fp_fusion=False,
-        **launch_args(q.device, release_first=True),
+        **launch_args(q.device),
     )
 
 

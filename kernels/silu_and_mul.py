@@ -21,7 +21,7 @@ import triton.language as tl
 
 from kernels._boundary import as_rows, check_device, f32_bits
 from kernels._fp8_groups import e4m3fn_groups
-from kernels._pdl import launch_args, pdl_entry
+from kernels._pdl import launch_args, wait_then_release
 from reference.activation.silu_and_mul import check_silu_and_mul_args
 from reference.quant.fp8 import DEFAULT_EPS
 
@@ -51,7 +51,7 @@ def _silu_and_mul_kernel(
     FAULT: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    pdl_entry(PDL)  # kernels._pdl: before any read of an earlier kernel's output
+    wait_then_release(PDL)  # kernels._pdl: before any read of an earlier kernel's output
     row = tl.program_id(0).to(tl.int64)
     col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = col < inter
@@ -97,7 +97,7 @@ def launch_silu_and_mul(x: torch.Tensor, group_size: int | None = None, fault: s
             FP8=fp8,
             FAULT=FAULTS[fault],
             num_warps=_WARPS,
-            **launch_args(x.device, release_first=True),
+            **launch_args(x.device),
         )
     return (out, scales) if fp8 else out
 

@@ -31,7 +31,7 @@ from kernels import w4a16_mxfp4_gemm
 from kernels._boundary import runs_interpreted
 from kernels._mxfp4_fragment_tiles import fragment_k_order, fragment_pair_tiles
 from kernels._packed_ptx import packed_ptx
-from kernels._pdl import launch_args, pdl_entry
+from kernels._pdl import launch_args, wait_then_release
 from kernels._tiles import store_partial
 from kernels.split_k import launch_split, sum_splits
 
@@ -75,7 +75,7 @@ def _fragment_gemm_kernel(
     OUT_FP32: tl.constexpr, FAULT: tl.constexpr, PTX: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
-    pdl_entry(PDL)  # kernels._pdl: before any read of an earlier kernel's output
+    wait_then_release(PDL)  # kernels._pdl: before any read of an earlier kernel's output
     # x_ptr: bf16 [M, K]; program (n tile, m tile, split); the accumulators are y^T's rows of each pair.
     pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     P: tl.constexpr = BLOCK_N // 2

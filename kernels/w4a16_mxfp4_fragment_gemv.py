@@ -51,7 +51,7 @@ from kernels import mxfp4_fragment_layout as layout
 from kernels import w4a16_mxfp4_fragment_gemm
 from kernels._boundary import check_device
 from kernels._packed_ptx import packed_ptx
-from kernels._pdl import pdl_entry
+from kernels._pdl import wait_then_release
 from kernels._tiles import mma_lanes, split4
 
 # Planted bugs for the suite's negative controls (constexpr FAULT; 0 compiles them away).
@@ -300,12 +300,12 @@ def _fragment_gemv_kernel(
     # DEPTH turns of loads in flight ahead of the one computed (register prefetch; 0: none). With PDL the first
     # turn's weights are requested before the wait for the kernel that writes x (`kernels._pdl`).
     if DEPTH == 0:
-        pdl_entry(PDL)
+        wait_then_release(PDL)
         for i in range(0, turns):
             acc = _turn(_turn_loads(*where, i * WARPS + warp, *lanes, U, GROUPS), acc, U, GROUPS, FULL, FAULT)
     elif DEPTH == 1:
         words, pairs = _turn_weights(words_ptr, pairs_ptr, tile, warp, n_steps, lane, g, U)
-        pdl_entry(PDL)
+        wait_then_release(PDL)
         x00, x10, x01, x11 = _turn_x(x_ptr, warp, n_steps, c, x_rows, x_rows_2, x_row_stride, U, GROUPS)
         ahead = (words, pairs, x00, x10, x01, x11)
         for i in range(0, turns):
@@ -313,7 +313,7 @@ def _fragment_gemv_kernel(
             ahead = _turn_loads(*where, (i + 1) * WARPS + warp, *lanes, U, GROUPS)
             acc = _turn(now, acc, U, GROUPS, FULL, FAULT)
     else:
-        pdl_entry(PDL)
+        wait_then_release(PDL)
         ahead = _turn_loads(*where, warp, *lanes, U, GROUPS)
         after = _turn_loads(*where, WARPS + warp, *lanes, U, GROUPS)
         for i in range(0, turns):
