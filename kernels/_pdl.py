@@ -13,7 +13,9 @@ Launch and Synchronization" and PTX's `griddepcontrol` give the rules this modul
   weight update) must not launch the reading GEMV as the very next kernel without a stream or device sync between.
 - Right after the wait each program runs `griddepcontrol.launch_dependents`, so the next kernel's programs start
   only once this one's predecessor is done: at most two kernels are resident at a time, the running one and the
-  next, which issues its weight loads and waits.
+  next, which issues its weight loads and waits. (Releasing before the wait in the small kernels between GEMVs,
+  so that the next GEMV is resident during the previous one's last wave, ran the Llama-3.1-8B-shape MXFP4 decode
+  at batch 1 at 382 tok/s on the H200 against 414 this way, in one run.)
 
 Elsewhere (the interpreter, ROCm, NVIDIA before sm_90) `launch_args` gives `PDL=False` and both instructions
 compile away. `TOUCHSTONE_PDL=0` turns PDL off on every device (an A/B switch for benchmarks).
