@@ -46,12 +46,11 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import _pdl as pdl
 from kernels import mxfp4_fragment_layout as layout
 from kernels import w4a16_mxfp4_fragment_gemm
 from kernels._boundary import check_device
 from kernels._packed_ptx import packed_ptx
-from kernels._pdl import wait_then_release
+from kernels._pdl import launch_args, wait_then_release
 from kernels._tiles import mma_lanes, split4
 
 # Planted bugs for the suite's negative controls (constexpr FAULT; 0 compiles them away).
@@ -189,12 +188,18 @@ def _step(words, pairs, x00, x10, x01, x11, acc, GROUPS: tl.constexpr, FULL: tl.
 
 
 @triton.jit
+def _turn_steps(turn, n_steps, U: tl.constexpr):
+    """The U steps turn * U .. of every lane ([T, U]): whether each is live, and the step read (step 0 past the end)."""
+    step = (turn * U)[:, None] + tl.arange(0, U)[None, :]
+    live = step < n_steps
+    return live, tl.where(live, step, 0)
+
+
+@triton.jit
 def _turn_weights(words_ptr, pairs_ptr, tile, turn, n_steps, lane, g, U: tl.constexpr):
     """The weights of the U steps turn * U .. of every lane: words [T, 4, U], scale pairs [T, 2, U]. Steps past
     the end re-read step 0 with zero scales (they add nothing)."""
-    step = (turn * U)[:, None] + tl.arange(0, U)[None, :]  # [T, U]
-    live = step < n_steps
-    s = tl.where(live, step, 0)
+    live, s = _turn_steps(turn, n_steps, U)
     at = (tile * n_steps + s).to(tl.int64)
     four = tl.arange(0, 4)
     words = tl.load(words_ptr + ((at * 32 + lane[:, None]) * 4)[:, None, :] + four[None, :, None])
@@ -208,8 +213,7 @@ def _turn_weights(words_ptr, pairs_ptr, tile, turn, n_steps, lane, g, U: tl.cons
 def _turn_x(x_ptr, turn, n_steps, c, x_rows, x_rows_2, x_row_stride, U: tl.constexpr, GROUPS: tl.constexpr):
     """x pairs [T, 4, U] of (block, column group) 00, 10, 01, 11 for the U steps turn * U .. (the group-1 ones are
     group 0's with one group); steps past the end read step 0."""
-    step = (turn * U)[:, None] + tl.arange(0, U)[None, :]  # [T, U]
-    s = tl.where(step < n_steps, step, 0)
+    _, s = _turn_steps(turn, n_steps, U)
     x00, x10 = _x_pairs(x_ptr, x_rows, c, s, x_row_stride)
     if GROUPS == 2:
         x01, x11 = _x_pairs(x_ptr, x_rows_2, c, s, x_row_stride)
@@ -364,7 +368,7 @@ def launch(x, words, pairs, config: tuple | None = None, fault: str = "none", ge
     _fragment_gemv_kernel[(n // layout.ROWS, triton.cdiv(m, GROUP * groups))](
         xw, words, pairs, y, m, n, k // layout.STEP_K, xw.stride(0), y.stride(0),
         WARPS=warps, U=u, DEPTH=depth, GROUPS=groups, FULL=m > 1, FAULT=FAULTS[fault], num_warps=warps,
-        num_stages=1, **pdl.launch_args(x.device),
+        num_stages=1, **launch_args(x.device),
     )  # fmt: skip
     return y
 
