@@ -58,6 +58,7 @@ def test_the_wait_orders_a_dependent_that_starts_early(device, wait):
     _slow_writer[(1,)](out, 0)
     _reader[(1,)](flag, out, WAIT=wait, launch_pdl=True)
     flag.zero_()
+    out.fill_(-1)  # the warm-up stored into it: a reader that never stored must not pass
     torch.cuda.synchronize()
     _slow_writer[(1,)](flag, SPIN_NS)
     _reader[(1,)](flag, out, WAIT=wait, launch_pdl=True)
