@@ -60,12 +60,32 @@ FAULTS = {
     "scale_of_next_block": 2,  # block 0 of a step scaled by block 1's scale
 }
 
-# (WARPS, U steps a turn, DEPTH turns of loads ahead). H200 sweep (`launch(config=...)` on N = K = 8192 and the
-# projections of Llama-3.1-8B and gpt-oss-20b, CUDA-graph replays, cold L2): (8, 2, 1) was the best or within 5 % on
-# every shape at M = 1 and 8; 4 or 16 warps, U = 1 (or 4, in an earlier form), DEPTH 2 (more registers, 26-47
-# register moves a turn) were 5-60 % slower. Triton's own pipelining of these loads (`tl.range(num_stages=3..8)`:
-# cp.async through shared memory, a CTA barrier a turn) was 2-7x slower and is not offered.
-GPU_CONFIG = (8, 2, 1)
+# (WARPS, U steps a turn, DEPTH turns of loads ahead) by the grid: row tiles (N / 16), steps (K / 64) and column
+# groups. `python -m bench.gemm.w4a16_mxfp4_gemv_sweep` on the H200 (each GEMV launched with PDL in a CUDA graph of 8
+# on distinct weights, as the decode step runs them; N 2048..28672 x K 2048..14336, M = 1, 8, 16): U = 2 with DEPTH 1
+# was the best or within 1 % everywhere (U = 1, DEPTH 0 or 2: 3-60 % slower; Triton's own pipelining,
+# `tl.range(num_stages=3..8)`, 2-7x slower, not offered); the warps a program follow the grid. Few row tiles (256 or
+# fewer) with K of 8192 and more want 16 warps (4096 x 14336: 12.3 us against 14.0 with 8); 1792 tiles want 4 (28672 x
+# 4096: 20.5 us against 22.9); 8 in between (8192 x 8192: 13.1 us, 15.4 with 4, 16.4 with 16). With two column groups
+# (M > 8, twice the registers) 4 warps win from 512 tiles, or 256 below K = 8192.
+U_STEPS, DEPTH_TURNS = 2, 1
+
+
+def gpu_config(tiles: int, steps: int, groups: int) -> tuple[int, int, int]:
+    """(WARPS, U, DEPTH) of the GEMV for `tiles` row tiles, `steps` K steps and `groups` column groups (the sweep's
+    best, above)."""
+    if groups == 1:
+        if tiles <= 256:
+            warps = 16 if steps >= 128 else 8
+        else:
+            warps = 4 if tiles >= 1792 or (tiles >= 896 and steps <= 32) else 8
+    elif steps >= 224:
+        warps = 16 if tiles <= 128 else 8 if tiles <= 896 else 4
+    else:
+        warps = 8 if tiles <= 128 or (tiles <= 256 and steps >= 128) else 4
+    return warps, U_STEPS, DEPTH_TURNS
+
+
 GROUP = 8  # x rows of one MMA (n8); a program takes one group, or two when M > 8
 # Above this many rows the op runs the tiled GEMM on the same words (`kernels.w4a16_mxfp4_fragment_gemm`):
 # a GEMV program decodes its weights once for at most two column groups, so every 16 rows more re-read and re-decode
@@ -362,8 +382,8 @@ def launch(x, words, pairs, config: tuple | None = None, fault: str = "none", ge
         return y
     if x.stride(1) != 1 or x.stride(0) % 2 or x.data_ptr() % 4:
         raise ValueError(f"x: rows must be contiguous and start on 4-byte boundaries, got strides {x.stride()}")
-    warps, u, depth = config or GPU_CONFIG
     groups = 1 if m <= GROUP else 2
+    warps, u, depth = config or gpu_config(n // layout.ROWS, k // layout.STEP_K, groups)
     xw = x.view(torch.int32)
     _fragment_gemv_kernel[(n // layout.ROWS, triton.cdiv(m, GROUP * groups))](
         xw, words, pairs, y, m, n, k // layout.STEP_K, xw.stride(0), y.stride(0),

@@ -266,9 +266,9 @@ def test_gemv_is_refused_where_its_ptx_does_not_run(device):
 GPU_ONLY = "the PTX kernel's launch shapes and planted bugs need a GPU that runs its PTX (sm_90+)"
 
 
-@pytest.mark.parametrize("config", [(4, 1, 0), (4, 1, 1), (2, 2, 1), (8, 1, 2), (4, 2, 2)], ids=str)
+@pytest.mark.parametrize("config", [(4, 1, 0), (4, 1, 1), (2, 2, 1), (8, 1, 2), (4, 2, 2), (16, 2, 1)], ids=str)
 def test_launch_shapes(config, device):
-    """K = 7 steps over 2..8 warps of 1 or 2 steps a turn, 0..2 turns of loads ahead: turns and prefetches past the
+    """K = 7 steps over 2..16 warps of 1 or 2 steps a turn, 0..2 turns of loads ahead: turns and prefetches past the
     end; M from one x row to three programs of two column groups (the last one ragged)."""
     if not packed_ptx(torch.device(device)):
         pytest.skip(GPU_ONLY)
