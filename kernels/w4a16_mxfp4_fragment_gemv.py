@@ -62,12 +62,14 @@ FAULTS = {
 
 # (WARPS, U steps a turn, DEPTH turns of loads ahead) by the grid: row tiles (N / 16), steps (K / 64) and column
 # groups. `python -m bench.gemm.w4a16_mxfp4_gemv_sweep` on the H200 (each GEMV launched with PDL in a CUDA graph of 8
-# on distinct weights, as the decode step runs them; N 2048..28672 x K 2048..14336, M = 1, 8, 16): U = 2 with DEPTH 1
-# was the best or within 1 % everywhere (U = 1, DEPTH 0 or 2: 3-60 % slower; Triton's own pipelining,
-# `tl.range(num_stages=3..8)`, 2-7x slower, not offered); the warps a program follow the grid. Few row tiles (256 or
-# fewer) with K of 8192 and more want 16 warps (4096 x 14336: 12.3 us against 14.0 with 8); 1792 tiles want 4 (28672 x
-# 4096: 20.5 us against 22.9); 8 in between (8192 x 8192: 13.1 us, 15.4 with 4, 16.4 with 16). With two column groups
-# (M > 8, twice the registers) 4 warps win from 512 tiles, or 256 below K = 8192.
+# on distinct weights, as the decode step runs them; N 2048..28672 x K 2048..14336, M = 1, 8, 16;
+# reports/cuda-h200/launch_sweeps/w4a16_mxfp4_gemv_sweep.csv). One column group (M <= 8): U = 2 with DEPTH 1 was the
+# best or within 1 % on every shape (U = 1, DEPTH 0 or 2: 3-60 % slower; Triton's own pipelining,
+# `tl.range(num_stages=3..8)`, 2-7x slower, not offered), and the warps a program follow the grid: 256 row tiles or
+# fewer with K of 8192 and more want 16 (4096 x 14336: 13.3 us against 15.2 with 8), 1792 tiles 4 (28672 x 4096:
+# 21.8 us against 24.1), 8 in between (8192 x 8192: 14.0 us, 16.6 with 4, 17.4 with 16). Two column groups (M up to
+# 16, twice the accumulators and x registers): 4 warps from 1792 tiles or at K = 2048, 8 warps of one step a turn
+# from 512 tiles (8192 x 8192: 20.5 us, 24.1 with (4, 2, 1), 27.3 with (8, 2, 1)).
 U_STEPS, DEPTH_TURNS = 2, 1
 
 
@@ -76,14 +78,13 @@ def gpu_config(tiles: int, steps: int, groups: int) -> tuple[int, int, int]:
     best, above)."""
     if groups == 1:
         if tiles <= 256:
-            warps = 16 if steps >= 128 else 8
-        else:
-            warps = 4 if tiles >= 1792 or (tiles >= 896 and steps <= 32) else 8
-    elif steps >= 224:
-        warps = 16 if tiles <= 128 else 8 if tiles <= 896 else 4
-    else:
-        warps = 8 if tiles <= 128 or (tiles <= 256 and steps >= 128) else 4
-    return warps, U_STEPS, DEPTH_TURNS
+            return 16 if steps >= 128 else 8, U_STEPS, DEPTH_TURNS
+        return 4 if tiles >= 1792 or (tiles >= 896 and steps <= 32) else 8, U_STEPS, DEPTH_TURNS
+    if tiles <= 128:
+        return 16 if steps >= 224 else 8, U_STEPS, DEPTH_TURNS
+    if tiles >= 1792 or steps <= 32 or (tiles <= 256 and steps < 128):
+        return 4, U_STEPS, DEPTH_TURNS
+    return (8, U_STEPS, DEPTH_TURNS) if tiles <= 256 else (8, 1, DEPTH_TURNS)
 
 
 GROUP = 8  # x rows of one MMA (n8); a program takes one group, or two when M > 8

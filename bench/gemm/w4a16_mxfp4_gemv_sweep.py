@@ -12,6 +12,7 @@ checked against the mirror reference (the suites' lossy bound) before it is time
 
 This is how `kernels.w4a16_mxfp4_fragment_gemv.gpu_config` is chosen (its comment quotes the run). Lines: N, K,
 M, (WARPS, U, DEPTH), us a GEMV, weight GB/s, x memcpy, x the launcher's choice, check; `table` marks the choice.
+Above M = 8, a `tiled GEMM` line times the op's other kernel on the same words (a control: the GEMV's M bound).
 """
 
 from __future__ import annotations
@@ -68,6 +69,10 @@ def sweep_shape(n: int, k: int, rows: list[int], memcpy: float) -> None:
                 ratios["table"] = times[table][0] / ms
             label = " table" if config == table else ""
             line(f"{shape} {config}{label}", ms, ratios, "ok" if ok else f"MISMATCH {metrics}", gbps=gbps)
+        if m > kernel.GROUP:  # control: the tiled GEMM on the same words (what the op runs above GEMV_MAX_M)
+            tiled = time_ms(lambda x=x: [kernel.launch(x, w, p, gemv=False) for *_, w, p in copies], cuda_graph=True)
+            gbps = weight_bytes / (tiled / CHAIN) / 1e6
+            line(f"{shape} tiled GEMM", tiled / CHAIN, {"memcpy": gbps / memcpy}, "control", gbps=gbps)
         if table in times:
             best = min(times, key=lambda c: times[c][0])
             slower = times[table][0] / times[best][0]
