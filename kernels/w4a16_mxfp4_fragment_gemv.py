@@ -60,38 +60,57 @@ FAULTS = {
     "scale_of_next_block": 2,  # block 0 of a step scaled by block 1's scale
 }
 
-# (WARPS, U steps a turn, DEPTH turns of loads ahead) by the grid: row tiles (N / 16), steps (K / 64) and column
-# groups. `python -m bench.gemm.w4a16_mxfp4_gemv_sweep` on the H200 (each GEMV launched with PDL in a CUDA graph of 8
-# on distinct weights, as the decode step runs them; N 2048..28672 x K 2048..14336, M = 1, 8, 16;
-# reports/cuda-h200/launch_sweeps/w4a16_mxfp4_gemv_sweep.csv). One column group (M <= 8): U = 2 with DEPTH 1 was the
-# best or within 1 % on every shape (U = 1, DEPTH 0 or 2: 3-60 % slower; Triton's own pipelining,
-# `tl.range(num_stages=3..8)`, 2-7x slower, not offered), and the warps a program follow the grid: 256 row tiles or
-# fewer with K of 8192 and more want 16 (4096 x 14336: 13.3 us against 15.2 with 8), 1792 tiles 4 (28672 x 4096:
-# 21.8 us against 24.1), 8 in between (8192 x 8192: 14.0 us, 16.6 with 4, 17.4 with 16). Two column groups (M up to
-# 16, twice the accumulators and x registers): 4 warps from 1792 tiles or at K = 2048, 8 warps of one step a turn
-# from 512 tiles (8192 x 8192: 20.5 us, 24.1 with (4, 2, 1), 27.3 with (8, 2, 1)).
+GROUP = 8  # x rows of one MMA (n8); a program takes one group, or two when M > 8
+
+
+# (WARPS, U steps a turn, DEPTH turns of loads ahead) by the grid: row tiles (N / 16), steps (K / 64) and rows of x.
+# `python -m bench.gemm.w4a16_mxfp4_gemv_sweep` on the H200 (each GEMV launched with PDL in a CUDA graph of 8 on
+# distinct weights, as the decode step runs them; N 2048..28672 x K 2048..14336 at M = 1, 8, 16, and N 4096..28672 x
+# K 4096..14336 at M = 16, 24, 32; reports/cuda-h200/launch_sweeps/w4a16_mxfp4_gemv_sweep.csv). One column group
+# (M <= 8): U = 2 with DEPTH 1 was the best or within 1 % on every shape (U = 1, DEPTH 0 or 2: 3-60 % slower;
+# Triton's own pipelining, `tl.range(num_stages=3..8)`, 2-7x slower, not offered), and the warps a program follow
+# the grid: 256 row tiles or fewer with K of 8192 and more want 16 (4096 x 14336: 13.3 us against 15.2 with 8), 1792
+# tiles 4 (28672 x 4096: 21.8 us against 24.1), 8 in between (8192 x 8192: 14.0 us, 16.6 with 4, 17.4 with 16).
 U_STEPS, DEPTH_TURNS = 2, 1
+# Two column groups a program (M > 8): the best by row tiles, for up to 16 rows and for more (two or more programs a
+# row tile), within 8 % of each shape's best at K >= 4096. 128 tiles or fewer: 8 warps, 16 at K = 14336 (M = 16);
+# K = 2048: 4 warps (4096 x 2048 at M = 16: 6.7 us, 7.6 with (8, 2, 1)).
+# Measured at M = 16 / 32 (us): 4096 x 14336 (8, 2, 1) 22.6 / (8, 1, 1) 29.9; 6144 x 4096 (8, 2, 1) 10.7 / (4, 2, 1)
+# 13.8, where (8, 1, 1) took 12.4 / 22.4; 8192 x 8192 (8, 1, 1) 20.4 / 39.0, where (4, 2, 1) took 23.7 / 40.7;
+# 14336 x 8192 (4, 2, 1) 38.6 / 61.6, 3 % behind (8, 1, 1) at M = 16 and 17 % ahead at 32.
+TWO_GROUPS = (  # (most row tiles, config up to 16 rows, config above)
+    (256, (8, 2, 1), (8, 1, 1)),
+    (384, (8, 2, 1), (4, 2, 1)),
+    (512, (8, 1, 1), (8, 1, 1)),
+)
+# Above 16 rows the GEMV's programs re-read each row tile's words once per 16 rows (from L2 when they run together):
+# up to 32 rows it beat the tiled GEMM on the same words in the sweep (M = 32: 4096 x 14336 29.9 us against 44.3,
+# 6144 x 4096 13.8 against 22.3; 8192 x 8192 39.0 against 39.1), except at 1792 tiles above 24 rows (28672 x 4096
+# at M = 32: 61.1 against 55.3), where the tiled GEMM stays.
+GEMV_MAX_M = 32
+WIDE_TILES, WIDE_MAX_M = 1792, 24
 
 
-def gpu_config(tiles: int, steps: int, groups: int) -> tuple[int, int, int]:
-    """(WARPS, U, DEPTH) of the GEMV for `tiles` row tiles, `steps` K steps and `groups` column groups (the sweep's
-    best, above)."""
-    if groups == 1:
+def gpu_config(tiles: int, steps: int, m: int) -> tuple[int, int, int]:
+    """(WARPS, U, DEPTH) of the GEMV for `tiles` row tiles, `steps` K steps and `m` rows of x (the sweep's best,
+    above)."""
+    if m <= GROUP:
         if tiles <= 256:
             return 16 if steps >= 128 else 8, U_STEPS, DEPTH_TURNS
         return 4 if tiles >= 1792 or (tiles >= 896 and steps <= 32) else 8, U_STEPS, DEPTH_TURNS
     if tiles <= 128:
         return 16 if steps >= 224 else 8, U_STEPS, DEPTH_TURNS
-    if tiles >= 1792 or steps <= 32 or (tiles <= 256 and steps < 128):
+    if steps <= 32:
         return 4, U_STEPS, DEPTH_TURNS
-    return (8, U_STEPS, DEPTH_TURNS) if tiles <= 256 else (8, 1, DEPTH_TURNS)
+    for most, up_to_16, above in TWO_GROUPS:
+        if tiles <= most:
+            return up_to_16 if m <= 2 * GROUP else above
+    return 4, U_STEPS, DEPTH_TURNS
 
 
-GROUP = 8  # x rows of one MMA (n8); a program takes one group, or two when M > 8
-# Above this many rows the op runs the tiled GEMM on the same words (`kernels.w4a16_mxfp4_fragment_gemm`):
-# a GEMV program decodes its weights once for at most two column groups, so every 16 rows more re-read and re-decode
-# them; the GEMV at M = 16 (two groups) is where the module doc's measurements stop.
-GEMV_MAX_M = 16
+def takes_gemv(m: int, tiles: int) -> bool:
+    """Whether the GEMV (rather than the tiled GEMM) takes `m` rows of x on `tiles` row tiles, where its PTX runs."""
+    return m <= GEMV_MAX_M and (tiles < WIDE_TILES or m <= WIDE_MAX_M)
 
 
 def _step_ptx(groups: int, full: bool) -> str:
@@ -364,13 +383,13 @@ def check_fragment_args(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tenso
 def launch(x, words, pairs, config: tuple | None = None, fault: str = "none", gemv: bool | None = None) -> torch.Tensor:
     """Validate, allocate and launch; `config` overrides the chosen kernel's launch (the GEMV's (WARPS, U, DEPTH) or
     the tiled kernel's table row: sweeps), `fault` plants a named bug (negative controls), `gemv` forces the GEMV
-    (True) or the tiled kernel (False); by default the GEMV takes up to GEMV_MAX_M rows where its PTX runs."""
+    (True) or the tiled kernel (False); by default the GEMV takes the rows `takes_gemv` gives it where its PTX runs."""
     n, k = check_fragment_args(x, words, pairs)
     check_device(x=x, words=words, pairs=pairs)
     m = x.shape[0]
     ptx = packed_ptx(x.device)
     if gemv is None:
-        gemv = ptx and m <= GEMV_MAX_M
+        gemv = ptx and takes_gemv(m, n // layout.ROWS)
     if gemv and not ptx:
         raise ValueError(f"gemv: the tensor-core GEMV is PTX for NVIDIA sm_90+, which {x.device} does not run")
     if not gemv:
@@ -384,7 +403,7 @@ def launch(x, words, pairs, config: tuple | None = None, fault: str = "none", ge
     if x.stride(1) != 1 or x.stride(0) % 2 or x.data_ptr() % 4:
         raise ValueError(f"x: rows must be contiguous and start on 4-byte boundaries, got strides {x.stride()}")
     groups = 1 if m <= GROUP else 2
-    warps, u, depth = config or gpu_config(n // layout.ROWS, k // layout.STEP_K, groups)
+    warps, u, depth = config or gpu_config(n // layout.ROWS, k // layout.STEP_K, m)
     xw = x.view(torch.int32)
     _fragment_gemv_kernel[(n // layout.ROWS, triton.cdiv(m, GROUP * groups))](
         xw, words, pairs, y, m, n, k // layout.STEP_K, xw.stride(0), y.stride(0),
@@ -407,5 +426,5 @@ def _(x, words, pairs):
 
 def w4a16_mxfp4_fragment_gemv(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
     """bf16 [M, N]: the mirror of x against `kernels.mxfp4_fragment_layout.interchange(words, pairs)`, for any M
-    (the GEMV up to GEMV_MAX_M rows where its PTX runs, the tiled GEMM on the same words otherwise)."""
+    (the GEMV up to GEMV_MAX_M rows where its PTX runs, `takes_gemv`; the tiled GEMM on the same words otherwise)."""
     return torch.ops.touchstone.w4a16_mxfp4_fragment_gemv(x, words, pairs)
