@@ -73,8 +73,9 @@ GROUP = 8  # x rows of one MMA (n8); a program takes one group, or two when M > 
 # tiles 4 (28672 x 4096: 21.8 us against 24.1), 8 in between (8192 x 8192: 14.0 us, 16.6 with 4, 17.4 with 16).
 U_STEPS, DEPTH_TURNS = 2, 1
 # Two column groups a program (M > 8): the best by row tiles, for up to 16 rows and for more (two or more programs a
-# row tile), within 8 % of each shape's best at K >= 4096. 128 tiles or fewer: 8 warps, 16 at K = 14336 (M = 16);
-# K = 2048: 4 warps (4096 x 2048 at M = 16: 6.7 us, 7.6 with (8, 2, 1)).
+# row tile), within 8 % of each shape's best at K >= 4096. 128 tiles or fewer: 8 warps, 16 at K = 14336 up to 16
+# rows, 4 at K = 2048 above (2048 x 2048 at M = 32: 6.2 us, 7.5 with 8). K = 2048 from 256 tiles: 4 warps (4096 x
+# 2048 at M = 16: 6.7 us, 7.6 with (8, 2, 1)).
 # Measured at M = 16 / 32 (us): 4096 x 14336 (8, 2, 1) 22.6 / (8, 1, 1) 29.9; 6144 x 4096 (8, 2, 1) 10.7 / (4, 2, 1)
 # 13.8, where (8, 1, 1) took 12.4 / 22.4; 8192 x 8192 (8, 1, 1) 20.4 / 39.0, where (4, 2, 1) took 23.7 / 40.7;
 # 14336 x 8192 (4, 2, 1) 38.6 / 61.6, 3 % behind (8, 1, 1) at M = 16 and 17 % ahead at 32.
@@ -99,6 +100,8 @@ def gpu_config(tiles: int, steps: int, m: int) -> tuple[int, int, int]:
             return 16 if steps >= 128 else 8, U_STEPS, DEPTH_TURNS
         return 4 if tiles >= 1792 or (tiles >= 896 and steps <= 32) else 8, U_STEPS, DEPTH_TURNS
     if tiles <= 128:
+        if m > 2 * GROUP:
+            return 4 if steps <= 32 else 8, U_STEPS, DEPTH_TURNS
         return 16 if steps >= 224 else 8, U_STEPS, DEPTH_TURNS
     if steps <= 32:
         return 4, U_STEPS, DEPTH_TURNS
