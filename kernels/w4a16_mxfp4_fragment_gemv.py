@@ -17,7 +17,12 @@ has the committed run): M = 1 19.2-19.7 us against the CUDA-core GEMV's 20.2 (1.
 column groups) 34.0 us against 38.1. At M = 1 the kernel is no longer issue-bound (0.54 issued a cycle per
 scheduler, DRAM 42 % busy, 33 % of stalls on global loads) but latency-bound like any single-wave stream of this
 size: a plain Triton read of the same 34 MiB takes 17.0 us (0.50x the 1 GiB memcpy roof) and a device copy of it
-23.1 us, so this GEMV runs at 0.88x the same-size read.
+23.1 us, so this GEMV runs at 0.88x the same-size read. Launched as a decode step launches it (with PDL, 8 in a
+CUDA graph on distinct weights: `bench.gemm.w4a16_mxfp4_gemv_sweep`) its launch and ramp-up overlap the GEMV before:
+13.9 us at M = 1 (0.64x memcpy), 14.9 at M = 8, 20.3 at M = 16, 38.4 at M = 32; 28672 x 4096 at M = 1 21.7 us
+(0.72x). Scale bytes in place of the bf16 pairs (4.25 bits a weight instead of 4.5, decoded with prmt, shl and a
+packed max for byte 0) were 2.7 % slower at M = 1 and 1.8 % faster at M = 8 in such chains of the 8B projections:
+not taken.
 
 Structure. Thread tensors have one element a thread (shape [32 * WARPS]), so the inline PTX sees exactly the
 registers of its lane and can issue the warp-wide `mma.sync` (all 32 lanes always execute it: no masks on the asm).
