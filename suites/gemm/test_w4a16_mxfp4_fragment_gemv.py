@@ -266,7 +266,32 @@ def test_gemv_is_refused_where_its_ptx_does_not_run(device):
 GPU_ONLY = "the PTX kernel's launch shapes and planted bugs need a GPU that runs its PTX (sm_90+)"
 
 
-@pytest.mark.parametrize("config", [(4, 1, 0), (4, 1, 1), (2, 2, 1), (8, 1, 2), (4, 2, 2), (16, 2, 1)], ids=str)
+# (WARPS, U, DEPTH): every config the launcher's table gives (test_launch_table_stays_in_the_tested_shapes), and the
+# edges of each axis (2 warps, DEPTH 0 and 2).
+LAUNCH_SHAPES = [(8, 2, 1), (4, 2, 1), (16, 2, 1), (8, 1, 1), (4, 1, 0), (4, 1, 1), (2, 2, 1), (8, 1, 2), (4, 2, 2)]
+
+
+def test_launch_table_stays_in_the_tested_shapes():
+    """Every (WARPS, U, DEPTH) that `gpu_config` picks, over row tiles, K steps and rows of x from 1 to the GEMV's
+    bound, is one that test_launch_shapes runs against the mirror on a GPU."""
+    picked = {
+        kernel.gpu_config(tiles, steps, m)
+        for tiles in (1, 64, 128, 129, 256, 257, 384, 385, 512, 513, 896, 1791, 1792, 8192)
+        for steps in (1, 31, 32, 33, 64, 127, 128, 223, 224, 1024)
+        for m in range(1, kernel.GEMV_MAX_M + 1)
+    }
+    assert picked <= set(LAUNCH_SHAPES), sorted(picked - set(LAUNCH_SHAPES))
+
+
+def test_gemv_row_bound():
+    """The GEMV takes up to GEMV_MAX_M rows, and no more than WIDE_MAX_M on WIDE_TILES row tiles or more."""
+    assert kernel.takes_gemv(kernel.GEMV_MAX_M, kernel.WIDE_TILES - 1)
+    assert not kernel.takes_gemv(kernel.GEMV_MAX_M + 1, 1)
+    assert kernel.takes_gemv(kernel.WIDE_MAX_M, kernel.WIDE_TILES)
+    assert not kernel.takes_gemv(kernel.WIDE_MAX_M + 1, kernel.WIDE_TILES)
+
+
+@pytest.mark.parametrize("config", LAUNCH_SHAPES, ids=str)
 def test_launch_shapes(config, device):
     """K = 7 steps over 2..16 warps of 1 or 2 steps a turn, 0..2 turns of loads ahead: turns and prefetches past the
     end; M from one x row to three programs of two column groups (the last one ragged)."""
