@@ -11,8 +11,8 @@ cycle per scheduler), and its tensor-core path pays ~4.4 a weight in its decode 
 runs one `mma.sync.m16n8k16` per 8 of its weights and the fragment layout decodes a weight in 9/8 integer ops:
 ~2.6 instructions a weight in the sm_90 SASS of the K loop at every M up to 8, 3.1 up to 16.
 
-Measured (H200, CUDA-graph replays with a cold L2, N = K = 8192 unless named; reports/cuda-h200/w4a16_mxfp4_gemm.md
-has the committed run): M = 1 19.2-19.7 us against the CUDA-core GEMV's 20.2 (1.03-1.05x; gpt-oss's 5760 x 2880
+Measured (H200, one launch a CUDA-graph replay with a cold L2, N = K = 8192 unless named, at b9dd9a4, before PDL
+and the launch by the grid): M = 1 19.2-19.7 us against the CUDA-core GEMV's 20.2 (1.03-1.05x; gpt-oss's 5760 x 2880
 1.14x; Llama-3.1-8B's projections 0.93-1.0x); M = 8 20.2 us against 37.7 (1.87x, 2.2x bf16 matmul); M = 16 (two
 column groups) 34.0 us against 38.1. At M = 1 the kernel is no longer issue-bound (0.54 issued a cycle per
 scheduler, DRAM 42 % busy, 33 % of stalls on global loads) but latency-bound like any single-wave stream of this
@@ -22,7 +22,8 @@ CUDA graph on distinct weights: `bench.gemm.w4a16_mxfp4_gemv_sweep`) its launch 
 13.9 us at M = 1 (0.64x memcpy), 14.9 at M = 8, 20.3 at M = 16, 38.4 at M = 32; 28672 x 4096 at M = 1 21.7 us
 (0.72x). Scale bytes in place of the bf16 pairs (4.25 bits a weight instead of 4.5, decoded with prmt, shl and a
 packed max for byte 0) were 2.7 % slower at M = 1 and 1.8 % faster at M = 8 in such chains of the 8B projections:
-not taken.
+not taken. The lone launch at 696e54f (reports/cuda-h200/w4a16_mxfp4_gemm.md): M = 4 19.7 us, M = 16 28.3 us;
+M = 1 36.1 us at p50 with p20-p80 30.9-44.7 us, a spread the chains do not show, not explained yet.
 
 Structure. Thread tensors have one element a thread (shape [32 * WARPS]), so the inline PTX sees exactly the
 registers of its lane and can issue the warp-wide `mma.sync` (all 32 lanes always execute it: no masks on the asm).

@@ -1,7 +1,7 @@
 """Sweep the MXFP4 fragment GEMV's launch (WARPS, U, DEPTH) on a GPU the way a decode step runs it: time, weight
 GB/s against a memcpy of the same run, and the ratio to the launcher's own choice.
 
-    python -m bench.gemm.w4a16_mxfp4_gemv_sweep [--m 1 8 16] [--n 2048 4096 8192 14336 28672]
+    python -m bench.gemm.w4a16_mxfp4_gemv_sweep [--m 1 8 16 24 32] [--n 2048 4096 8192 14336 28672]
         [--k 2048 4096 8192 14336]
 
 Each time is one GEMV of a CUDA graph of CHAIN launches, each on its own copy of the weights (an N x K layer of a
@@ -80,7 +80,7 @@ def sweep_shape(n: int, k: int, rows: list[int], memcpy: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     cli = parser(__doc__)
-    cli.add_argument("--m", type=int, nargs="+", default=[1, 8, 16])
+    cli.add_argument("--m", type=int, nargs="+", default=[1, 8, 16, 24, 32])
     cli.add_argument("--n", type=int, nargs="+", default=[2048, 4096, 8192, 14336, 28672])
     cli.add_argument("--k", type=int, nargs="+", default=[2048, 4096, 8192, 14336])
     args = gpu_args(cli, argv, "w4a16_mxfp4_gemv_sweep")
