@@ -395,10 +395,10 @@ def launch(x, words, pairs, config: tuple | None = None, fault: str = "none", ge
     (True) or the tiled kernel (False); by default the GEMV takes the rows `takes_gemv` gives it where its PTX runs."""
     n, k = check_fragment_args(x, words, pairs)
     check_device(x=x, words=words, pairs=pairs)
-    m = x.shape[0]
+    m, tiles = x.shape[0], n // layout.ROWS
     ptx = packed_ptx(x.device)
     if gemv is None:
-        gemv = ptx and takes_gemv(m, n // layout.ROWS)
+        gemv = ptx and takes_gemv(m, tiles)
     if gemv and not ptx:
         raise ValueError(f"gemv: the tensor-core GEMV is PTX for NVIDIA sm_90+, which {x.device} does not run")
     if not gemv:
@@ -412,9 +412,9 @@ def launch(x, words, pairs, config: tuple | None = None, fault: str = "none", ge
     if x.stride(1) != 1 or x.stride(0) % 2 or x.data_ptr() % 4:
         raise ValueError(f"x: rows must be contiguous and start on 4-byte boundaries, got strides {x.stride()}")
     groups = 1 if m <= GROUP else 2
-    warps, u, depth = config or gpu_config(n // layout.ROWS, k // layout.STEP_K, m)
+    warps, u, depth = config or gpu_config(tiles, k // layout.STEP_K, m)
     xw = x.view(torch.int32)
-    _fragment_gemv_kernel[(n // layout.ROWS, triton.cdiv(m, GROUP * groups))](
+    _fragment_gemv_kernel[(tiles, triton.cdiv(m, GROUP * groups))](
         xw, words, pairs, y, m, n, k // layout.STEP_K, xw.stride(0), y.stride(0),
         WARPS=warps, U=u, DEPTH=depth, GROUPS=groups, FULL=m > 1, FAULT=FAULTS[fault], num_warps=warps,
         num_stages=1, **launch_args(x.device),

@@ -59,12 +59,17 @@ def inputs(case: Case, torch_device: str) -> tuple[torch.Tensor, ...]:
     m, n, k = case.shape
     generator = torch.Generator(device=torch_device).manual_seed(0)
     x = torch.randn(m, k, dtype=torch.bfloat16, device=torch_device, generator=generator)
-    codes = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=torch_device, generator=generator)
-    low, high = SCALE_RANGE
-    scales = torch.randint(
-        low, high, (n, k // MX_BLOCK_SIZE), dtype=torch.uint8, device=torch_device, generator=generator
-    )
+    codes, scales = random_weights(n, k, generator)
     return x, codes, scales, dequantize_mxfp4(codes, scales, dtype=torch.bfloat16)
+
+
+def random_weights(n: int, k: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 weights [n, k] on the generator's device: uniform codes, scale bytes in SCALE_RANGE."""
+    device = generator.device
+    codes = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device, generator=generator)
+    low, high = SCALE_RANGE
+    scales = torch.randint(low, high, (n, k // MX_BLOCK_SIZE), dtype=torch.uint8, device=device, generator=generator)
+    return codes, scales
 
 
 def _with(get_fn: Callable[[], Callable]) -> Callable[[tuple], Callable[[], object]]:

@@ -22,7 +22,7 @@ import sys
 
 import torch
 
-from bench.gemm.w4a16_mxfp4 import SCALE_RANGE
+from bench.gemm.w4a16_mxfp4 import random_weights
 from bench.launch_sweep import failed, gpu_args, line, memcpy_gbps, parser, time_ms
 from kernels import mxfp4_fragment_layout as layout
 from kernels import w4a16_mxfp4_fragment_gemv as kernel
@@ -34,12 +34,22 @@ CHAIN = 8  # copies of the weights a graph walks: 8 x 9.4 MB (4096 x 4096) alrea
 CONFIGS = [(w, kernel.U_STEPS, kernel.DEPTH_TURNS) for w in (4, 8, 16)] + [(8, 1, 1), (8, 2, 0), (8, 2, 2)]
 
 
+def chain_ms(x: torch.Tensor, copies: list[tuple], **launch: object) -> float:
+    """ms a launch of the op's kernel on x, timed as one CUDA graph of a launch on each copy's words (`launch`:
+    the kernel's `config` and `gemv` arguments)."""
+
+    def chain():
+        for *_, words, pairs in copies:
+            kernel.launch(x, words, pairs, **launch)
+
+    return time_ms(chain, cuda_graph=True) / len(copies)
+
+
 def sweep_shape(n: int, k: int, rows: list[int], memcpy: float) -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     copies = []
     for _ in range(CHAIN):
-        codes = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=gen)
-        scales = torch.randint(*SCALE_RANGE, (n, k // 32), dtype=torch.uint8, device="cuda", generator=gen)
+        codes, scales = random_weights(n, k, gen)
         copies.append((codes, scales, *layout.prepare(codes, scales)))
     weight_bytes = copies[0][2].numel() * 4 + copies[0][3].numel() * 4
     bound = lossy_bound(families.W4A16_MXFP4_GEMM, torch.bfloat16)
@@ -53,12 +63,7 @@ def sweep_shape(n: int, k: int, rows: list[int], memcpy: float) -> None:
             try:
                 metrics = lossy_metrics(kernel.launch(x, *copies[0][2:], config=config, gemv=True), want, want)
                 ok = metrics.max_rel <= bound.max_rel and metrics.rms_rel <= bound.rms_rel
-
-                def chain(config=config, x=x):
-                    for _, _, words, pairs in copies:
-                        kernel.launch(x, words, pairs, config=config, gemv=True)
-
-                times[config] = (time_ms(chain, cuda_graph=True) / CHAIN, ok, metrics)
+                times[config] = (chain_ms(x, copies, config=config, gemv=True), ok, metrics)
             except Exception as err:  # a config that does not compile or fit is a line, not the end of the sweep
                 failed(f"{shape} {config}", err)
         for config, (ms, ok, metrics) in times.items():
@@ -69,9 +74,9 @@ def sweep_shape(n: int, k: int, rows: list[int], memcpy: float) -> None:
             label = " table" if config == table else ""
             line(f"{shape} {config}{label}", ms, ratios, "ok" if ok else f"MISMATCH {metrics}", gbps=gbps)
         if m > kernel.GROUP:  # control: the tiled GEMM on the same words (what the op runs above GEMV_MAX_M)
-            tiled = time_ms(lambda x=x: [kernel.launch(x, w, p, gemv=False) for *_, w, p in copies], cuda_graph=True)
-            gbps = weight_bytes / (tiled / CHAIN) / 1e6
-            line(f"{shape} tiled GEMM", tiled / CHAIN, {"memcpy": gbps / memcpy}, "control", gbps=gbps)
+            tiled = chain_ms(x, copies, gemv=False)
+            gbps = weight_bytes / tiled / 1e6
+            line(f"{shape} tiled GEMM", tiled, {"memcpy": gbps / memcpy}, "control", gbps=gbps)
         if table in times:
             best = min(times, key=lambda c: times[c][0])
             slower = times[table][0] / times[best][0]

@@ -32,7 +32,7 @@ import sys
 
 import torch
 
-from bench.gemm.w4a16_mxfp4 import SCALE_RANGE
+from bench.gemm.w4a16_mxfp4 import random_weights
 from bench.launch_sweep import failed, gpu_args, line, memcpy_gbps, note, parser, time_ms
 from kernels import w4a16_mxfp4_gemm as kernel
 from kernels.tolerances import families, lossy_bound, lossy_metrics
@@ -163,8 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     memcpy = memcpy_gbps(1 << 30, f"shapes N x K {args.shapes}")
     for n, k in shapes:
         gen = torch.Generator(device="cuda").manual_seed(0)
-        codes = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda", generator=gen)
-        scales = torch.randint(*SCALE_RANGE, (n, k // 32), dtype=torch.uint8, device="cuda", generator=gen)
+        codes, scales = random_weights(n, k, gen)
         w = dequantize_mxfp4(codes, scales, dtype=torch.bfloat16)
         print(f"N = {n}, K = {k}: weights {(codes.numel() + scales.numel()) / 2**20:.1f} MiB", flush=True)
         for m in args.m:
