@@ -110,22 +110,23 @@ def _check(codes: torch.Tensor, scales: torch.Tensor) -> tuple[int, int]:
     return n, k
 
 
-def check_weights(words: torch.Tensor, pairs: torch.Tensor) -> tuple[int, int]:
-    """(N, K) of valid prepared weights (`prepare`'s words and scale pairs); a one-line error naming the argument
-    otherwise."""
-    if words.dtype != torch.int32 or words.dim() != 4 or tuple(words.shape[2:]) != (LANES, 4):
+def check_weights(words: torch.Tensor, pairs: torch.Tensor, name: str = "words", lead: int = 0) -> tuple[int, int]:
+    """(N, K) of valid prepared weights (`prepare`'s words and scale pairs, with `lead` leading dims: 1 for a
+    stack of experts); a one-line error naming the argument (`name` and `name`'s pairs) otherwise."""
+    dims = "E, " * lead
+    if words.dtype != torch.int32 or words.dim() != 4 + lead or tuple(words.shape[-2:]) != (LANES, 4):
         raise TypeError(
-            f"words: must be int32 [N/16, K/64, 32, 4] (mxfp4_fragment_layout.prepare), got {words.dtype} "
+            f"{name}: must be int32 [{dims}N/16, K/64, 32, 4] (mxfp4_fragment_layout.prepare), got {words.dtype} "
             f"{tuple(words.shape)}"
         )
-    if pairs.dtype != torch.int32 or tuple(pairs.shape) != (words.shape[0], words.shape[1], 8, 2):
-        raise TypeError(
-            f"pairs: must be int32 {(words.shape[0], words.shape[1], 8, 2)}, got {pairs.dtype} {tuple(pairs.shape)}"
-        )
-    for name, tensor in (("words", words), ("pairs", pairs)):
+    want = (*words.shape[:-2], 8, 2)
+    pairs_name = "pairs" if name == "words" else f"{name}_pairs"
+    if pairs.dtype != torch.int32 or tuple(pairs.shape) != want:
+        raise TypeError(f"{pairs_name}: must be int32 {want}, got {pairs.dtype} {tuple(pairs.shape)}")
+    for what, tensor in ((name, words), (pairs_name, pairs)):
         if not tensor.is_contiguous():
-            raise ValueError(f"{name}: must be contiguous (as mxfp4_fragment_layout.prepare returns it)")
-    return words.shape[0] * ROWS, words.shape[1] * STEP_K
+            raise ValueError(f"{what}: must be contiguous (as mxfp4_fragment_layout.prepare returns it)")
+    return words.shape[-4] * ROWS, words.shape[-3] * STEP_K
 
 
 def _permute_bits(words: torch.Tensor, forward: bool) -> torch.Tensor:

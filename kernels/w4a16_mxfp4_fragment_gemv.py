@@ -315,12 +315,20 @@ def _turn(loads, acc, U: tl.constexpr, GROUPS: tl.constexpr, FULL: tl.constexpr,
 
 
 @triton.jit
-def _store_group(out_ptr, acc0, acc1, acc2, acc3, tile, first_col, M, out_row_stride, WARPS: tl.constexpr):
-    """A column group's four accumulators, summed over the warps (through shared memory), rounded once, stored."""
+def warp_sums(acc0, acc1, acc2, acc3, WARPS: tl.constexpr):
+    """A column group's four accumulators summed over the warps (through shared memory): [32] each, lane l = 4 g + c
+    holding (row g, x column 2c), (g, 2c + 1), (g + 8, 2c), (g + 8, 2c + 1) of the tile, the m16n8 C fragment."""
     r0 = tl.sum(tl.reshape(acc0, [WARPS, 32]), axis=0)
     r1 = tl.sum(tl.reshape(acc1, [WARPS, 32]), axis=0)
     r2 = tl.sum(tl.reshape(acc2, [WARPS, 32]), axis=0)
     r3 = tl.sum(tl.reshape(acc3, [WARPS, 32]), axis=0)
+    return r0, r1, r2, r3
+
+
+@triton.jit
+def _store_group(out_ptr, acc0, acc1, acc2, acc3, tile, first_col, M, out_row_stride, WARPS: tl.constexpr):
+    """A column group's four accumulators, summed over the warps, rounded once, stored."""
+    r0, r1, r2, r3 = warp_sums(acc0, acc1, acc2, acc3, WARPS)
     lanes = tl.arange(0, 32)
     n = tile * 16 + lanes // 4
     col = first_col + 2 * (lanes % 4)
@@ -332,26 +340,23 @@ def _store_group(out_ptr, acc0, acc1, acc2, acc3, tile, first_col, M, out_row_st
 
 
 @triton.jit
-def _fragment_gemv_kernel(
-    x_ptr, words_ptr, pairs_ptr, out_ptr, M, N, n_steps, x_row_stride, out_row_stride,
+def fragment_rows(
+    x_ptr, words_ptr, pairs_ptr, tile, n_steps, x_rows, x_rows_2, x_row_stride,
     WARPS: tl.constexpr, U: tl.constexpr, DEPTH: tl.constexpr, GROUPS: tl.constexpr, FULL: tl.constexpr,
     FAULT: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    # x_ptr: int32 words (bf16 pairs) [M, K/2]; program (row tile, column block of 8 * GROUPS x rows).
-    tile, q = tl.program_id(0), tl.program_id(1)
+    """A program's K loop: the 8 fp32 accumulators (4 a column group, per lane) of row tile `tile` of the prepared
+    words against the x rows x_rows (column group 0; per lane, the row of its MMA column g) and x_rows_2 (group 1).
+    The WARPS warps take the steps in turns of U, DEPTH turns of loads ahead in registers (register prefetch; 0:
+    none). With PDL the first turn's weights are requested before the wait for the kernel that writes x
+    (`kernels._pdl`): a caller whose weight address depends on an earlier kernel waits itself and passes False."""
     T: tl.constexpr = 32 * WARPS
     lane, warp, g, c = mma_lanes(WARPS)
-    first = q * 8 * GROUPS
-    # MMA column g of group j is x row first + 8 j + g; rows past M compute a copy of row M - 1, never stored.
-    x_rows = tl.minimum(first + g, M - 1)
-    x_rows_2 = tl.minimum(first + 8 + g, M - 1)
     zero = tl.zeros([T], dtype=tl.float32)
     acc = (zero, zero, zero, zero, zero, zero, zero, zero)
     turns = tl.cdiv(n_steps, WARPS * U)
     where = (words_ptr, pairs_ptr, x_ptr, tile)
     lanes = (n_steps, lane, g, c, x_rows, x_rows_2, x_row_stride)
-    # DEPTH turns of loads in flight ahead of the one computed (register prefetch; 0: none). With PDL the first
-    # turn's weights are requested before the wait for the kernel that writes x (`kernels._pdl`).
     if DEPTH == 0:
         wait_then_release(PDL)
         for i in range(0, turns):
@@ -374,6 +379,26 @@ def _fragment_gemv_kernel(
             ahead = after
             after = _turn_loads(*where, (i + 2) * WARPS + warp, *lanes, U, GROUPS)
             acc = _turn(now, acc, U, GROUPS, FULL, FAULT)
+    return acc
+
+
+@triton.jit
+def _fragment_gemv_kernel(
+    x_ptr, words_ptr, pairs_ptr, out_ptr, M, N, n_steps, x_row_stride, out_row_stride,
+    WARPS: tl.constexpr, U: tl.constexpr, DEPTH: tl.constexpr, GROUPS: tl.constexpr, FULL: tl.constexpr,
+    FAULT: tl.constexpr, PDL: tl.constexpr,
+):  # fmt: skip
+    # x_ptr: int32 words (bf16 pairs) [M, K/2]; program (row tile, column block of 8 * GROUPS x rows).
+    tile, q = tl.program_id(0), tl.program_id(1)
+    _, _, g, _ = mma_lanes(WARPS)
+    first = q * 8 * GROUPS
+    # MMA column g of group j is x row first + 8 j + g; rows past M compute a copy of row M - 1, never stored.
+    x_rows = tl.minimum(first + g, M - 1)
+    x_rows_2 = tl.minimum(first + 8 + g, M - 1)
+    acc = fragment_rows(
+        x_ptr, words_ptr, pairs_ptr, tile, n_steps, x_rows, x_rows_2, x_row_stride, WARPS, U, DEPTH, GROUPS, FULL,
+        FAULT, PDL,
+    )  # fmt: skip
     _store_group(out_ptr, acc[0], acc[1], acc[2], acc[3], tile, first, M, out_row_stride, WARPS)
     if GROUPS == 2:
         _store_group(out_ptr, acc[4], acc[5], acc[6], acc[7], tile, first + 8, M, out_row_stride, WARPS)

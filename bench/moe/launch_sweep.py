@@ -1,14 +1,16 @@
 """Sweep the MoE layer's launch tiles on a GPU: the whole layer (alignment, both grouped GEMMs, the combine) as a
 CUDA-graph replay per (first GEMM's, second GEMM's) tiles, against the same run's peer and roof.
 
-    python -m bench.moe.launch_sweep [--cases mixtral_prefill dsv3_decode mxfp4_decode] [--repeats 3]
+    python -m bench.moe.launch_sweep [--cases mixtral_prefill dsv3_decode mxfp4_decode mxfp4_fragment_decode]
+        [--repeats 3]
 
 Cases: mixtral_prefill (bf16, 4,096 tokens; against the `torch._grouped_mm` layer, bench/moe/grouped_mm_peer.py:
 the bar is >= 1.0x), dsv3_decode (block FP8, DeepSeek-V3's experts at 1, 2 and 4 tokens: the grouped GEMM's
 tiles, which `tiles` forces, and `kernels.moe_gemv`'s block-FP8 launch shapes; against memcpy on the touched
 experts' bytes: the bar is >= 0.70x) and mxfp4_decode (gpt-oss-20b's experts at 1, 4 and 16 tokens:
 `kernels.moe_gemv`'s launch shapes against the grouped GEMM, which `tiles` forces; memcpy on the touched bytes,
-the bar >= 0.60x). The layer's own choice (`kernels.moe_gemm.choose_tiles`) is the
+the bar >= 0.60x) and mxfp4_fragment_decode (the same experts in the fragment layout at 1, 4, 16 and 64 tokens:
+`kernels.mxfp4_moe_fragment`'s launch configs). The layer's own choice (`kernels.moe_gemm.choose_tiles`) is the
 line marked "table". Each config is timed `--repeats` times (cold L2 each time), and every p20 / p50 / p80 is
 printed, because layer timings on the H200 have come out bimodal (p20 5.07 ms against p50 5.78 ms in one
 report). The inputs are the MoE benches' (bench/moe/fused_moe.py, block_fp8_moe.py). GPU only.
@@ -27,7 +29,7 @@ from bench.moe import mxfp4_moe as mx_bench
 from bench.moe.grouped_mm_peer import grouped_mm_moe
 from bench.moe.layer_bench import cases
 from bench.timing import bench
-from kernels import block_fp8_moe, fused_moe, moe_gemv, mxfp4_moe
+from kernels import block_fp8_moe, fused_moe, moe_gemv, mxfp4_moe, mxfp4_moe_fragment
 from kernels.moe_gemm import Tiles, choose_tiles, fp8_tiles, mx_tiles
 
 T = Tiles
@@ -172,7 +174,48 @@ def mxfp4_decode(repeats: int) -> None:
             _gemv_sweep(case, "GPU_LAUNCH", MX_GEMV, layer, repeats, roof_ms, moved, "MAX_ASSIGNMENTS", rows)
 
 
-CASES = {"mixtral_prefill": mixtral_prefill, "dsv3_decode": dsv3_decode, "mxfp4_decode": mxfp4_decode}
+# kernels.mxfp4_moe_fragment's (WARPS, U, DEPTH, GROUPS) candidates
+MX_FRAGMENT = (
+    (8, 2, 1, 1), (4, 2, 1, 1), (4, 1, 1, 1), (8, 1, 1, 1), (2, 2, 1, 1), (4, 2, 0, 1), (16, 2, 1, 1), (8, 2, 1, 2),
+    (4, 2, 1, 2),
+)  # fmt: skip
+
+
+def mxfp4_fragment_decode(repeats: int) -> None:
+    """gpt-oss-20b's experts at 1, 4, 16 and 64 tokens: the fragment layer (`kernels.mxfp4_moe_fragment`) with each
+    config of MX_FRAGMENT, beside the interchange layer's own choice (`kernels.mxfp4_moe`: moe_gemv's GEMVs up to
+    its limit, the grouped GEMM above)."""
+    roof = memcpy_gbps(1 << 30, "1 GiB device copy")
+    shape = mx_bench.GPTOSS
+    for tokens in (1, 4, 16, 64):
+        case = cases(shape, (tokens,))[0]
+        args = mx_bench.inputs(case, "cuda")
+        x, _, _, _, _, weights, ids, activation, b13, b2 = args
+        words = mx_bench.fragment_weights(shape.experts, shape.hidden, shape.inter, "cuda")
+        moved = mx_bench.moved_bytes(case)
+        roof_ms = moved / roof / 1e6
+        name = f"mxfp4_fragment_decode T{tokens}"
+        _line(name, "interchange layer (its choice)", _time(functools.partial(mxfp4_moe.launch, *args), repeats),
+              roof_ms, "memcpy", moved)  # fmt: skip
+        for config in MX_FRAGMENT:
+            label = f"fragment {config}" + (" (table)" if config == mxfp4_moe_fragment.GPU_CONFIG else "")
+            layer = functools.partial(
+                mxfp4_moe_fragment.launch, x, *words, weights, ids, activation, b13, b2, config=config, gemv=True
+            )
+            try:
+                timings = _time(layer, repeats)
+            except Exception as err:
+                failed(f"{name} {label}", err)
+                continue
+            _line(name, label, timings, roof_ms, "memcpy", moved)
+
+
+CASES = {
+    "mixtral_prefill": mixtral_prefill,
+    "dsv3_decode": dsv3_decode,
+    "mxfp4_decode": mxfp4_decode,
+    "mxfp4_fragment_decode": mxfp4_fragment_decode,
+}
 
 
 def main(argv: list[str] | None = None) -> None:

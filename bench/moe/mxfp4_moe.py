@@ -1,12 +1,15 @@
-"""MXFP4 W4A16 MoE layer benchmark (`kernels.mxfp4_moe`): gpt-oss-20b's experts (E 32, top 4, hidden 2880,
-intermediate 2880, the clamped SwiGLU with biases), E2M1 codes with E8M0 scales per 32 weights, bf16
-activations. Routing and cases as bench/moe/fused_moe.py. Two ops:
+"""MXFP4 W4A16 MoE layer benchmark (`kernels.mxfp4_moe_fragment`, `kernels.mxfp4_moe`): gpt-oss-20b's experts
+(E 32, top 4, hidden 2880, intermediate 2880, the clamped SwiGLU with biases), E2M1 codes with E8M0 scales per 32
+weights, bf16 activations. Routing and cases as bench/moe/fused_moe.py. Two ops:
 - mxfp4_moe_decode_gptoss, T 1 ... 64, against memcpy on the bytes moved: the touched experts' codes, scales and
   biases, x in and the output out. The bar: >= 0.60x memcpy at 1-16 tokens.
 - mxfp4_moe_prefill_gptoss, T 256 ... 4096, against the GEMM roof (FLOPs 6 T k H I).
 Implementations: reference-mirror (`mxfp4_moe_mirror` on the device: the baseline, "mxfp4_moe" row), triton
 (gated), and bf16-fused-moe (ungated): `kernels.fused_moe` on the decoded bf16 weights, what the layer costs
-unquantized. The weights are made once per process and shared by the cases.
+unquantized. triton is, at decode, `kernels.mxfp4_moe_fragment` on the weights prepared once in the fragment layout
+(untimed, as a loader prepares them), with triton-interchange (ungated) beside it: `kernels.mxfp4_moe` on the codes
+and scales, the path before; at prefill `kernels.mxfp4_moe` (the fragment layer would convert its words back on
+every call there). The weights are made once per process and shared by the cases.
 """
 
 from __future__ import annotations
@@ -53,6 +56,23 @@ def expert_weights(experts: int, hidden: int, inter: int, torch_device: str) -> 
     return w13, s13, w2, s2, b13, b2
 
 
+@functools.lru_cache(maxsize=1)
+def fragment_weights(experts: int, hidden: int, inter: int, torch_device: str) -> tuple[torch.Tensor, ...]:
+    """(w13 words, w13 pairs, w2 words, w2 pairs): `expert_weights` in the fragment layout."""
+    from kernels.mxfp4_fragment_layout import prepare
+
+    w13, s13, w2, s2 = expert_weights(experts, hidden, inter, torch_device)[:4]
+    return (*prepare(w13, s13), *prepare(w2, s2))
+
+
+def _fragment_layer(args: tuple):
+    """`kernels.mxfp4_moe_fragment` on the prepared weights (prepared once, untimed)."""
+    layer = kernel("kernels.mxfp4_moe_fragment", "mxfp4_moe_fragment")
+    x, w13, _, w2, _, weights, ids, activation, b13, b2 = args
+    words = fragment_weights(w13.shape[0], x.shape[1], w2.shape[2] * 2, str(x.device))
+    return lambda: layer(x, *words, weights, ids, activation, b13, b2)
+
+
 def inputs(case: Case, torch_device: str) -> tuple:
     tokens, experts, top_k, hidden, inter = case.shape
     g = torch.Generator(device=torch_device).manual_seed(1)
@@ -72,23 +92,26 @@ def _bf16_layer(args: tuple):
     return lambda: fused(x, w13_16, w2_16, weights, ids, activation, b13, b2)
 
 
-IMPLS = (
-    Impl("reference-mirror", with_args(lambda: mxfp4_moe_mirror)),
-    Impl("triton", with_args(lambda: kernel("kernels.mxfp4_moe", "mxfp4_moe")), triton_skip),
-    Impl("bf16-fused-moe", _bf16_layer, triton_skip, gated=False, check=lossy_check(families.MXFP4_MOE)),
+_CHECK = lossy_check(families.MXFP4_MOE)
+_INTERCHANGE = with_args(lambda: kernel("kernels.mxfp4_moe", "mxfp4_moe"))
+_MIRROR = Impl("reference-mirror", with_args(lambda: mxfp4_moe_mirror))
+_BF16 = Impl("bf16-fused-moe", _bf16_layer, triton_skip, gated=False, check=_CHECK)
+DECODE_IMPLS = (
+    _MIRROR,
+    Impl("triton", _fragment_layer, triton_skip),
+    Impl("triton-interchange", _INTERCHANGE, triton_skip, gated=False, check=_CHECK),
+    _BF16,
 )
+PREFILL_IMPLS = (_MIRROR, Impl("triton", _INTERCHANGE, triton_skip), _BF16)
 
 
-def _op(name: str, full: list[Case], small: list[Case], roof: str):
-    return moe_op(
-        name, "bf16 x mxfp4 -> bf16", full, small, roof, inputs, IMPLS, moved_bytes, "bf16-fused-moe",
-        lossy_check(families.MXFP4_MOE),
-    )  # fmt: skip
+def _op(name: str, full: list[Case], small: list[Case], roof: str, impls: tuple[Impl, ...]):
+    return moe_op(name, "bf16 x mxfp4 -> bf16", full, small, roof, inputs, impls, moved_bytes, "bf16-fused-moe", _CHECK)
 
 
 OPS = (
-    _op("mxfp4_moe_decode_gptoss", cases(GPTOSS, DECODE_T), cases(TINY, (1, 5)), "memcpy"),
-    _op("mxfp4_moe_prefill_gptoss", cases(GPTOSS, PREFILL_T), cases(TINY, (33,)), "gemm"),
+    _op("mxfp4_moe_decode_gptoss", cases(GPTOSS, DECODE_T), cases(TINY, (1, 5)), "memcpy", DECODE_IMPLS),
+    _op("mxfp4_moe_prefill_gptoss", cases(GPTOSS, PREFILL_T), cases(TINY, (33,)), "gemm", PREFILL_IMPLS),
 )
 
 GPTOSS_4 = Shape(4, 4, 2880, 2880)  # the accuracy table's experts (the fp64 ideal of 32 would need 8 GB)

@@ -1,0 +1,137 @@
+"""The MXFP4 W4A16 MoE layer on expert weights prepared once in the fragment layout
+(`kernels.mxfp4_fragment_layout.prepare` of the [E, N, K / 2] codes and [E, N, K / 32] scales): the kernel twin of
+`reference.moe.quantized.mxfp4_moe_mirror` for the codes and scales that `interchange` gives back.
+
+Op: `touchstone::mxfp4_moe_fragment(x, w13, w13_pairs, w2, w2_pairs, topk_weights, topk_ids, activation, w13_bias,
+w2_bias, expert_map) -> out [T, H]`; call it through `mxfp4_moe_fragment` below. w13 int32 words [E, 2I / 16, H /
+64, 32, 4] with pairs [E, 2I / 16, H / 64, 8, 2], w2 [E, H / 16, I / 64, 32, 4] with its pairs; x bf16 [T, H];
+the rest as `kernels.mxfp4_moe` (w13 gate rows then up rows, or interleaved for "swiglu_oai"; expert ids global,
+`expert_map` to local experts or -1).
+
+Decode (up to MAX_ASSIGNMENTS (token, expert) assignments, where the packed PTX runs: NVIDIA sm_90+): the
+alignment in blocks of 8 * GROUPS slots (`kernels.moe_align`, one launch), the tensor-core GEMV over the blocks
+twice (`kernels.mxfp4_moe_fragment_gemv`: the activation fused in the first, the routing weight in the second),
+and the combine of `kernels.fused_moe` (the k rows of a token summed in fp32, rounded once; the per-assignment
+workspace starts zeroed, so an assignment the alignment dropped adds nothing). No host synchronization.
+Elsewhere (prefill, the interpreter, other GPUs) the layer runs `kernels.mxfp4_moe` on the interchange codes and
+scales, converted from the words on every call: correct everywhere, and a cost (a pass over every expert's
+weights) that a model which prefills should not pay on every step (the runner's MoE layers keep the interchange
+layout for that reason).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels import moe_align, mxfp4_moe
+from kernels import mxfp4_fragment_layout as layout
+from kernels._packed_ptx import packed_ptx
+from kernels.fused_moe import check_layer_tensors
+from kernels.moe_gemm import ACTIVATIONS
+from kernels.moe_gemm import FAULTS as GEMM_FAULTS
+from kernels.mxfp4_moe_fragment_gemv import launch_gemv
+from reference.moe.experts import check_moe_args
+
+# The faults the GEMV plants (`kernels.moe_gemm`'s names and codes) and the alignment's.
+FAULTS = ("none", "gate_up_swapped", "neighbour_expert", "mx_scale_past_end", *moe_align.FAULTS)
+
+# (WARPS, U steps a turn, DEPTH turns of loads ahead, GROUPS column groups a block). Tuned on the H200 below.
+GPU_CONFIG = (8, 2, 1, 1)
+MAX_ASSIGNMENTS = 256
+
+
+def check_fragment_moe_args(
+    x, w13, w13_pairs, w2, w2_pairs, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map
+):  # fmt: skip
+    """The mirror's checks on the decoded shapes plus the layout's; one message naming the argument. Returns the
+    global expert count."""
+    n13, k13 = layout.check_weights(w13, w13_pairs, "w13", lead=1)
+    n2, k2 = layout.check_weights(w2, w2_pairs, "w2", lead=1)
+    if not isinstance(x, torch.Tensor) or x.dtype != torch.bfloat16:
+        raise TypeError(f"x: must be bf16 (the weights decode to bf16), got {getattr(x, 'dtype', type(x))}")
+    if activation == "silu" and n13 % (2 * layout.ROWS):
+        raise ValueError(f"w13: 2 * intermediate = {n13} must be a multiple of {2 * layout.ROWS} (the up half's tiles)")
+    meta = dict(dtype=x.dtype, device="meta")
+    return check_moe_args(
+        x, torch.empty(w13.shape[0], n13, k13, **meta), torch.empty(w2.shape[0], n2, k2, **meta), topk_weights,
+        topk_ids, activation, w13_bias, w2_bias, expert_map, False,
+    )  # fmt: skip
+
+
+def takes(device: torch.device, assignments: int) -> bool:
+    """Whether the layer runs its tensor-core GEMVs (rather than the interchange layer) for `assignments`."""
+    return packed_ptx(device) and assignments <= MAX_ASSIGNMENTS
+
+
+def launch(
+    x, w13, w13_pairs, w2, w2_pairs, topk_weights, topk_ids, activation="silu", w13_bias=None, w2_bias=None,
+    expert_map=None, fault: str = "none", config: tuple | None = None, gemv: bool | None = None,
+):  # fmt: skip
+    """Validate (shapes and dtypes only), allocate and launch. `fault` plants a named bug (`FAULTS`); `config`
+    replaces GPU_CONFIG (sweeps); `gemv` forces the GEMVs (True) or the interchange layer (False)."""
+    experts = check_fragment_moe_args(
+        x, w13, w13_pairs, w2, w2_pairs, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map
+    )
+    read = dict(x=x, w13=w13, w13_pairs=w13_pairs, w2=w2, w2_pairs=w2_pairs, w13_bias=w13_bias, w2_bias=w2_bias)
+    check_layer_tensors(read, topk_weights, topk_ids)
+    if fault not in FAULTS:
+        raise ValueError(f"fault: must be one of {list(FAULTS)}, got {fault!r}")
+    tokens, top_k = topk_ids.shape
+    if gemv is None:
+        gemv = takes(x.device, tokens * top_k)
+    if gemv and not packed_ptx(x.device):
+        raise ValueError(f"gemv: the tensor-core GEMV is PTX for NVIDIA sm_90+, which {x.device} does not run")
+    if not gemv:
+        (c13, s13), (c2, s2) = layout.interchange(w13, w13_pairs), layout.interchange(w2, w2_pairs)
+        return mxfp4_moe.launch(
+            x, c13, s13, c2, s2, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map, fault=fault
+        )
+    if x.stride(1) != 1 or x.stride(0) % 2 or x.data_ptr() % 4:
+        raise ValueError(f"x: rows must be contiguous and start on 4-byte boundaries, got strides {x.stride()}")
+    config = config or GPU_CONFIG
+    align_fault = fault if fault in moe_align.FAULTS else "none"
+    gemv_fault = 0 if fault in moe_align.FAULTS else GEMM_FAULTS[fault]
+    alignment = moe_align.launch(topk_ids, experts, 8 * config[3], expert_map, align_fault)
+    weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    inter, hidden = w2.shape[2] * layout.STEP_K, x.shape[1]
+    h = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)
+    act = ACTIVATIONS[activation]
+    launch_gemv(x, w13, w13_pairs, w13_bias, h, alignment, weights, top_k, act, False, config, gemv_fault)
+    per_slot = torch.zeros(tokens * top_k, hidden, dtype=x.dtype, device=x.device)
+    launch_gemv(h, w2, w2_pairs, w2_bias, per_slot, alignment, weights, 1, 0, True, config, gemv_fault)
+    return per_slot.view(tokens, top_k, hidden).sum(dim=1)  # fp32 accumulation, one rounding: one launch
+
+
+@torch.library.custom_op("touchstone::mxfp4_moe_fragment", mutates_args=())
+def _mxfp4_moe_fragment_op(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w13_pairs: torch.Tensor,
+    w2: torch.Tensor,
+    w2_pairs: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: str,
+    w13_bias: torch.Tensor | None,
+    w2_bias: torch.Tensor | None,
+    expert_map: torch.Tensor | None,
+) -> torch.Tensor:
+    return launch(x, w13, w13_pairs, w2, w2_pairs, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map)
+
+
+@_mxfp4_moe_fragment_op.register_fake
+def _(x, w13, w13_pairs, w2, w2_pairs, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map):
+    check_fragment_moe_args(
+        x, w13, w13_pairs, w2, w2_pairs, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map
+    )
+    return x.new_empty(x.shape)
+
+
+def mxfp4_moe_fragment(
+    x, w13, w13_pairs, w2, w2_pairs, topk_weights, topk_ids, activation="silu", w13_bias=None, w2_bias=None,
+    expert_map=None,
+):  # fmt: skip
+    """Kernel twin of `reference.moe.quantized.mxfp4_moe_mirror` on the prepared weights (the "mxfp4_moe" row)."""
+    return torch.ops.touchstone.mxfp4_moe_fragment(
+        x, w13, w13_pairs, w2, w2_pairs, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map
+    )
