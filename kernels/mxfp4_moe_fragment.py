@@ -35,9 +35,29 @@ from reference.moe.experts import check_moe_args
 # The faults the GEMV plants (`kernels.moe_gemm`'s names and codes) and the alignment's.
 FAULTS = ("none", "gate_up_swapped", "neighbour_expert", "mx_scale_past_end", *moe_align.FAULTS)
 
-# (WARPS, U steps a turn, DEPTH turns of loads ahead, GROUPS column groups a block). Tuned on the H200 below.
-GPU_CONFIG = (8, 2, 1, 1)
+# (WARPS, U steps a turn, DEPTH turns of loads ahead, GROUPS column groups a block) by (token, expert) assignments.
+# H200, gpt-oss-20b's experts (E 32, top 4, 2880 x 2880), the whole layer as CUDA-graph replays with a cold L2
+# (`python -m bench.moe.launch_sweep --cases mxfp4_fragment_decode`, reports/cuda-h200/launch_sweeps/
+# moe_launch_sweep.csv), against memcpy on the touched experts' bytes: 1 token (4 assignments) (4, 2, 1, 1) 45.3 us,
+# 0.276x (8 warps 50.1, 2 warps 47.5; the interchange layer's per-assignment GEMVs 44.5); 4 tokens (16) (4, 2, 1, 1)
+# 91.0 us, 0.481x (2 warps 92.1; the interchange layer 124.4); 16 tokens (64) (2, 2, 1, 1) 135.6 us, 0.599x (4
+# warps 144.3, 1 warp 141.4; the interchange layer's grouped GEMM 289.4); 64 tokens (256) (1, 2, 1, 1) 210.8 us,
+# 0.475x ((2, 2, 1, 1) 216.0; grouped 358.1). Fewer warps a program win as the blocks grow: more programs resident
+# an SM, more loads in flight. Two turns of loads ahead, and blocks of 16 slots (GROUPS 2), were slower everywhere
+# (4-25 %).
+CONFIGS = ((16, (4, 2, 1, 1)), (128, (2, 2, 1, 1)))  # (most assignments, config)
+WIDE_CONFIG = (1, 2, 1, 1)
+# Up to this many assignments the layer runs the GEMVs (64 tokens of gpt-oss: 210.8 us against the grouped GEMM's
+# 358.1); beyond, the interchange layer, whose grouped GEMM is the prefill kernel.
 MAX_ASSIGNMENTS = 256
+
+
+def gpu_config(assignments: int) -> tuple[int, int, int, int]:
+    """(WARPS, U, DEPTH, GROUPS) for `assignments` (token, expert) pairs (the sweep's best, above)."""
+    for most, config in CONFIGS:
+        if assignments <= most:
+            return config
+    return WIDE_CONFIG
 
 
 def check_fragment_moe_args(
@@ -68,7 +88,7 @@ def launch(
     expert_map=None, fault: str = "none", config: tuple | None = None, gemv: bool | None = None,
 ):  # fmt: skip
     """Validate (shapes and dtypes only), allocate and launch. `fault` plants a named bug (`FAULTS`); `config`
-    replaces GPU_CONFIG (sweeps); `gemv` forces the GEMVs (True) or the interchange layer (False)."""
+    replaces `gpu_config`'s (sweeps); `gemv` forces the GEMVs (True) or the interchange layer (False)."""
     experts = check_fragment_moe_args(
         x, w13, w13_pairs, w2, w2_pairs, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map
     )
@@ -88,7 +108,7 @@ def launch(
         )
     if x.stride(1) != 1 or x.stride(0) % 2 or x.data_ptr() % 4:
         raise ValueError(f"x: rows must be contiguous and start on 4-byte boundaries, got strides {x.stride()}")
-    config = config or GPU_CONFIG
+    config = config or gpu_config(tokens * top_k)
     align_fault = fault if fault in moe_align.FAULTS else "none"
     gemv_fault = 0 if fault in moe_align.FAULTS else GEMM_FAULTS[fault]
     alignment = moe_align.launch(topk_ids, experts, 8 * config[3], expert_map, align_fault)

@@ -198,7 +198,8 @@ def mxfp4_fragment_decode(repeats: int) -> None:
         _line(name, "interchange layer (its choice)", _time(functools.partial(mxfp4_moe.launch, *args), repeats),
               roof_ms, "memcpy", moved)  # fmt: skip
         for config in MX_FRAGMENT:
-            label = f"fragment {config}" + (" (table)" if config == mxfp4_moe_fragment.GPU_CONFIG else "")
+            table = mxfp4_moe_fragment.gpu_config(tokens * shape.top_k)
+            label = f"fragment {config}" + (" (table)" if config == table else "")
             layer = functools.partial(
                 mxfp4_moe_fragment.launch, x, *words, weights, ids, activation, b13, b2, config=config, gemv=True
             )

@@ -35,6 +35,14 @@ kernel = pytest.importorskip("kernels.mxfp4_moe_fragment")
 LAUNCH_CONFIGS = [(8, 2, 1, 1), (4, 2, 1, 1), (4, 1, 1, 1), (2, 2, 1, 1), (2, 2, 2, 1), (1, 2, 1, 1), (4, 2, 0, 1), (2, 2, 1, 2)]
 
 
+def test_config_table_stays_in_the_tested_configs():
+    """Every config `gpu_config` can pick is one this suite runs on a GPU, and the GEMVs' limit is where the table
+    was measured."""
+    picked = {kernel.gpu_config(n) for n in range(1, 4 * kernel.MAX_ASSIGNMENTS)}
+    assert picked <= set(LAUNCH_CONFIGS), picked - set(LAUNCH_CONFIGS)
+    assert kernel.gpu_config(4) == (4, 2, 1, 1) and kernel.gpu_config(64) == (2, 2, 1, 1)
+
+
 def fragment_args(args: list) -> list:
     """The interchange layer's arguments with w13 and w2 (codes, scales) replaced by (words, pairs)."""
     x, w13, s13, w2, s2, *rest = args
