@@ -32,7 +32,9 @@ layout = pytest.importorskip("kernels.mxfp4_fragment_layout")
 kernel = pytest.importorskip("kernels.mxfp4_moe_fragment")
 
 # (WARPS, U, DEPTH, GROUPS): the configs `bench.moe.launch_sweep` races and the table can pick.
-LAUNCH_CONFIGS = [(8, 2, 1, 1), (4, 2, 1, 1), (4, 1, 1, 1), (2, 2, 1, 1), (2, 2, 2, 1), (1, 2, 1, 1), (4, 2, 0, 1), (2, 2, 1, 2)]
+LAUNCH_CONFIGS = [
+    (8, 2, 1, 1), (4, 2, 1, 1), (4, 1, 1, 1), (2, 2, 1, 1), (2, 2, 2, 1), (1, 2, 1, 1), (4, 2, 0, 1), (2, 2, 1, 2)
+]  # fmt: skip
 
 
 def test_config_table_stays_in_the_tested_configs():
