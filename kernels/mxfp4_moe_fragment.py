@@ -10,9 +10,10 @@ the rest as `kernels.mxfp4_moe` (w13 gate rows then up rows, or interleaved for 
 
 Decode (up to MAX_ASSIGNMENTS (token, expert) assignments, where the packed PTX runs: NVIDIA sm_90+): the
 alignment in blocks of 8 * GROUPS slots (`kernels.moe_align`, one launch), the tensor-core GEMV over the blocks
-twice (`kernels.mxfp4_moe_fragment_gemv`: the activation fused in the first, the routing weight in the second),
-and the combine of `kernels.fused_moe` (the k rows of a token summed in fp32, rounded once; the per-assignment
-workspace starts zeroed, so an assignment the alignment dropped adds nothing). No host synchronization.
+twice (`kernels.mxfp4_moe_fragment_gemv`: the activation fused in the first, the routing weight in the second,
+whose expert ids and first weights are read before its PDL wait), and the combine (`kernels.moe_combine`: the k
+rows of a token summed in fp32 and rounded once, an assignment the alignment dropped skipped). Both GEMVs and the
+combine launch with PDL. No host synchronization.
 Elsewhere (prefill, the interpreter, other GPUs) the layer runs `kernels.mxfp4_moe` on the interchange codes and
 scales, converted from the words on every call: correct everywhere, and a cost (a pass over every expert's
 weights) that a model which prefills should not pay on every step (the runner's MoE layers keep the interchange
@@ -27,6 +28,7 @@ from kernels import moe_align, mxfp4_moe
 from kernels import mxfp4_fragment_layout as layout
 from kernels._packed_ptx import packed_ptx
 from kernels.fused_moe import check_layer_tensors
+from kernels.moe_combine import combine
 from kernels.moe_gemm import ACTIVATIONS
 from kernels.moe_gemm import FAULTS as GEMM_FAULTS
 from kernels.mxfp4_moe_fragment_gemv import launch_gemv
@@ -117,9 +119,9 @@ def launch(
     h = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)
     act = ACTIVATIONS[activation]
     launch_gemv(x, w13, w13_pairs, w13_bias, h, alignment, weights, top_k, act, False, config, gemv_fault)
-    per_slot = torch.zeros(tokens * top_k, hidden, dtype=x.dtype, device=x.device)
-    launch_gemv(h, w2, w2_pairs, w2_bias, per_slot, alignment, weights, 1, 0, True, config, gemv_fault)
-    return per_slot.view(tokens, top_k, hidden).sum(dim=1)  # fp32 accumulation, one rounding: one launch
+    per_slot = torch.empty(tokens * top_k, hidden, dtype=x.dtype, device=x.device)  # the combine skips dropped rows
+    launch_gemv(h, w2, w2_pairs, w2_bias, per_slot, alignment, weights, 1, 0, True, config, gemv_fault, early=True)
+    return combine(per_slot, topk_ids, experts)
 
 
 @torch.library.custom_op("touchstone::mxfp4_moe_fragment", mutates_args=())

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._pdl import launch_args, wait_then_release
+from kernels._pdl import launch_args, pdl, wait_then_release
 from kernels._tiles import mma_lanes
 from kernels.moe_gemm import ALPHA_C, LIMIT_C
 from kernels.w4a16_mxfp4_fragment_gemv import fragment_rows, warp_sums
@@ -118,17 +118,20 @@ def _moe_fragment_gemv_kernel(
     x_ptr, words_ptr, pairs_ptr, bias_ptr, out_ptr, sorted_ptr, expert_ids_ptr, post_ptr, weights_ptr,
     n_assign, tiles, n_steps, local, A_DIV, x_row_stride, out_row_stride, bias_e_stride, up_first,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_WEIGHT: tl.constexpr, WARPS: tl.constexpr, U: tl.constexpr,
-    DEPTH: tl.constexpr, GROUPS: tl.constexpr, FAULT: tl.constexpr, PDL: tl.constexpr,
+    DEPTH: tl.constexpr, GROUPS: tl.constexpr, FAULT: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # x_ptr: int32 words (bf16 pairs) [rows, K/2]; program (row tile t of an expert, block b of 8 * GROUPS slots).
     t, b = tl.program_id(0), tl.program_id(1)
     BM: tl.constexpr = 8 * GROUPS
-    wait_then_release(PDL)  # the alignment (expert ids, slots) and x come from the kernels before
+    if not EARLY:
+        wait_then_release(PDL)  # the alignment (expert ids, slots) comes from the kernel just before
     if b * BM >= tl.load(post_ptr):
         return
     slot0 = b * BM
     e = tl.load(expert_ids_ptr + b)
     if e < 0:  # another rank's expert: zeros, so the ranks' partial outputs sum to the whole
+        if EARLY:
+            wait_then_release(PDL)  # nothing is written before the wait
         OUT_TILE: tl.constexpr = 8 if ACT == 2 else 16
         f = tl.load(sorted_ptr + slot0 + tl.arange(0, BM))[:, None]
         col = t * OUT_TILE + tl.arange(0, OUT_TILE)[None, :]
@@ -148,7 +151,8 @@ def _moe_fragment_gemv_kernel(
         x_rows_2 = tl.where(f < n_assign, f // A_DIV, 0)
     tile = e * tiles + t
     where = (x_ptr, words_ptr, pairs_ptr)
-    acc = fragment_rows(*where, tile, n_steps, x_rows, x_rows_2, x_row_stride, WARPS, U, DEPTH, GROUPS, True, 0, False)
+    # EARLY: the first turn's weights are requested before the wait for the kernel that writes x (`kernels._pdl`)
+    acc = fragment_rows(*where, tile, n_steps, x_rows, x_rows_2, x_row_stride, WARPS, U, DEPTH, GROUPS, True, 0, EARLY)
     up_acc = acc
     if ACT == 1:  # the up rows' tile: rows I + 16 t .. of the expert
         up_tile = tile + up_first // 16
@@ -164,12 +168,14 @@ def _moe_fragment_gemv_kernel(
 
 def launch_gemv(
     a, words, pairs, bias, out, alignment, weights, a_div: int, act: int, mul_weight: bool, config: tuple,
-    fault: int = 0,
+    fault: int = 0, early: bool = False,
 ):  # fmt: skip
     """out[f] = epilogue(a[f // a_div] @ W[expert of f]^T) for the aligned assignments f (`alignment`: moe_align's
     (sorted_token_ids, expert_ids, num_tokens_post_padded) for blocks of 8 * GROUPS), W the prepared words and
     pairs [E, N_w / 16, K / 64, ...], a bf16 [rows, K], out [T * k, N] (N = N_w / 2 with an activation); `config`
-    (WARPS, U, DEPTH, GROUPS). The arguments are the layer's, validated by it."""
+    (WARPS, U, DEPTH, GROUPS). `early`: the alignment was written before the kernel just before this one (which
+    waited for it), so it and the first weights are read before the PDL wait. The arguments are the layer's,
+    validated by it."""
     n_assign, n = out.shape
     sorted_ids, expert_ids, post = alignment
     if not n_assign or not n or not expert_ids.numel():
@@ -183,6 +189,6 @@ def launch_gemv(
         n_assign, tiles, n_steps, words.shape[0], a_div, a_words.stride(0), out.stride(0),
         bias.stride(0) if bias is not None else 0, n if act == 1 else 0,
         ACT=act, HAS_BIAS=bias is not None, MUL_WEIGHT=mul_weight, WARPS=warps, U=u, DEPTH=depth, GROUPS=groups,
-        FAULT=fault, num_warps=warps, num_stages=1, **launch_args(a.device),
+        FAULT=fault, EARLY=early and pdl(a.device), num_warps=warps, num_stages=1, **launch_args(a.device),
     )  # fmt: skip
     return out

@@ -4,8 +4,10 @@ references: within the "mxfp4_moe" LOSSY row against `mxfp4_moe_mirror` and abov
 
 Every tier: hypothesis draws of the routing (suites/moe/routing_draws.py: 0, 1, 5 and 33 tokens, skew, expert maps),
 hidden and intermediate sizes (multiples of the layout's 64-wide steps), both activations with gpt-oss's biases;
-named bad arguments; opcheck. Where the packed PTX runs (NVIDIA sm_90+) the layer's tensor-core GEMVs
-(`kernels.mxfp4_moe_fragment_gemv`) take these draws, and also: every launch config the bench sweeps, beside the
+an assignment to an id outside [0, E) adds nothing; the combine (`kernels.moe_combine`) bit for bit against the
+fp32 sum of the kept rows in slot order, with NaN in the dropped ones; named bad arguments; opcheck. Where the
+packed PTX runs (NVIDIA sm_90+) the layer's tensor-core GEMVs (`kernels.mxfp4_moe_fragment_gemv`) take these draws,
+and also: every launch config the bench sweeps, beside the
 interchange layer on the same layer; CUDA-graph replay; the same bytes with zeroed and with poisoned surroundings
 (guard bytes after every input, free memory poisoned, so an unwritten output or a read past an input shows); and
 negative controls: gate and up swapped, the neighbouring expert's weights, a scale pair read one step late, which
@@ -113,6 +115,40 @@ def test_zeroed_and_poisoned_surroundings_give_the_same_bytes(device):
     inputs = dict(x=x, w13=w13, w13_pairs=p13, w2=w2, w2_pairs=p2, topk_weights=weights, topk_ids=ids)
     inputs.update(w13_bias=b13, w2_bias=b2)
     assert_guarded_call_agrees(lambda **a: kernel.launch(**a, activation=activation), inputs, device)
+
+
+def test_a_dropped_assignment_adds_nothing(device):
+    """An expert id outside [0, E) (a caller's bug the alignment drops) adds nothing: the layer equals the mirror of
+    the same routing with that assignment's weight zero and a valid id; the combine skips the row no GEMV wrote."""
+    args = _decode("swiglu_oai", tokens=5)
+    ids, weights = args[6].clone(), args[5].clone()
+    ids[2, 1], weights[2, 1] = 8, 0.0
+    placed = on(fragment_args(args), device)
+    placed[6] = ids.to(device)
+    got = kernel.launch(*placed).cpu()
+    args[5] = weights
+    assert_lossy(families.MXFP4_MOE, got, ref.mxfp4_moe_mirror(*args), ref.mxfp4_moe_ideal(*args), "mxfp4_moe")
+
+
+@pytest.mark.parametrize("top_k", [1, 3])
+def test_combine_sums_the_kept_rows_in_order(device, top_k):
+    """`kernels.moe_combine`: each token's kept rows summed in fp32 in slot order, rounded once (bit for bit); rows
+    of ids outside [0, E) skipped, whatever their bytes (NaN here)."""
+    from kernels.moe_combine import combine
+
+    g = torch.Generator().manual_seed(top_k)
+    tokens, hidden, experts = 3, 1030, 4
+    slots = torch.randn(tokens * top_k, hidden, generator=g).to(torch.bfloat16)
+    ids = torch.randint(0, experts, (tokens, top_k), generator=g, dtype=torch.int32)
+    ids[1, 0], ids[2, -1] = experts, -1
+    dropped = ((ids < 0) | (ids >= experts)).reshape(-1)
+    slots[dropped] = float("nan")
+    want = torch.zeros(tokens, hidden)
+    for j in range(top_k):
+        row = slots.view(tokens, top_k, hidden)[:, j].float()
+        want += torch.where(dropped.view(tokens, top_k)[:, j, None], 0.0, row)
+    got = combine(slots.to(device), ids.to(device), experts).cpu()
+    assert torch.equal(got, want.to(torch.bfloat16))
 
 
 def test_gemv_is_refused_where_its_ptx_does_not_run(device):
