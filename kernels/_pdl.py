@@ -11,6 +11,10 @@ Launch and Synchronization" and PTX's `griddepcontrol` give the rules this modul
 - Only reads of what no recent kernel writes may come before the wait: a GEMV's weights (`kernels.
   w4a16_mxfp4_fragment_gemv` issues its first loads of them there). A caller that writes weights (loading, a
   weight update) must not launch the reading GEMV as the very next kernel without a stream or device sync between.
+- Reads of what a kernel two or more launches back wrote may also come before the wait when every kernel between
+  runs the wait before `launch_dependents` (as `wait_then_release` does): the kernel just before released this one
+  only after its own wait returned, so that writer had completed. The MoE fragment layer's second GEMV
+  (`kernels.mxfp4_moe_fragment_gemv`, `early`) reads the alignment and its first weights so.
 - Right after the wait each program runs `griddepcontrol.launch_dependents`, so the next kernel's programs start
   only once this one's predecessor is done: at most two kernels are resident at a time, the running one and the
   next, which issues its weight loads and waits. (Releasing before the wait in the small kernels between GEMVs,

@@ -39,18 +39,20 @@ FAULTS = ("none", "gate_up_swapped", "neighbour_expert", "mx_scale_past_end", *m
 
 # (WARPS, U steps a turn, DEPTH turns of loads ahead, GROUPS column groups a block) by (token, expert) assignments.
 # H200, gpt-oss-20b's experts (E 32, top 4, 2880 x 2880), the whole layer as CUDA-graph replays with a cold L2
-# (`python -m bench.moe.launch_sweep --cases mxfp4_fragment_decode`, reports/cuda-h200/launch_sweeps/
-# moe_launch_sweep.csv), against memcpy on the touched experts' bytes: 1 token (4 assignments) (4, 2, 1, 1) 45.3 us,
-# 0.276x (8 warps 50.1, 2 warps 47.5; the interchange layer's per-assignment GEMVs 44.5); 4 tokens (16) (4, 2, 1, 1)
-# 91.0 us, 0.481x (2 warps 92.1; the interchange layer 124.4); 16 tokens (64) (2, 2, 1, 1) 135.6 us, 0.599x (4
-# warps 144.3, 1 warp 141.4; the interchange layer's grouped GEMM 289.4); 64 tokens (256) (1, 2, 1, 1) 210.8 us,
-# 0.475x ((2, 2, 1, 1) 216.0; grouped 358.1). Fewer warps a program win as the blocks grow: more programs resident
-# an SM, more loads in flight. Two turns of loads ahead, and blocks of 16 slots (GROUPS 2), were slower everywhere
-# (4-25 %).
+# (`python -m bench.moe.launch_sweep --cases mxfp4_fragment_decode`, the rows at 54c8ec7 in
+# reports/cuda-h200/launch_sweeps/moe_launch_sweep.csv), against memcpy on the touched experts' bytes: 1 token (4
+# assignments) (4, 2, 1, 1) 41.4 us, 0.30x ((4, 1, 1, 1) 40.5, 8 warps 44.5, 2 warps 42.1; the interchange layer's
+# per-assignment GEMVs 44.4); 4 tokens (16) (4, 2, 1, 1) 84.8 us, 0.52x (2 warps 86.0; the interchange layer 123.7);
+# 16 tokens (64) (2, 2, 1, 1) 131.1 us, 0.62x (4 warps 138.2, 1 warp 135.7; the interchange layer's grouped GEMM
+# 290.0); 64 tokens (256) (1, 2, 1, 1) 199.4 us, 0.50x ((2, 2, 1, 1) 208.3; grouped 359.4). Fewer warps a program
+# win as the blocks fill: more programs resident an SM, more loads in flight. Two turns of loads ahead, and blocks of
+# 16 slots (GROUPS 2), were slower everywhere (4-25 %).
+# At 1 token the layer is bound by its two GEMVs' single waves: alone in a graph the first (35 MB of w13) takes
+# 24.0 us and the second (17.6 MB) 14.8, where a 1 GiB copy's rate would read them in 8.3 and 4.2.
 CONFIGS = ((16, (4, 2, 1, 1)), (128, (2, 2, 1, 1)))  # (most assignments, config)
 WIDE_CONFIG = (1, 2, 1, 1)
-# Up to this many assignments the layer runs the GEMVs (64 tokens of gpt-oss: 210.8 us against the grouped GEMM's
-# 358.1); beyond, the interchange layer, whose grouped GEMM is the prefill kernel.
+# Up to this many assignments the layer runs the GEMVs (64 tokens of gpt-oss: 199.4 us against the grouped GEMM's
+# 359.4); beyond, the interchange layer, whose grouped GEMM is the prefill kernel.
 MAX_ASSIGNMENTS = 256
 
 

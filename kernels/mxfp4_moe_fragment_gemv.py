@@ -125,6 +125,8 @@ def _moe_fragment_gemv_kernel(
     BM: tl.constexpr = 8 * GROUPS
     if not EARLY:
         wait_then_release(PDL)  # the alignment (expert ids, slots) comes from the kernel just before
+    # A block past the used ones exits, EARLY without the wait: it writes nothing, and the grid's completion still
+    # follows the first GEMV's (any live block's programs wait for it; with none live, that GEMV wrote nothing).
     if b * BM >= tl.load(post_ptr):
         return
     slot0 = b * BM
