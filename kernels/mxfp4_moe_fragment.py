@@ -14,23 +14,24 @@ twice (`kernels.mxfp4_moe_fragment_gemv`: the activation fused in the first, the
 whose expert ids and first weights are read before its PDL wait), and the combine (`kernels.moe_combine`: the k
 rows of a token summed in fp32 and rounded once, an assignment the alignment dropped skipped). Both GEMVs and the
 combine launch with PDL. No host synchronization.
-Elsewhere (prefill, the interpreter, other GPUs) the layer runs `kernels.mxfp4_moe` on the interchange codes and
-scales, converted from the words on every call: correct everywhere, and a cost (a pass over every expert's
-weights) that a model which prefills should not pay on every step (the runner's MoE layers keep the interchange
-layout for that reason).
+Elsewhere (prefill, the interpreter, other GPUs) it decodes the experts to bf16 (`kernels.mxfp4_fragment_dequantize`,
+exact) and runs the bf16 layer (`kernels.fused_moe`): the mirror's own arithmetic, as the runner's dense MXFP4
+layers prefill (a transient bf16 copy of the experts: 1.6 GB a layer for gpt-oss-20b). H200, gpt-oss-20b at 4,096
+tokens: see `bench.moe.mxfp4_moe`'s prefill rows.
 """
 
 from __future__ import annotations
 
 import torch
 
-from kernels import moe_align, mxfp4_moe
+from kernels import fused_moe, moe_align
 from kernels import mxfp4_fragment_layout as layout
 from kernels._packed_ptx import packed_ptx
 from kernels.fused_moe import check_layer_tensors
 from kernels.moe_combine import combine
 from kernels.moe_gemm import ACTIVATIONS
 from kernels.moe_gemm import FAULTS as GEMM_FAULTS
+from kernels.mxfp4_fragment_dequantize import dequantize_mxfp4_fragment
 from kernels.mxfp4_moe_fragment_gemv import launch_gemv
 from reference.moe.experts import check_moe_args
 
@@ -52,7 +53,7 @@ FAULTS = ("none", "gate_up_swapped", "neighbour_expert", "mx_scale_past_end", *m
 CONFIGS = ((16, (4, 2, 1, 1)), (128, (2, 2, 1, 1)))  # (most assignments, config)
 WIDE_CONFIG = (1, 2, 1, 1)
 # Up to this many assignments the layer runs the GEMVs (64 tokens of gpt-oss: 199.4 us against the grouped GEMM's
-# 359.4); beyond, the interchange layer, whose grouped GEMM is the prefill kernel.
+# 359.4); beyond, the bf16 layer on the decoded experts.
 MAX_ASSIGNMENTS = 256
 
 
@@ -82,8 +83,16 @@ def check_fragment_moe_args(
     )  # fmt: skip
 
 
+def dequantized(words: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
+    """bf16 [E, N, K]: a stack of experts' prepared weights, decoded exactly (`kernels.mxfp4_fragment_dequantize`
+    on the stack viewed as one [E * N / 16, ...] matrix)."""
+    e, tiles = words.shape[:2]
+    flat = dequantize_mxfp4_fragment(words.view(e * tiles, *words.shape[2:]), pairs.view(e * tiles, *pairs.shape[2:]))
+    return flat.view(e, tiles * layout.ROWS, flat.shape[1])
+
+
 def takes(device: torch.device, assignments: int) -> bool:
-    """Whether the layer runs its tensor-core GEMVs (rather than the interchange layer) for `assignments`."""
+    """Whether the layer runs its tensor-core GEMVs (rather than the bf16 layer on the decoded experts)."""
     return packed_ptx(device) and assignments <= MAX_ASSIGNMENTS
 
 
@@ -92,7 +101,8 @@ def launch(
     expert_map=None, fault: str = "none", config: tuple | None = None, gemv: bool | None = None,
 ):  # fmt: skip
     """Validate (shapes and dtypes only), allocate and launch. `fault` plants a named bug (`FAULTS`); `config`
-    replaces `gpu_config`'s (sweeps); `gemv` forces the GEMVs (True) or the interchange layer (False)."""
+    replaces `gpu_config`'s (sweeps); `gemv` forces the GEMVs (True) or the bf16 layer on the decoded experts
+    (False)."""
     experts = check_fragment_moe_args(
         x, w13, w13_pairs, w2, w2_pairs, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map
     )
@@ -106,9 +116,11 @@ def launch(
     if gemv and not packed_ptx(x.device):
         raise ValueError(f"gemv: the tensor-core GEMV is PTX for NVIDIA sm_90+, which {x.device} does not run")
     if not gemv:
-        (c13, s13), (c2, s2) = layout.interchange(w13, w13_pairs), layout.interchange(w2, w2_pairs)
-        return mxfp4_moe.launch(
-            x, c13, s13, c2, s2, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map, fault=fault
+        if fault == "mx_scale_past_end":
+            raise ValueError("fault: 'mx_scale_past_end' is planted in the GEMVs only (the bf16 layer reads no scales)")
+        w13_16, w2_16 = dequantized(w13, w13_pairs), dequantized(w2, w2_pairs)
+        return fused_moe.launch(
+            x, w13_16, w2_16, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map, fault=fault
         )
     if x.stride(1) != 1 or x.stride(0) % 2 or x.data_ptr() % 4:
         raise ValueError(f"x: rows must be contiguous and start on 4-byte boundaries, got strides {x.stride()}")

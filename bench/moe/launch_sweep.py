@@ -182,12 +182,13 @@ MX_FRAGMENT = (
 
 
 def mxfp4_fragment_decode(repeats: int) -> None:
-    """gpt-oss-20b's experts at 1, 4, 16 and 64 tokens: the fragment layer (`kernels.mxfp4_moe_fragment`) with each
-    config of MX_FRAGMENT, beside the interchange layer's own choice (`kernels.mxfp4_moe`: moe_gemv's GEMVs up to
-    its limit, the grouped GEMM above)."""
+    """gpt-oss-20b's experts at 1 ... 1024 tokens: the fragment layer (`kernels.mxfp4_moe_fragment`) with each config
+    of MX_FRAGMENT (up to 64 tokens; the table's beyond) and on its other path (the bf16 layer on the decoded
+    experts), beside the interchange layer's own choice (`kernels.mxfp4_moe`: moe_gemv's GEMVs up to its limit, the
+    grouped GEMM above)."""
     roof = memcpy_gbps(1 << 30, "1 GiB device copy")
     shape = mx_bench.GPTOSS
-    for tokens in (1, 4, 16, 64):
+    for tokens in (1, 4, 16, 64, 256, 1024):
         case = cases(shape, (tokens,))[0]
         args = mx_bench.inputs(case, "cuda")
         x, _, _, _, _, weights, ids, activation, b13, b2 = args
@@ -197,14 +198,14 @@ def mxfp4_fragment_decode(repeats: int) -> None:
         name = f"mxfp4_fragment_decode T{tokens}"
         _line(name, "interchange layer (its choice)", _time(functools.partial(mxfp4_moe.launch, *args), repeats),
               roof_ms, "memcpy", moved)  # fmt: skip
-        for config in MX_FRAGMENT:
-            table = mxfp4_moe_fragment.gpu_config(tokens * shape.top_k)
+        layer = functools.partial(mxfp4_moe_fragment.launch, x, *words, weights, ids, activation, b13, b2)
+        _line(name, "fragment: bf16 layer on the decoded experts", _time(functools.partial(layer, gemv=False), repeats),
+              roof_ms, "memcpy", moved)  # fmt: skip
+        table = mxfp4_moe_fragment.gpu_config(tokens * shape.top_k)
+        for config in MX_FRAGMENT if tokens <= 64 else (table,):
             label = f"fragment {config}" + (" (table)" if config == table else "")
-            layer = functools.partial(
-                mxfp4_moe_fragment.launch, x, *words, weights, ids, activation, b13, b2, config=config, gemv=True
-            )
             try:
-                timings = _time(layer, repeats)
+                timings = _time(functools.partial(layer, config=config, gemv=True), repeats)
             except Exception as err:
                 failed(f"{name} {label}", err)
                 continue

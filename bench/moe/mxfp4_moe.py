@@ -6,10 +6,10 @@ weights, bf16 activations. Routing and cases as bench/moe/fused_moe.py. Two ops:
 - mxfp4_moe_prefill_gptoss, T 256 ... 4096, against the GEMM roof (FLOPs 6 T k H I).
 Implementations: reference-mirror (`mxfp4_moe_mirror` on the device: the baseline, "mxfp4_moe" row), triton
 (gated), and bf16-fused-moe (ungated): `kernels.fused_moe` on the decoded bf16 weights, what the layer costs
-unquantized. triton is, at decode, `kernels.mxfp4_moe_fragment` on the weights prepared once in the fragment layout
-(untimed, as a loader prepares them), with triton-interchange (ungated) beside it: `kernels.mxfp4_moe` on the codes
-and scales, the path before; at prefill `kernels.mxfp4_moe` (the fragment layer would convert its words back on
-every call there). The weights are made once per process and shared by the cases.
+unquantized. triton is `kernels.mxfp4_moe_fragment` on the weights prepared once in the fragment layout (untimed,
+as a loader prepares them: its GEMVs at decode, the bf16 layer on the experts it decodes at prefill), with
+triton-interchange (ungated) beside it: `kernels.mxfp4_moe` on the codes and scales (moe_gemv's GEMVs, the grouped
+GEMM). The weights are made once per process and shared by the cases.
 """
 
 from __future__ import annotations
@@ -96,22 +96,21 @@ _CHECK = lossy_check(families.MXFP4_MOE)
 _INTERCHANGE = with_args(lambda: kernel("kernels.mxfp4_moe", "mxfp4_moe"))
 _MIRROR = Impl("reference-mirror", with_args(lambda: mxfp4_moe_mirror))
 _BF16 = Impl("bf16-fused-moe", _bf16_layer, triton_skip, gated=False, check=_CHECK)
-DECODE_IMPLS = (
+IMPLS = (
     _MIRROR,
     Impl("triton", _fragment_layer, triton_skip),
     Impl("triton-interchange", _INTERCHANGE, triton_skip, gated=False, check=_CHECK),
     _BF16,
 )
-PREFILL_IMPLS = (_MIRROR, Impl("triton", _INTERCHANGE, triton_skip), _BF16)
 
 
-def _op(name: str, full: list[Case], small: list[Case], roof: str, impls: tuple[Impl, ...]):
-    return moe_op(name, "bf16 x mxfp4 -> bf16", full, small, roof, inputs, impls, moved_bytes, "bf16-fused-moe", _CHECK)
+def _op(name: str, full: list[Case], small: list[Case], roof: str):
+    return moe_op(name, "bf16 x mxfp4 -> bf16", full, small, roof, inputs, IMPLS, moved_bytes, "bf16-fused-moe", _CHECK)
 
 
 OPS = (
-    _op("mxfp4_moe_decode_gptoss", cases(GPTOSS, DECODE_T), cases(TINY, (1, 5)), "memcpy", DECODE_IMPLS),
-    _op("mxfp4_moe_prefill_gptoss", cases(GPTOSS, PREFILL_T), cases(TINY, (33,)), "gemm", PREFILL_IMPLS),
+    _op("mxfp4_moe_decode_gptoss", cases(GPTOSS, DECODE_T), cases(TINY, (1, 5)), "memcpy"),
+    _op("mxfp4_moe_prefill_gptoss", cases(GPTOSS, PREFILL_T), cases(TINY, (33,)), "gemm"),
 )
 
 GPTOSS_4 = Shape(4, 4, 2880, 2880)  # the accuracy table's experts (the fp64 ideal of 32 would need 8 GB)

@@ -20,8 +20,9 @@ in the layout of `reference.moe.experts` and `kernels.fused_moe` for activation 
 On CUDA in bf16/fp16 the experts run as `kernels.fused_moe`, elsewhere as `reference.moe.experts.fused_moe_mirror`
 (`runner.model.moe.run_experts`, the dispatch SparseMoE uses). With `mxfp4=True` the experts are quantized
 after loading (`process_weights_after_loading`, `runner.model.moe.quantize_experts`: I zero-padded to the
-MX block in (gate, up) pairs, the gate/up bias padded alike) and run as `kernels.mxfp4_moe` on CUDA in bf16,
-`reference.moe.quantized.mxfp4_moe_mirror` elsewhere; the router and the biases stay unquantized.
+MX block in (gate, up) pairs, the gate/up bias padded alike), stored in the layout the device reads
+(`runner.model.moe.store_experts`) and run as `kernels.mxfp4_moe_fragment` (NVIDIA sm_90+) or `kernels.mxfp4_moe`
+on CUDA in bf16, `reference.moe.quantized.mxfp4_moe_mirror` elsewhere; the router and the biases stay unquantized.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference.moe.routing import topk_softmax
-from runner.model.moe import check_mxfp4_hidden, quantize_experts, run_experts
+from runner.model.moe import check_mxfp4_hidden, quantize_experts, run_experts, store_experts, stored_experts
 
 
 class GptOssMoE(nn.Module):
@@ -91,23 +92,23 @@ class GptOssMoE(nn.Module):
         """MXFP4 experts, online: `quantize_experts` of the loaded matrices (interleaved gate/up rows); the
         gate/up bias gets the same zero (gate, up) pairs, so a padded channel's gate is 0 and its h is 0. The
         unquantized matrices are dropped; the biases stay parameters."""
-        if not self.mxfp4 or hasattr(self, "w13_codes"):
+        if not self.mxfp4 or hasattr(self, "expert_layout"):
             return
         experts = self.experts
         quantized = quantize_experts(
             experts.gate_up_proj.data, experts.down_proj.data, True, experts.gate_up_proj_bias.data
         )
         experts.gate_up_proj_bias.data = quantized.pop("w13_bias")
+        dtype = experts.gate_up_proj.dtype
         del experts.gate_up_proj, experts.down_proj
-        for name, t in quantized.items():
-            self.register_buffer(name, t)
+        store_experts(self, quantized, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, H] -> [T, H]."""
         weights, ids = topk_softmax(F.linear(x, self.router.weight, self.router.bias), self.top_k)
         e = self.experts
         if self.mxfp4:
-            w13, w2, scales = self.w13_codes, self.w2_codes, (self.w13_scales, self.w2_scales)
+            w13, w2, *scales = stored_experts(self)
         else:
             w13, w2, scales = e.gate_up_proj, e.down_proj, (None, None)
         return run_experts(

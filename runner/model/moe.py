@@ -12,8 +12,11 @@ stacked in `w2` [E, H, I]: the layout of
 On CUDA in bf16/fp16 the experts run as `kernels.fused_moe` (through its launcher, as the runner's other
 kernels: runner.model.attention); elsewhere as `reference.moe.experts.fused_moe_mirror` (on the input's device:
 fp32 GEMMs, a fp32 sum over the k experts). With online MXFP4 (`quantization="mxfp4"`) the experts are quantized
-after loading and run as `kernels.mxfp4_moe` on CUDA in bf16, `reference.moe.quantized.mxfp4_moe_mirror`
-elsewhere.
+after loading (`quantize_experts`) and stored by `store_experts` in the layout the device reads: on CUDA in bf16
+where the packed PTX runs (NVIDIA sm_90+) and H and the padded I are multiples of 64, the fragment layout
+(`kernels.mxfp4_fragment_layout`), run as `kernels.mxfp4_moe_fragment` (tensor-core GEMVs at decode, the bf16 layer
+on the decoded experts at prefill); elsewhere codes and scales, run as `kernels.mxfp4_moe` on CUDA in bf16,
+`reference.moe.quantized.mxfp4_moe_mirror` otherwise.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from reference.moe.quantized import mxfp4_moe_mirror
 from reference.moe.routing import softmax_topk
 from reference.quant.mxfp4 import MX_BLOCK_SIZE
 from runner.model.quant.mxfp4 import quantize_weight
+from runner.model.quant.scheme import kernels_run_on
 
 # checkpoint name of one expert's matrix -> (module prefix, expert, part): Mixtral's w1/w2/w3, Qwen3-MoE's
 # gate_proj/down_proj/up_proj (EXPERT_PART gives the part as w1/w2/w3)
@@ -78,17 +82,17 @@ class SparseMoE(nn.Module):
     def process_weights_after_loading(self) -> None:
         """MXFP4 experts, online: `quantize_experts` of the loaded w13 / w2 (gate rows then up rows). The
         unquantized parameters are dropped."""
-        if not self.mxfp4 or hasattr(self, "w13_codes"):
+        if not self.mxfp4 or hasattr(self, "expert_layout"):
             return
         quantized = quantize_experts(self.w13.data, self.w2.data, interleaved=False)
+        dtype = self.w13.dtype
         del self.w13, self.w2
-        for name, t in quantized.items():
-            self.register_buffer(name, t)
+        store_experts(self, quantized, dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = softmax_topk(F.linear(x, self.gate.weight), self.top_k, renormalize=self.renormalize)
         if self.mxfp4:
-            return run_experts(x, weights, ids, self.w13_codes, self.w2_codes, self.w13_scales, self.w2_scales)
+            return run_experts(x, weights, ids, *stored_experts(self))
         return run_experts(x, weights, ids, self.w13, self.w2)
 
 
@@ -129,13 +133,53 @@ def quantize_experts(
     return out
 
 
+def store_experts(module: nn.Module, quantized: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+    """`quantize_experts`' codes and scales as buffers of `module` in the layout its device reads for activations of
+    `dtype` (module doc): w13_words, w13_pairs, w2_words, w2_pairs (fragment; prepared an expert at a time, so the
+    load's peak grows by one expert's temporaries) or w13_codes, w13_scales, w2_codes, w2_scales; `expert_layout`
+    names it."""
+    codes = quantized["w13_codes"]
+    hidden, inter = codes.shape[2] * 2, quantized["w2_codes"].shape[2] * 2
+    module.expert_layout = "interchange"
+    if kernels_run_on(codes.device, dtype):
+        from kernels import mxfp4_fragment_layout as fragment
+        from kernels._packed_ptx import packed_ptx
+
+        if packed_ptx(codes.device) and hidden % fragment.STEP_K == 0 and inter % fragment.STEP_K == 0:
+            module.expert_layout = "fragment"
+    for name in ("w13", "w2"):
+        c, s = quantized[f"{name}_codes"], quantized[f"{name}_scales"]
+        if module.expert_layout == "fragment":
+            parts = [fragment.prepare(c[e], s[e]) for e in range(c.shape[0])]
+            tensors = {"words": torch.stack([w for w, _ in parts]), "pairs": torch.stack([p for _, p in parts])}
+        else:
+            tensors = {"codes": c, "scales": s}
+        for kind, t in tensors.items():
+            module.register_buffer(f"{name}_{kind}", t)
+
+
+def stored_experts(module: nn.Module) -> tuple[torch.Tensor, ...]:
+    """(w13, w2, w13_scales, w2_scales) of `store_experts`' buffers, as `run_experts` takes them (the fragment
+    layout's words and scale pairs in those places)."""
+    if module.expert_layout == "fragment":
+        return module.w13_words, module.w2_words, module.w13_pairs, module.w2_pairs
+    return module.w13_codes, module.w2_codes, module.w13_scales, module.w2_scales
+
+
 def run_experts(
     x, topk_weights, topk_ids, w13, w2, w13_scales=None, w2_scales=None, activation="silu", w13_bias=None,
     w2_bias=None,
 ) -> torch.Tensor:  # fmt: skip
-    """The experts of a routed MoE layer on x [T, H], dispatched as the runner runs them: MXFP4 codes (scales
+    """The experts of a routed MoE layer on x [T, H], dispatched as the runner runs them: MXFP4 in the fragment
+    layout (int32 words and scale pairs, `store_experts`) as `kernels.mxfp4_moe_fragment`; MXFP4 codes (scales
     given) as `kernels.mxfp4_moe` on CUDA in bf16, `reference.moe.quantized.mxfp4_moe_mirror` elsewhere;
     unquantized as `kernels.fused_moe` on CUDA in bf16/fp16, `reference.moe.experts.fused_moe_mirror` elsewhere."""
+    if w13.dtype == torch.int32:
+        from kernels.mxfp4_moe_fragment import launch as mxfp4_moe_fragment
+
+        return mxfp4_moe_fragment(
+            x, w13, w13_scales, w2, w2_scales, topk_weights, topk_ids, activation, w13_bias, w2_bias
+        )  # fmt: skip
     if w13_scales is not None:
         args = (x, w13, w13_scales, w2, w2_scales, topk_weights, topk_ids, activation, w13_bias, w2_bias)
         if x.is_cuda and x.dtype == torch.bfloat16:

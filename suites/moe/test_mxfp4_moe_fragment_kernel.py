@@ -11,8 +11,10 @@ and also: every launch config the bench sweeps, beside the
 interchange layer on the same layer; CUDA-graph replay; the same bytes with zeroed and with poisoned surroundings
 (guard bytes after every input, free memory poisoned, so an unwritten output or a read past an input shows); and
 negative controls: gate and up swapped, the neighbouring expert's weights, a scale pair read one step late, which
-for the last expert's last tile lands in guard bytes (poison). Elsewhere the op runs the interchange layer
-(`kernels.mxfp4_moe`), whose own suite holds its controls, and asking for the GEMVs is refused by name.
+for the last expert's last tile lands in guard bytes (poison). Elsewhere, and beyond the GEMVs' assignments, the op
+runs the bf16 layer on the experts it decodes (`kernels.mxfp4_fragment_dequantize`, `kernels.fused_moe`): its
+controls (gate and up swapped, the neighbouring expert) on every tier; asking for the GEMVs where the PTX does not
+run, or for the scale fault on the bf16 path, is refused by name.
 Values at unit scale (randn activations, weights / sqrt(fan-in)), where a gate/up swap is visible.
 """
 
@@ -87,7 +89,7 @@ def _decode(activation="silu", expert_map=False, tokens=3):
 @pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
 def test_launch_configs_beside_the_interchange_layer(device, config, activation):
     """Every launch config on 21 tokens (more than 8 on some experts: two blocks of 8, or one of 16), with half the
-    experts on this rank, within the row; the interchange layer on the same layer within it too."""
+    experts on this rank, within the row; the op's bf16 path on the same layer within it too."""
     if not gemv_runs(device):
         pytest.skip("the tensor-core GEMVs are PTX for NVIDIA sm_90+")
     args = _decode(activation, expert_map=True, tokens=21)
@@ -106,6 +108,17 @@ def test_negative_controls_are_caught(device, fault, activation):
     placed[4] = Guards().guarded("w2_pairs", placed[4])
     with pytest.raises(AssertionError):
         _check(args, device, fault, placed)
+
+
+@pytest.mark.parametrize("fault", ["gate_up_swapped", "neighbour_expert"])
+def test_bf16_path_negative_controls_are_caught(device, fault):
+    with pytest.raises(AssertionError):
+        _check(_decode(), device, fault, gemv=False)
+
+
+def test_bf16_path_refuses_the_scale_fault(device):
+    with pytest.raises(ValueError, match="planted in the GEMVs only"):
+        kernel.launch(*on(fragment_args(_decode()), device), fault="mx_scale_past_end", gemv=False)
 
 
 def test_zeroed_and_poisoned_surroundings_give_the_same_bytes(device):

@@ -1,0 +1,38 @@
+"""Where the packed PTX runs (NVIDIA sm_90+), the runner stores online-MXFP4 experts in the fragment layout
+(`runner.model.moe.store_experts`) and runs them as `kernels.mxfp4_moe_fragment`: a SparseMoE layer on CUDA in
+bf16 holds words and scale pairs, and its forward at decode (the tensor-core GEMVs) and at prefill (the bf16 layer
+on the decoded experts) is within the "mxfp4_moe" row of the mirror on the same quantized experts. Elsewhere the
+layer keeps codes and scales (suites/runner/test_moe_mxfp4_online.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kernels._packed_ptx import packed_ptx
+from kernels.tolerances import assert_lossy, families
+from reference.moe.quantized import mxfp4_moe_ideal, mxfp4_moe_mirror
+from reference.moe.routing import softmax_topk
+from runner.model.moe import SparseMoE, quantize_experts
+
+
+@pytest.mark.gpu_only(reason="the fragment layout is stored for NVIDIA sm_90+")
+@pytest.mark.parametrize("tokens", [3, 300])
+def test_fragment_experts_run_within_the_row(device, tokens):
+    if not packed_ptx(torch.device(device)):
+        pytest.skip("the fragment layout is stored where the packed PTX runs")
+    g = torch.Generator(device=device).manual_seed(tokens)
+    hidden, inter, experts = 128, 64, 8
+    moe = SparseMoE(hidden, inter, experts, 2, True, torch.bfloat16, device, mxfp4=True)
+    for p, fan_in in ((moe.gate.weight, hidden), (moe.w13, hidden), (moe.w2, inter)):
+        p.data.copy_(torch.randn(p.shape, device=device, generator=g) * fan_in**-0.5)
+    quantized = quantize_experts(moe.w13.data, moe.w2.data, interleaved=False)
+    moe.process_weights_after_loading()
+    assert moe.expert_layout == "fragment" and moe.w13_words.dtype == torch.int32
+    x = torch.randn(tokens, hidden, device=device, generator=g).to(torch.bfloat16)
+    got = moe(x)
+    weights, ids = softmax_topk(F.linear(x, moe.gate.weight), 2, renormalize=True)
+    args = (x, quantized["w13_codes"], quantized["w13_scales"], quantized["w2_codes"], quantized["w2_scales"])
+    args = (*args, weights, ids)
+    assert_lossy(families.MXFP4_MOE, got, mxfp4_moe_mirror(*args), mxfp4_moe_ideal(*args), "mxfp4_moe")
