@@ -52,9 +52,11 @@ FAULTS = ("none", "gate_up_swapped", "neighbour_expert", "mx_scale_past_end", *m
 # 24.0 us and the second (17.6 MB) 14.8, where a 1 GiB copy's rate would read them in 8.3 and 4.2.
 CONFIGS = ((16, (4, 2, 1, 1)), (128, (2, 2, 1, 1)))  # (most assignments, config)
 WIDE_CONFIG = (1, 2, 1, 1)
-# Up to this many assignments the layer runs the GEMVs (64 tokens of gpt-oss: 199.4 us against the grouped GEMM's
-# 359.4); beyond, the bf16 layer on the decoded experts.
-MAX_ASSIGNMENTS = 256
+# Up to this many assignments the layer runs the GEMVs; beyond, the bf16 layer on the decoded experts, whose decode
+# of every expert (1.6 GB of bf16 for gpt-oss-20b) costs ~0.65 ms whatever the tokens. gpt-oss-20b in the same sweep
+# at b2f71d1: 256 tokens (1024 assignments) 0.536 ms here against 1.056 ms decoded (the interchange layer's grouped
+# GEMM 0.578); 1024 tokens (4096) 1.886 ms here against 1.233 decoded (grouped 1.140).
+MAX_ASSIGNMENTS = 1024
 
 
 def gpu_config(assignments: int) -> tuple[int, int, int, int]:
