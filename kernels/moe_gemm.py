@@ -57,6 +57,21 @@ FAULTS = {
 MX_FAULT_C: tl.constexpr = tl.constexpr(3)  # `kernels.w4a16_mxfp4_gemm`'s "scale_past_end", which MX fault 4 plants
 
 
+@triton.jit
+def activate(gate, up, ACT: tl.constexpr):
+    """The layer's activation on fp32 sums (bias added): ACT 1 silu(gate) * up, ACT 2 gpt-oss's clamped SwiGLU
+    (gate clamped above at LIMIT, up to [-LIMIT, LIMIT], (up + 1) * gate * sigmoid(ALPHA * gate)), ACT 0 gate."""
+    if ACT == 1:
+        y = gate * tl.sigmoid(gate) * up
+    elif ACT == 2:
+        gate = tl.minimum(gate, LIMIT_C)
+        up = tl.minimum(tl.maximum(up, -LIMIT_C), LIMIT_C)
+        y = (up + 1.0) * gate * tl.sigmoid(ALPHA_C * gate)
+    else:
+        y = gate
+    return y
+
+
 class Tiles(NamedTuple):
     bm: int
     bn: int
@@ -286,12 +301,7 @@ def _moe_gemm_kernel(
         acc += tl.load(bias_ptr + e * stride_be + gate_rows, mask=cmask, other=0.0).to(tl.float32)[None, :]
         if ACT != 0:
             acc_up += tl.load(bias_ptr + e * stride_be + up_rows, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    if ACT == 1:
-        acc = acc * tl.sigmoid(acc) * acc_up
-    elif ACT == 2:
-        gate = tl.minimum(acc, LIMIT_C)
-        up = tl.minimum(tl.maximum(acc_up, -LIMIT_C), LIMIT_C)
-        acc = (up + 1.0) * gate * tl.sigmoid(ALPHA_C * gate)
+    acc = activate(acc, acc_up, ACT)
     if MUL_WEIGHT:
         acc = acc * tl.load(weights_ptr + f, mask=valid, other=0.0).to(tl.float32)[:, None]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=omask)

@@ -31,7 +31,7 @@ import triton.language as tl
 from kernels._boundary import runs_interpreted
 from kernels._fp8_fragment_rows import SCALE_K, fp8_fragment_rows
 from kernels._packed_ptx import packed_ptx
-from kernels.moe_gemm import ACTIVATIONS, ALPHA_C, FAULTS, LIMIT_C, MX_FAULT_C, SCALE_BLOCK
+from kernels.moe_gemm import ACTIVATIONS, FAULTS, MX_FAULT_C, SCALE_BLOCK, activate
 from kernels.w4a16_mxfp4_gemm import SPREAD_MASK, _gemv_rows
 from reference.quant.mxfp4 import MX_BLOCK_SIZE
 
@@ -185,9 +185,7 @@ def _moe_gemv_kernel(
         gate, up = tl.split(tl.reshape(y, [OUT_N, 2]))
         if FAULT == 1:
             gate, up = up, gate
-        gate = tl.minimum(gate, LIMIT_C)
-        up = tl.minimum(tl.maximum(up, -LIMIT_C), LIMIT_C)
-        acc = (up + 1.0) * gate * tl.sigmoid(ALPHA_C * gate)
+        acc = activate(gate, up, 2)
     else:
         n = tl.where(cmask, cols, 0).to(tl.int64)
         gate_n, up_n = n, N + n
@@ -200,7 +198,7 @@ def _moe_gemv_kernel(
         acc = _rows(*where, gate_n, cmask, gate_0, gate_end, *strides, FP8, HAS_BIAS, GROUPS, EVEN_K, FAULT, WARPS)
         if ACT == 1:
             up = _rows(*where, up_n, cmask, up_0, up_end, *strides, FP8, HAS_BIAS, GROUPS, EVEN_K, FAULT, WARPS)
-            acc = acc * tl.sigmoid(acc) * up
+            acc = activate(acc, up, 1)
     if MUL_WEIGHT:
         acc = acc * tl.load(weights_ptr + f).to(tl.float32)
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=cmask)

@@ -28,7 +28,7 @@ import triton.language as tl
 
 from kernels._pdl import launch_args, pdl, wait_then_release
 from kernels._tiles import mma_lanes
-from kernels.moe_gemm import ALPHA_C, LIMIT_C
+from kernels.moe_gemm import activate
 from kernels.w4a16_mxfp4_fragment_gemv import fragment_rows, warp_sums
 
 STEP_PAIRS: tl.constexpr = tl.constexpr(16)  # int32 scale pairs a step of a row tile holds (8 g x 2 blocks)
@@ -49,14 +49,7 @@ def _finish(
     if ACT != 0:
         if FAULT == 1:
             gate, up = up, gate
-    if ACT == 1:
-        y = gate * tl.sigmoid(gate) * up
-    elif ACT == 2:
-        gate = tl.minimum(gate, LIMIT_C)
-        up = tl.minimum(tl.maximum(up, -LIMIT_C), LIMIT_C)
-        y = (up + 1.0) * gate * tl.sigmoid(ALPHA_C * gate)
-    else:
-        y = gate
+    y = activate(gate, up, ACT)
     if MUL_WEIGHT:
         y = y * tl.load(weights_ptr + f, mask=valid, other=0.0)
     tl.store(out_ptr + f.to(tl.int64) * out_row_stride + out_col, y.to(out_ptr.dtype.element_ty), mask=valid)
