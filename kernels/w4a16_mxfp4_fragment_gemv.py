@@ -22,8 +22,8 @@ CUDA graph on distinct weights: `bench.gemm.w4a16_mxfp4_gemv_sweep`) its launch 
 13.9 us at M = 1 (0.64x memcpy), 14.9 at M = 8, 20.3 at M = 16, 38.4 at M = 32; 28672 x 4096 at M = 1 21.7 us
 (0.72x). Scale bytes in place of the bf16 pairs (4.25 bits a weight instead of 4.5, decoded with prmt, shl and a
 packed max for byte 0) were 2.7 % slower at M = 1 and 1.8 % faster at M = 8 in such chains of the 8B projections:
-not taken. The lone launch at 696e54f (reports/cuda-h200/w4a16_mxfp4_gemm.md): M = 4 19.7 us, M = 16 28.3 us;
-M = 1 36.1 us at p50 with p20-p80 30.9-44.7 us, a spread the chains do not show, not explained yet.
+not taken. The lone launch at baf4e9f (reports/cuda-h200/w4a16_mxfp4_gemm.md): M = 1 19.6 us, M = 4 19.9 us, M = 16
+28.3 us (36.1 us at M = 1 in the 696e54f run did not come back: 19.1-19.7 us in four graph replays since).
 
 Structure. Thread tensors have one element a thread (shape [32 * WARPS]), so the inline PTX sees exactly the
 registers of its lane and can issue the warp-wide `mma.sync` (all 32 lanes always execute it: no masks on the asm).
