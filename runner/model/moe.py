@@ -135,9 +135,8 @@ def quantize_experts(
 
 def store_experts(module: nn.Module, quantized: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
     """`quantize_experts`' codes and scales as buffers of `module` in the layout its device reads for activations of
-    `dtype` (module doc): w13_words, w13_pairs, w2_words, w2_pairs (fragment; prepared an expert at a time, so the
-    load's peak grows by one expert's temporaries) or w13_codes, w13_scales, w2_codes, w2_scales; `expert_layout`
-    names it."""
+    `dtype` (module doc): w13_words, w13_pairs, w2_words, w2_pairs (fragment, `prepare_experts`) or w13_codes,
+    w13_scales, w2_codes, w2_scales; `expert_layout` names it."""
     codes = quantized["w13_codes"]
     hidden, inter = codes.shape[2] * 2, quantized["w2_codes"].shape[2] * 2
     module.expert_layout = "interchange"
@@ -150,12 +149,25 @@ def store_experts(module: nn.Module, quantized: dict[str, torch.Tensor], dtype: 
     for name in ("w13", "w2"):
         c, s = quantized[f"{name}_codes"], quantized[f"{name}_scales"]
         if module.expert_layout == "fragment":
-            parts = [fragment.prepare(c[e], s[e]) for e in range(c.shape[0])]
-            tensors = {"words": torch.stack([w for w, _ in parts]), "pairs": torch.stack([p for _, p in parts])}
+            tensors = dict(zip(("words", "pairs"), prepare_experts(c, s), strict=True))
         else:
             tensors = {"codes": c, "scales": s}
         for kind, t in tensors.items():
             module.register_buffer(f"{name}_{kind}", t)
+
+
+def prepare_experts(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`kernels.mxfp4_fragment_layout.prepare` of a stack of experts' codes [E, N, K / 2] and scales, an expert at a
+    time into the stacked words and pairs it would return: the temporaries are one expert's, not the stack's."""
+    from kernels import mxfp4_fragment_layout as fragment
+
+    e, n, half = codes.shape
+    lead = (e, n // fragment.ROWS, 2 * half // fragment.STEP_K)
+    words = codes.new_empty((*lead, fragment.LANES, 4), dtype=torch.int32)
+    pairs = codes.new_empty((*lead, 8, 2), dtype=torch.int32)
+    for i in range(e):
+        words[i], pairs[i] = fragment.prepare(codes[i], scales[i])
+    return words, pairs
 
 
 def stored_experts(module: nn.Module) -> tuple[torch.Tensor, ...]:

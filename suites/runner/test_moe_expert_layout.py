@@ -2,7 +2,8 @@
 (`runner.model.moe.store_experts`) and runs them as `kernels.mxfp4_moe_fragment`: a SparseMoE layer on CUDA in
 bf16 holds words and scale pairs, and its forward at decode (the tensor-core GEMVs) and at prefill (the bf16 layer
 on the decoded experts) is within the "mxfp4_moe" row of the mirror on the same quantized experts. Elsewhere the
-layer keeps codes and scales (suites/runner/test_moe_mxfp4_online.py)."""
+layer keeps codes and scales (suites/runner/test_moe_mxfp4_online.py). Every tier: the per-expert preparation
+equals the stack's."""
 
 from __future__ import annotations
 
@@ -10,11 +11,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kernels import mxfp4_fragment_layout as layout
 from kernels._packed_ptx import packed_ptx
 from kernels.tolerances import assert_lossy, families
 from reference.moe.quantized import mxfp4_moe_ideal, mxfp4_moe_mirror
 from reference.moe.routing import softmax_topk
-from runner.model.moe import SparseMoE, quantize_experts
+from runner.model.moe import SparseMoE, prepare_experts, quantize_experts
+
+
+def test_prepare_experts_equals_the_stack_prepared_at_once():
+    """The runner prepares an expert at a time into one stack (every tier): the same words and pairs as
+    `prepare` of the whole stack."""
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 256, (3, 32, 64), dtype=torch.uint8, generator=g)
+    scales = torch.randint(0, 256, (3, 32, 4), dtype=torch.uint8, generator=g)
+    for got, want in zip(prepare_experts(codes, scales), layout.prepare(codes, scales), strict=True):
+        assert torch.equal(got, want)
 
 
 @pytest.mark.gpu_only(reason="the fragment layout is stored for NVIDIA sm_90+")
