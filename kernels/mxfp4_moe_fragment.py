@@ -33,6 +33,7 @@ from kernels.moe_gemm import ACTIVATIONS
 from kernels.moe_gemm import FAULTS as GEMM_FAULTS
 from kernels.mxfp4_fragment_dequantize import dequantize_mxfp4_fragment
 from kernels.mxfp4_moe_fragment_gemv import launch_gemv
+from kernels.w4a16_mxfp4_fragment_gemv import check_x_words
 from reference.moe.experts import check_moe_args
 
 # The faults the GEMV plants (`kernels.moe_gemm`'s names and codes) and the alignment's.
@@ -124,8 +125,7 @@ def launch(
         return fused_moe.launch(
             x, w13_16, w2_16, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map, fault=fault
         )
-    if x.stride(1) != 1 or x.stride(0) % 2 or x.data_ptr() % 4:
-        raise ValueError(f"x: rows must be contiguous and start on 4-byte boundaries, got strides {x.stride()}")
+    check_x_words(x)
     config = config or gpu_config(tokens * top_k)
     align_fault = fault if fault in moe_align.FAULTS else "none"
     gemv_fault = 0 if fault in moe_align.FAULTS else GEMM_FAULTS[fault]

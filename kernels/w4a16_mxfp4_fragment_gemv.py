@@ -414,6 +414,12 @@ def check_fragment_args(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tenso
     return n, k
 
 
+def check_x_words(x: torch.Tensor) -> None:
+    """The GEMV reads x's rows as int32 words (bf16 pairs): rows contiguous, starting on 4-byte boundaries."""
+    if x.stride(1) != 1 or x.stride(0) % 2 or x.data_ptr() % 4:
+        raise ValueError(f"x: rows must be contiguous and start on 4-byte boundaries, got strides {x.stride()}")
+
+
 def launch(x, words, pairs, config: tuple | None = None, fault: str = "none", gemv: bool | None = None) -> torch.Tensor:
     """Validate, allocate and launch; `config` overrides the chosen kernel's launch (the GEMV's (WARPS, U, DEPTH) or
     the tiled kernel's table row: sweeps), `fault` plants a named bug (negative controls), `gemv` forces the GEMV
@@ -434,8 +440,7 @@ def launch(x, words, pairs, config: tuple | None = None, fault: str = "none", ge
     y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
     if m == 0 or n == 0:
         return y
-    if x.stride(1) != 1 or x.stride(0) % 2 or x.data_ptr() % 4:
-        raise ValueError(f"x: rows must be contiguous and start on 4-byte boundaries, got strides {x.stride()}")
+    check_x_words(x)
     groups = 1 if m <= GROUP else 2
     warps, u, depth = config or gpu_config(tiles, k // layout.STEP_K, m)
     xw = x.view(torch.int32)
