@@ -6,11 +6,10 @@ out [T, H]`; call it through `fused_moe` below, which has `reference.moe.experts
 signature and conventions (w13 [E, 2I, H] gate rows then up rows, or interleaved for "swiglu_oai"; w2 [E, H, I];
 expert ids global, `expert_map` to local experts or -1).
 
-Launches: `kernels.moe_align` (1 at decode, 5 beyond its chunk), `kernels.moe_gemm` twice, and the combine:
-the k per-assignment rows of a token, each rounded to the activation dtype by the second GEMM, summed in fp32
-and rounded once (torch's sum over k <= 8 rows of bf16/fp16, which accumulates in fp32 and rounds once: one
-launch, where a fp32 sum and a cast took two). The per-assignment workspace starts zeroed, so an assignment the
-alignment dropped (an expert id outside [0, E), which only a caller's bug makes) adds nothing.
+Launches: `kernels.moe_align` (1 at decode, 5 beyond its chunk), `kernels.moe_gemm` twice, and the combine
+(`kernels.moe_combine`): the k per-assignment rows of a token, each rounded to the activation dtype by the second
+GEMM, summed in fp32 and rounded once; an assignment the alignment dropped (an expert id outside [0, E), which only
+a caller's bug makes) is skipped by its id, so the per-assignment workspace is never zeroed.
 `run_layer` is that sequence on validated arguments; the quantized layers (`kernels.block_fp8_moe`,
 `kernels.mxfp4_moe`) run it with the grouped GEMM in their mode.
 """
@@ -21,6 +20,7 @@ import torch
 
 from kernels import moe_align, moe_gemv
 from kernels._boundary import check_device
+from kernels.moe_combine import combine
 from kernels.moe_gemm import Tiles, choose_tiles, fp8_tiles, launch_moe_gemm, mx_tiles
 from reference.moe.experts import check_moe_args
 
@@ -96,9 +96,9 @@ def run_layer(
     h = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=device)
     gemm(a, a_scales, w13, w13_bias, w13_scales, h, top_k, activation, False, first)
     a, a_scales = quantize(h) if fp8 else (h, None)
-    per_slot = torch.zeros(tokens * top_k, hidden, dtype=x.dtype, device=device)
+    per_slot = torch.empty(tokens * top_k, hidden, dtype=x.dtype, device=device)  # the combine skips dropped rows
     gemm(a, a_scales, w2, w2_bias, w2_scales, per_slot, 1, "none", True, second)
-    return per_slot.view(tokens, top_k, hidden).sum(dim=1)  # fp32 accumulation, one rounding: one launch
+    return combine(per_slot, topk_ids, experts)
 
 
 @torch.library.custom_op("touchstone::fused_moe", mutates_args=())

@@ -1,11 +1,11 @@
 """The MoE layer's combine as one PDL kernel: out[t] = the sum over j < k of slots[t * k + j] for the assignments
 whose expert id is in [0, E), in fp32, rounded once to the output dtype.
 
-`kernels.fused_moe` zeroes its per-assignment workspace (one launch) so that an assignment the alignment dropped (an
-id outside [0, E), which only a caller's bug makes) adds nothing, and sums it with torch (another launch). Here the
-dropped rows are skipped by their id instead, so the workspace need not be zeroed, and the kernel launches with PDL
-(`kernels._pdl`): its programs are resident while the GEMV before it finishes. Used by `kernels.mxfp4_moe_fragment`.
-"""
+An assignment the alignment dropped (an id outside [0, E), which only a caller's bug makes) is skipped by its id, so
+the per-assignment workspace is never zeroed (a launch fewer than zeroing it and summing with torch, the layers'
+first form), and the kernel launches with PDL (`kernels._pdl`): its programs are resident while the GEMM or GEMV
+before it finishes. Used by every MoE layer: `kernels.fused_moe.run_layer` (bf16, block FP8, MXFP4 on codes and
+scales) and `kernels.mxfp4_moe_fragment`."""
 
 from __future__ import annotations
 

@@ -39,9 +39,9 @@ from reference.moe.experts import check_moe_args
 # The faults the GEMV plants (`kernels.moe_gemm`'s names and codes) and the alignment's.
 FAULTS = ("none", "gate_up_swapped", "neighbour_expert", "mx_scale_past_end", *moe_align.FAULTS)
 
-# (WARPS, U steps a turn, DEPTH turns of loads ahead, GROUPS column groups a block) by (token, expert) assignments.
-# H200, gpt-oss-20b's experts (E 32, top 4, 2880 x 2880), the whole layer as CUDA-graph replays with a cold L2
-# (`python -m bench.moe.launch_sweep --cases mxfp4_fragment_decode`, the rows at 54c8ec7 in
+# (WARPS, U steps a turn, DEPTH turns of loads ahead, GROUPS column groups a block) of each GEMV by (token, expert)
+# assignments. H200, gpt-oss-20b's experts (E 32, top 4, 2880 x 2880), the whole layer as CUDA-graph replays with a
+# cold L2 (`python -m bench.moe.launch_sweep --cases mxfp4_fragment_decode`, the rows at 54c8ec7 in
 # reports/cuda-h200/launch_sweeps/moe_launch_sweep.csv), against memcpy on the touched experts' bytes: 1 token (4
 # assignments) (4, 2, 1, 1) 41.4 us, 0.30x ((4, 1, 1, 1) 40.5, 8 warps 44.5, 2 warps 42.1; the interchange layer's
 # per-assignment GEMVs 44.4); 4 tokens (16) (4, 2, 1, 1) 84.8 us, 0.52x (2 warps 86.0; the interchange layer 123.7);
@@ -49,10 +49,17 @@ FAULTS = ("none", "gate_up_swapped", "neighbour_expert", "mx_scale_past_end", *m
 # 290.0); 64 tokens (256) (1, 2, 1, 1) 199.4 us, 0.50x ((2, 2, 1, 1) 208.3; grouped 359.4). Fewer warps a program
 # win as the blocks fill: more programs resident an SM, more loads in flight. Two turns of loads ahead, and blocks of
 # 16 slots (GROUPS 2), were slower everywhere (4-25 %).
+# Each GEMV alone (graph replays, same sweep cases, one run): at 1 token the first GEMV's best is (4, 1, 1, 1) (22.4
+# us against 24.3 with U = 2; 2 warps 22.9) and the second's (4, 2, 1, 1) (15.0 against 16.7), the layer with that
+# pair 38.5 us (0.32x) against 41.3 with one config; at 4, 16 and 64 tokens no pair beat the one config by over 1 %.
 # At 1 token the layer is bound by its two GEMVs' single waves: alone in a graph the first (35 MB of w13) takes
 # 24.0 us and the second (17.6 MB) 14.8, where a 1 GiB copy's rate would read them in 8.3 and 4.2.
-CONFIGS = ((16, (4, 2, 1, 1)), (128, (2, 2, 1, 1)))  # (most assignments, config)
-WIDE_CONFIG = (1, 2, 1, 1)
+CONFIGS = (  # (most assignments, first GEMV's config, second GEMV's)
+    (4, (4, 1, 1, 1), (4, 2, 1, 1)),
+    (16, (4, 2, 1, 1), (4, 2, 1, 1)),
+    (128, (2, 2, 1, 1), (2, 2, 1, 1)),
+)
+WIDE_CONFIG = ((1, 2, 1, 1), (1, 2, 1, 1))
 # Up to this many assignments the layer runs the GEMVs; beyond, the bf16 layer on the decoded experts, whose decode
 # of every expert (1.6 GB of bf16 for gpt-oss-20b) costs ~0.65 ms whatever the tokens. gpt-oss-20b in the same sweep
 # at b2f71d1: 256 tokens (1024 assignments) 0.536 ms here against 1.056 ms decoded (the interchange layer's grouped
@@ -60,12 +67,22 @@ WIDE_CONFIG = (1, 2, 1, 1)
 MAX_ASSIGNMENTS = 1024
 
 
-def gpu_config(assignments: int) -> tuple[int, int, int, int]:
-    """(WARPS, U, DEPTH, GROUPS) for `assignments` (token, expert) pairs (the sweep's best, above)."""
-    for most, config in CONFIGS:
+def gpu_config(assignments: int) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
+    """((WARPS, U, DEPTH, GROUPS) of the first GEMV, of the second) for `assignments` (token, expert) pairs (the
+    sweep's best, above)."""
+    for most, first, second in CONFIGS:
         if assignments <= most:
-            return config
+            return first, second
     return WIDE_CONFIG
+
+
+def gemv_configs(config: tuple) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
+    """(first GEMV's, second's) from one (WARPS, U, DEPTH, GROUPS) for both or such a pair; ValueError naming
+    `config` where the pair's GROUPS differ (one alignment serves both GEMVs)."""
+    first, second = (config, config) if isinstance(config[0], int) else config
+    if first[3] != second[3]:
+        raise ValueError(f"config: both GEMVs run on one alignment, so GROUPS must agree, got {first} and {second}")
+    return tuple(first), tuple(second)
 
 
 def check_fragment_moe_args(
@@ -104,8 +121,8 @@ def launch(
     expert_map=None, fault: str = "none", config: tuple | None = None, gemv: bool | None = None,
 ):  # fmt: skip
     """Validate (shapes and dtypes only), allocate and launch. `fault` plants a named bug (`FAULTS`); `config`
-    replaces `gpu_config`'s (sweeps); `gemv` forces the GEMVs (True) or the bf16 layer on the decoded experts
-    (False)."""
+    (one (WARPS, U, DEPTH, GROUPS) for both GEMVs, or a pair: `gemv_configs`) replaces `gpu_config`'s (sweeps);
+    `gemv` forces the GEMVs (True) or the bf16 layer on the decoded experts (False)."""
     experts = check_fragment_moe_args(
         x, w13, w13_pairs, w2, w2_pairs, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map
     )
@@ -126,17 +143,17 @@ def launch(
             x, w13_16, w2_16, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map, fault=fault
         )
     check_x_words(x)
-    config = config or gpu_config(tokens * top_k)
+    first, second = gemv_configs(config) if config else gpu_config(tokens * top_k)
     align_fault = fault if fault in moe_align.FAULTS else "none"
     gemv_fault = 0 if fault in moe_align.FAULTS else GEMM_FAULTS[fault]
-    alignment = moe_align.launch(topk_ids, experts, 8 * config[3], expert_map, align_fault)
+    alignment = moe_align.launch(topk_ids, experts, 8 * first[3], expert_map, align_fault)
     weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
     inter, hidden = w2.shape[2] * layout.STEP_K, x.shape[1]
     h = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)
     act = ACTIVATIONS[activation]
-    launch_gemv(x, w13, w13_pairs, w13_bias, h, alignment, weights, top_k, act, False, config, gemv_fault)
+    launch_gemv(x, w13, w13_pairs, w13_bias, h, alignment, weights, top_k, act, False, first, gemv_fault)
     per_slot = torch.empty(tokens * top_k, hidden, dtype=x.dtype, device=x.device)  # the combine skips dropped rows
-    launch_gemv(h, w2, w2_pairs, w2_bias, per_slot, alignment, weights, 1, 0, True, config, gemv_fault, early=True)
+    launch_gemv(h, w2, w2_pairs, w2_bias, per_slot, alignment, weights, 1, 0, True, second, gemv_fault, early=True)
     return combine(per_slot, topk_ids, experts)
 
 

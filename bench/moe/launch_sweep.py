@@ -1,8 +1,8 @@
 """Sweep the MoE layer's launch tiles on a GPU: the whole layer (alignment, both grouped GEMMs, the combine) as a
 CUDA-graph replay per (first GEMM's, second GEMM's) tiles, against the same run's peer and roof.
 
-    python -m bench.moe.launch_sweep [--cases mixtral_prefill dsv3_decode mxfp4_decode mxfp4_fragment_decode]
-        [--repeats 3]
+    python -m bench.moe.launch_sweep [--cases mixtral_prefill dsv3_decode mxfp4_decode mxfp4_fragment_decode
+        mxfp4_fragment_gemvs] [--repeats 3]
 
 Cases: mixtral_prefill (bf16, 4,096 tokens; against the `torch._grouped_mm` layer, bench/moe/grouped_mm_peer.py:
 the bar is >= 1.0x), dsv3_decode (block FP8, DeepSeek-V3's experts at 1, 2 and 4 tokens: the grouped GEMM's
@@ -10,7 +10,8 @@ tiles, which `tiles` forces, and `kernels.moe_gemv`'s block-FP8 launch shapes; a
 experts' bytes: the bar is >= 0.70x) and mxfp4_decode (gpt-oss-20b's experts at 1, 4 and 16 tokens:
 `kernels.moe_gemv`'s launch shapes against the grouped GEMM, which `tiles` forces; memcpy on the touched bytes,
 the bar >= 0.60x) and mxfp4_fragment_decode (the same experts in the fragment layout at 1, 4, 16 and 64 tokens:
-`kernels.mxfp4_moe_fragment`'s launch configs). The layer's own choice (`kernels.moe_gemm.choose_tiles`) is the
+`kernels.mxfp4_moe_fragment`'s launch configs), and mxfp4_fragment_gemvs (each of that layer's GEMVs alone: its
+configs are chosen a GEMV at a time). The layer's own choice (`kernels.moe_gemm.choose_tiles`) is the
 line marked "table". Each config is timed `--repeats` times (cold L2 each time), and every p20 / p50 / p80 is
 printed, because layer timings on the H200 have come out bimodal (p20 5.07 ms against p50 5.78 ms in one
 report). The inputs are the MoE benches' (bench/moe/fused_moe.py, block_fp8_moe.py). GPU only.
@@ -27,10 +28,11 @@ from bench.moe import block_fp8_moe as fp8_bench
 from bench.moe import fused_moe as bf16_bench
 from bench.moe import mxfp4_moe as mx_bench
 from bench.moe.grouped_mm_peer import grouped_mm_moe
-from bench.moe.layer_bench import cases
+from bench.moe.layer_bench import cases, touched_experts
 from bench.timing import bench
-from kernels import block_fp8_moe, fused_moe, moe_gemv, mxfp4_moe, mxfp4_moe_fragment
+from kernels import block_fp8_moe, fused_moe, moe_align, moe_gemv, mxfp4_moe, mxfp4_moe_fragment
 from kernels.moe_gemm import Tiles, choose_tiles, fp8_tiles, mx_tiles
+from kernels.mxfp4_moe_fragment_gemv import launch_gemv
 
 T = Tiles
 # (first GEMM's, second GEMM's) tiles; both share BM (the alignment's block). None: the table's choice.
@@ -181,9 +183,38 @@ MX_FRAGMENT = (
 )  # fmt: skip
 
 
+def mxfp4_fragment_gemvs(repeats: int) -> None:
+    """gpt-oss-20b's experts at 1, 4, 16 and 64 tokens: each of the fragment layer's two GEMVs alone (the first on
+    x with the activation, the second on its output with the routing weight, both on one alignment made beforehand)
+    with each config of MX_FRAGMENT that has one column group, against memcpy on the bytes of the weights it reads."""
+    roof = memcpy_gbps(1 << 30, "1 GiB device copy")
+    shape = mx_bench.GPTOSS
+    w13, p13, w2, p2 = mx_bench.fragment_weights(shape.experts, shape.hidden, shape.inter, "cuda")
+    for tokens in (1, 4, 16, 64):
+        case = cases(shape, (tokens,))[0]
+        x, _, _, _, _, weights, ids, _, b13, b2 = mx_bench.inputs(case, "cuda")
+        n = tokens * shape.top_k
+        alignment = moe_align.launch(ids, shape.experts, 8)
+        w = weights.reshape(-1).float().contiguous()
+        h = torch.empty(n, shape.inter, dtype=x.dtype, device="cuda")
+        out = torch.empty(n, shape.hidden, dtype=x.dtype, device="cuda")
+        experts = touched_experts(case)
+        first = functools.partial(launch_gemv, x, w13, p13, b13, h, alignment, w, shape.top_k, 2, False)
+        second = functools.partial(launch_gemv, h, w2, p2, b2, out, alignment, w, 1, 0, True, early=True)
+        table = mxfp4_moe_fragment.gpu_config(n)
+        for which, words, pairs, run, chosen in (("first GEMV", w13, p13, first, table[0]),
+                                                 ("second GEMV", w2, p2, second, table[1])):  # fmt: skip
+            moved = experts * (words[0].numel() + pairs[0].numel()) * 4
+            for config in (c for c in MX_FRAGMENT if c[3] == 1):
+                label = f"{which} {config}" + (" (table)" if config == chosen else "")
+                _line(f"mxfp4_fragment_gemvs T{tokens}", label, _time(functools.partial(run, config=config), repeats),
+                      moved / roof / 1e6, "memcpy", moved)  # fmt: skip
+
+
 def mxfp4_fragment_decode(repeats: int) -> None:
     """gpt-oss-20b's experts at 1 ... 1024 tokens: the fragment layer (`kernels.mxfp4_moe_fragment`) with each config
-    of MX_FRAGMENT (up to 64 tokens; the table's beyond) and on its other path (the bf16 layer on the decoded
+    of MX_FRAGMENT for both GEMVs and the table's pair (up to 64 tokens; the table's alone beyond) and on its other
+    path (the bf16 layer on the decoded
     experts), beside the interchange layer's own choice (`kernels.mxfp4_moe`: moe_gemv's GEMVs up to its limit, the
     grouped GEMM above)."""
     roof = memcpy_gbps(1 << 30, "1 GiB device copy")
@@ -202,7 +233,7 @@ def mxfp4_fragment_decode(repeats: int) -> None:
         _line(name, "fragment: bf16 layer on the decoded experts", _time(functools.partial(layer, gemv=False), repeats),
               roof_ms, "memcpy", moved)  # fmt: skip
         table = mxfp4_moe_fragment.gpu_config(tokens * shape.top_k)
-        for config in MX_FRAGMENT if tokens <= 64 else (table,):
+        for config in (*MX_FRAGMENT, table) if tokens <= 64 else (table,):
             label = f"fragment {config}" + (" (table)" if config == table else "")
             try:
                 timings = _time(functools.partial(layer, config=config, gemv=True), repeats)
@@ -217,6 +248,7 @@ CASES = {
     "dsv3_decode": dsv3_decode,
     "mxfp4_decode": mxfp4_decode,
     "mxfp4_fragment_decode": mxfp4_fragment_decode,
+    "mxfp4_fragment_gemvs": mxfp4_fragment_gemvs,
 }
 
 

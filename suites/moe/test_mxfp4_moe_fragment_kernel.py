@@ -44,9 +44,16 @@ LAUNCH_CONFIGS = [
 def test_config_table_stays_in_the_tested_configs():
     """Every config `gpu_config` can pick is one this suite runs on a GPU, and the GEMVs' limit is where the table
     was measured."""
-    picked = {kernel.gpu_config(n) for n in range(1, 4 * kernel.MAX_ASSIGNMENTS)}
+    picked = {config for n in range(1, 4 * kernel.MAX_ASSIGNMENTS) for config in kernel.gpu_config(n)}
     assert picked <= set(LAUNCH_CONFIGS), picked - set(LAUNCH_CONFIGS)
-    assert kernel.gpu_config(4) == (4, 2, 1, 1) and kernel.gpu_config(64) == (2, 2, 1, 1)
+    assert kernel.gpu_config(4) == ((4, 1, 1, 1), (4, 2, 1, 1)) and kernel.gpu_config(64) == ((2, 2, 1, 1),) * 2
+    assert all(first[3] == second[3] for _, first, second in kernel.CONFIGS)
+
+
+def test_config_pair_refused_when_groups_differ():
+    with pytest.raises(ValueError, match="config: both GEMVs run on one alignment"):
+        kernel.gemv_configs(((4, 2, 1, 1), (2, 2, 1, 2)))
+    assert kernel.gemv_configs((4, 2, 1, 1)) == ((4, 2, 1, 1), (4, 2, 1, 1))
 
 
 def fragment_args(args: list) -> list:
