@@ -23,12 +23,13 @@ import functools
 
 import torch
 
-from bench.launch_sweep import failed, gpu_args, memcpy_gbps, parser, record
+from bench.launch_sweep import failed, gpu_args, memcpy_gbps, note, parser, record
 from bench.moe import block_fp8_moe as fp8_bench
 from bench.moe import fused_moe as bf16_bench
 from bench.moe import mxfp4_moe as mx_bench
 from bench.moe.grouped_mm_peer import grouped_mm_moe
 from bench.moe.layer_bench import cases, touched_experts
+from bench.read_floor import read_floor_ms
 from bench.timing import bench
 from kernels import block_fp8_moe, fused_moe, moe_align, moe_gemv, mxfp4_moe, mxfp4_moe_fragment
 from kernels.moe_gemm import Tiles, choose_tiles, fp8_tiles, mx_tiles
@@ -229,6 +230,9 @@ def mxfp4_fragment_decode(repeats: int) -> None:
         name = f"mxfp4_fragment_decode T{tokens}"
         _line(name, "interchange layer (its choice)", _time(functools.partial(mxfp4_moe.launch, *args), repeats),
               roof_ms, "memcpy", moved)  # fmt: skip
+        floor = read_floor_ms(moved)
+        note(f"{name} read floor", f"{name} read floor (one lone kernel reading the bytes moved): {floor * 1e3:.1f} us "
+             f"{roof_ms / floor:.3f}x memcpy", time_us=floor * 1e3, x_memcpy=roof_ms / floor)  # fmt: skip
         layer = functools.partial(mxfp4_moe_fragment.launch, x, *words, weights, ids, activation, b13, b2)
         _line(name, "fragment: bf16 layer on the decoded experts", _time(functools.partial(layer, gemv=False), repeats),
               roof_ms, "memcpy", moved)  # fmt: skip
