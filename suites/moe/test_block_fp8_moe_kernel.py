@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from kernels.tolerances import assert_lossy, families
 from reference.moe import quantized as ref
 from reference.quant.fp8 import quantize_fp8_blocks
-from suites.moe.routing_draws import decode_routing, draw_routing, local_experts, on
+from suites.moe.routing_draws import decode_routing, draw_routing, drop_one, local_experts, on
 
 kernel = pytest.importorskip("kernels.block_fp8_moe")
 
@@ -116,6 +116,20 @@ def test_decode_path_within_the_row_and_beside_the_grouped_gemm(device, expert_m
     grouped = kernel.launch(*placed, tiles=tiles).cpu()
     mirror, ideal = ref.block_fp8_moe_mirror(*args), ref.block_fp8_moe_ideal(*args)
     assert_lossy(families.BLOCK_FP8_MOE, grouped, mirror, ideal, "block_fp8_moe")
+
+
+@pytest.mark.parametrize("path", ["gemv", "grouped"])
+def test_a_dropped_assignment_adds_nothing(device, path):
+    """An expert id outside [0, E) adds nothing on both paths: its per-assignment row is written by no GEMV or GEMM
+    and never zeroed, and the combine (`kernels.moe_combine`) skips it by its id."""
+    from kernels.moe_gemm import choose_tiles, fp8_tiles
+
+    args = _decode()
+    placed, host = drop_one(args, 6, 5, 8, device)
+    tiles = fp8_tiles(*choose_tiles(placed[0].device, 6, 8, 256, 128)) if path == "grouped" else None
+    got = kernel.launch(*placed, tiles=tiles).cpu()
+    mirror, ideal = ref.block_fp8_moe_mirror(*host), ref.block_fp8_moe_ideal(*host)
+    assert_lossy(families.BLOCK_FP8_MOE, got, mirror, ideal, "block_fp8_moe")
 
 
 @pytest.mark.parametrize("fault", ["weight_scale_next_k_block", "gate_up_swapped", "neighbour_expert"])

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from kernels.tolerances import assert_lossy, families
 from reference.moe import experts as ref
 from reference.moe.align import Alignment, align_block_size, check_alignment
+from suites.moe.routing_draws import drop_one
 
 align = pytest.importorskip("kernels.moe_align")
 fused = pytest.importorskip("kernels.fused_moe")
@@ -112,6 +113,16 @@ def test_alignment_named_case_bytes(device):
 def test_fixed_layer_within_the_row(device):
     """A fixed 33-token, 8-expert, top-2 layer (the sanitizer tier's case for the grouped GEMM)."""
     _check(_skewed(device), device)
+
+
+def test_a_dropped_assignment_adds_nothing(device):
+    """An expert id outside [0, E) adds nothing: the alignment drops it, so no GEMM writes its per-assignment row,
+    which is never zeroed, and the combine (`kernels.moe_combine`) skips it by its id."""
+    p = _skewed(device)
+    host, _ = _tensors(p, device)
+    placed, host = drop_one(host, 4, 3, 8, device)
+    got = fused.launch(*placed).cpu()
+    assert_lossy(families.FUSED_MOE, got, ref.fused_moe_mirror(*host), ref.fused_moe_ideal(*host), "fused_moe")
 
 
 def test_prefill_tiles_read_weights_through_tma_within_the_row(device):

@@ -16,7 +16,7 @@ from kernels.tolerances import assert_lossy, families
 from reference.moe import quantized as ref
 from reference.quant.mxfp4 import quantize_mxfp4
 from suites.guard_bytes import Guards
-from suites.moe.routing_draws import decode_routing, draw_routing, local_experts, on
+from suites.moe.routing_draws import decode_routing, draw_routing, drop_one, local_experts, on
 
 kernel = pytest.importorskip("kernels.mxfp4_moe")
 
@@ -106,6 +106,21 @@ def test_decode_path_within_the_row_and_beside_the_grouped_gemm(device, activati
     tiles = mx_tiles(placed[0].device, 6, 8, *choose_tiles(placed[0].device, 6, 8, 96, 64))
     grouped = kernel.launch(*placed, tiles=tiles).cpu()
     assert_lossy(families.MXFP4_MOE, grouped, ref.mxfp4_moe_mirror(*args), ref.mxfp4_moe_ideal(*args), "mxfp4_moe")
+
+
+@pytest.mark.parametrize("path", ["gemv", "grouped"])
+def test_a_dropped_assignment_adds_nothing(device, path):
+    """An expert id outside [0, E) adds nothing on both paths: its per-assignment row is written by no GEMV or GEMM
+    and never zeroed, and the combine (`kernels.moe_combine`) skips it by its id."""
+    from kernels.moe_gemm import choose_tiles, mx_tiles
+
+    args = _decode("swiglu_oai")
+    placed, host = drop_one(args, 6, 5, 8, device)
+    tiles = None
+    if path == "grouped":
+        tiles = mx_tiles(placed[0].device, 6, 8, *choose_tiles(placed[0].device, 6, 8, 96, 64))
+    got = kernel.launch(*placed, tiles=tiles).cpu()
+    assert_lossy(families.MXFP4_MOE, got, ref.mxfp4_moe_mirror(*host), ref.mxfp4_moe_ideal(*host), "mxfp4_moe")
 
 
 @pytest.mark.parametrize("fault", ["gate_up_swapped", "neighbour_expert", "mx_scale_past_end"])
