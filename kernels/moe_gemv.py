@@ -15,10 +15,10 @@ modes, one kernel:
 The epilogues are `kernels.moe_gemm`'s, in fp32 on the row sums: bias, then the activation (ACT 1 "silu": gate
 rows c and up rows N + c; ACT 2 "swiglu_oai": gate rows 2c and up rows 2c + 1, one tile of interleaved rows split
 in pairs), or the routing weight (MUL_WEIGHT, the second GEMM); one rounding to bf16 at the store.
-Routing: an id outside [0, E) is dropped (its rows are not written; the layer's per-assignment workspace starts
-zeroed, so it adds nothing); an expert the map sends to -1 (another rank's) writes zeros, as the grouped GEMM's
-blocks do. Faults: `kernels.moe_gemm.FAULTS` (gate/up swapped, the neighbouring expert, a weight scale of the next
-K block, an MX scale read past the end), so the layers' negative controls hold on this path too.
+Routing: an id outside [0, E) is dropped (its rows are not written, and the layer's combine, `kernels.moe_combine`,
+skips them by their id, so it adds nothing); an expert the map sends to -1 (another rank's) writes zeros, as the
+grouped GEMM's blocks do. Faults: `kernels.moe_gemm.FAULTS` (gate/up swapped, the neighbouring expert, a weight
+scale of the next K block, an MX scale read past the end), so the layers' negative controls hold on this path too.
 Sums are fp32 in the GEMV's order (not the mirror's): each layer's lossy row bounds both.
 """
 

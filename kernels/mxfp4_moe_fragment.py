@@ -49,11 +49,14 @@ FAULTS = ("none", "gate_up_swapped", "neighbour_expert", "mx_scale_past_end", *m
 # 290.0); 64 tokens (256) (1, 2, 1, 1) 199.4 us, 0.50x ((2, 2, 1, 1) 208.3; grouped 359.4). Fewer warps a program
 # win as the blocks fill: more programs resident an SM, more loads in flight. Two turns of loads ahead, and blocks of
 # 16 slots (GROUPS 2), were slower everywhere (4-25 %).
-# Each GEMV alone (graph replays, same sweep cases, one run): at 1 token the first GEMV's best is (4, 1, 1, 1) (22.4
-# us against 24.3 with U = 2; 2 warps 22.9) and the second's (4, 2, 1, 1) (15.0 against 16.7), the layer with that
-# pair 38.5 us (0.32x) against 41.3 with one config; at 4, 16 and 64 tokens no pair beat the one config by over 1 %.
-# At 1 token the layer is bound by its two GEMVs' single waves: alone in a graph the first (35 MB of w13) takes
-# 24.0 us and the second (17.6 MB) 14.8, where a 1 GiB copy's rate would read them in 8.3 and 4.2.
+# Each GEMV alone (`--cases mxfp4_fragment_gemvs`, the rows at 41d5f9d): at 1 token the first GEMV's best is
+# (4, 1, 1, 1), 22.2 us against 24.3 with U = 2 (2 warps 23.6), and the second's (4, 2, 1, 1), 15.3 against 17.0
+# with U = 1; the layer with that pair 38.9 us (0.32x) against 41.5 with (4, 2, 1, 1) for both (the
+# mxfp4_fragment_decode rows of the same run). Beyond 1 token only the one-config rows are taken: at 4 tokens the
+# second GEMV alone is 2.6 % faster with (2, 1, 1, 1), but a one-off layer timing with that pair took 89.0 us
+# against 85.5 (alone and after the first GEMV under PDL the configs rank differently).
+# At 1 token the layer is bound by its two GEMVs' single waves: a lone kernel that only reads the layer's 53.0 MB
+# takes 21.1 us, 0.60x the 1 GiB copy's rate (`python -m bench.read_floor`, beside each token count in the sweep).
 CONFIGS = (  # (most assignments, first GEMV's config, second GEMV's)
     (4, (4, 1, 1, 1), (4, 2, 1, 1)),
     (16, (4, 2, 1, 1), (4, 2, 1, 1)),

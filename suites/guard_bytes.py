@@ -22,6 +22,7 @@ import torch
 GUARD_BYTES = 256
 POISON = 0xFF
 CLEAN = 0x00
+SMALL_REQUEST = 1 << 20  # torch's caching allocator serves requests up to 1 MiB from a pool of its own
 
 
 class Guards:
@@ -50,13 +51,20 @@ class Guards:
 
 
 def fill_free_memory(device: torch.device | str, value: int, nbytes: int = 64 << 20) -> None:
-    """Fill `nbytes` of the caching allocator's free memory on a CUDA device with `value` (no-op elsewhere):
-    the outputs and workspaces allocated next start with those bytes."""
+    """Fill the caching allocator's free memory on a CUDA device with `value` (no-op elsewhere): the outputs and
+    workspaces allocated next start with those bytes. The cache is emptied first, so the only free blocks left are
+    the filled ones, in both of the allocator's pools: one `nbytes` block for requests over SMALL_REQUEST, and as
+    many bytes again in SMALL_REQUEST / 2 blocks for the pool that serves the requests up to it from its own
+    segments (a kernel test's few-KB workspace; filling only a large block left those at their stale zeros)."""
     if torch.device(device).type != "cuda":
         return
-    block = torch.full((nbytes,), value, dtype=torch.uint8, device=device)
     torch.cuda.synchronize(device)
-    del block  # back to the allocator's free list: the next allocations reuse it
+    torch.cuda.empty_cache()
+    half = SMALL_REQUEST // 2
+    blocks = [torch.full((nbytes,), value, dtype=torch.uint8, device=device)]
+    blocks += [torch.full((half,), value, dtype=torch.uint8, device=device) for _ in range(nbytes // half)]
+    torch.cuda.synchronize(device)
+    del blocks  # back to the allocator's free lists: the next allocations reuse them
 
 
 def _bytes(out) -> list[torch.Tensor]:

@@ -32,7 +32,7 @@ from bench.moe.layer_bench import cases, touched_experts
 from bench.read_floor import read_floor_ms
 from bench.timing import bench
 from kernels import block_fp8_moe, fused_moe, moe_align, moe_gemv, mxfp4_moe, mxfp4_moe_fragment
-from kernels.moe_gemm import Tiles, choose_tiles, fp8_tiles, mx_tiles
+from kernels.moe_gemm import ACTIVATIONS, Tiles, choose_tiles, fp8_tiles, mx_tiles
 from kernels.mxfp4_moe_fragment_gemv import launch_gemv
 
 T = Tiles
@@ -193,14 +193,15 @@ def mxfp4_fragment_gemvs(repeats: int) -> None:
     w13, p13, w2, p2 = mx_bench.fragment_weights(shape.experts, shape.hidden, shape.inter, "cuda")
     for tokens in (1, 4, 16, 64):
         case = cases(shape, (tokens,))[0]
-        x, _, _, _, _, weights, ids, _, b13, b2 = mx_bench.inputs(case, "cuda")
+        x, _, _, _, _, weights, ids, activation, b13, b2 = mx_bench.inputs(case, "cuda")
         n = tokens * shape.top_k
         alignment = moe_align.launch(ids, shape.experts, 8)
         w = weights.reshape(-1).float().contiguous()
         h = torch.empty(n, shape.inter, dtype=x.dtype, device="cuda")
         out = torch.empty(n, shape.hidden, dtype=x.dtype, device="cuda")
         experts = touched_experts(case)
-        first = functools.partial(launch_gemv, x, w13, p13, b13, h, alignment, w, shape.top_k, 2, False)
+        act = ACTIVATIONS[activation]
+        first = functools.partial(launch_gemv, x, w13, p13, b13, h, alignment, w, shape.top_k, act, False)
         second = functools.partial(launch_gemv, h, w2, p2, b2, out, alignment, w, 1, 0, True, early=True)
         table = mxfp4_moe_fragment.gpu_config(n)
         for which, words, pairs, run, chosen in (("first GEMV", w13, p13, first, table[0]),
@@ -237,7 +238,8 @@ def mxfp4_fragment_decode(repeats: int) -> None:
         _line(name, "fragment: bf16 layer on the decoded experts", _time(functools.partial(layer, gemv=False), repeats),
               roof_ms, "memcpy", moved)  # fmt: skip
         table = mxfp4_moe_fragment.gpu_config(tokens * shape.top_k)
-        for config in (*MX_FRAGMENT, table) if tokens <= 64 else (table,):
+        table = table[0] if table[0] == table[1] else table  # one config for both GEMVs, or the pair
+        for config in dict.fromkeys((*MX_FRAGMENT, table) if tokens <= 64 else (table,)):  # the table's once
             label = f"fragment {config}" + (" (table)" if config == table else "")
             try:
                 timings = _time(functools.partial(layer, config=config, gemv=True), repeats)

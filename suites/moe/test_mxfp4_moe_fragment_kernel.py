@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from kernels._packed_ptx import packed_ptx
 from kernels.tolerances import assert_lossy, families
 from reference.moe import quantized as ref
-from suites.guard_bytes import Guards, assert_guarded_call_agrees
+from suites.guard_bytes import POISON, Guards, assert_guarded_call_agrees, fill_free_memory
 from suites.moe.routing_draws import decode_routing, draw_routing, on
 from suites.moe.test_mxfp4_moe_kernel import _args
 
@@ -39,13 +39,16 @@ kernel = pytest.importorskip("kernels.mxfp4_moe_fragment")
 LAUNCH_CONFIGS = [
     (8, 2, 1, 1), (4, 2, 1, 1), (4, 1, 1, 1), (2, 2, 1, 1), (2, 2, 2, 1), (1, 2, 1, 1), (4, 2, 0, 1), (2, 2, 1, 2)
 ]  # fmt: skip
+# (first GEMV's, second's) pairs the table picks, run as pairs too.
+CONFIG_PAIRS = [((4, 1, 1, 1), (4, 2, 1, 1))]
 
 
 def test_config_table_stays_in_the_tested_configs():
-    """Every config `gpu_config` can pick is one this suite runs on a GPU, and the GEMVs' limit is where the table
-    was measured."""
-    picked = {config for n in range(1, 4 * kernel.MAX_ASSIGNMENTS) for config in kernel.gpu_config(n)}
-    assert picked <= set(LAUNCH_CONFIGS), picked - set(LAUNCH_CONFIGS)
+    """Every config `gpu_config` can pick is one this suite runs on a GPU (a pair of two configs as that pair),
+    and the GEMVs' limit is where the table was measured."""
+    pairs = {kernel.gpu_config(n) for n in range(1, 4 * kernel.MAX_ASSIGNMENTS)}
+    tested = {(c, c) for c in LAUNCH_CONFIGS} | set(CONFIG_PAIRS)
+    assert pairs <= tested, pairs - tested
     assert kernel.gpu_config(4) == ((4, 1, 1, 1), (4, 2, 1, 1)) and kernel.gpu_config(64) == ((2, 2, 1, 1),) * 2
     assert all(first[3] == second[3] for _, first, second in kernel.CONFIGS)
 
@@ -92,7 +95,7 @@ def _decode(activation="silu", expert_map=False, tokens=3):
     return _args(128, 64, decode_routing(tokens, expert_map), activation, 3)
 
 
-@pytest.mark.parametrize("config", LAUNCH_CONFIGS)
+@pytest.mark.parametrize("config", LAUNCH_CONFIGS + CONFIG_PAIRS)
 @pytest.mark.parametrize("activation", ["silu", "swiglu_oai"])
 def test_launch_configs_beside_the_interchange_layer(device, config, activation):
     """Every launch config on 21 tokens (more than 8 on some experts: two blocks of 8, or one of 16), with half the
@@ -139,12 +142,14 @@ def test_zeroed_and_poisoned_surroundings_give_the_same_bytes(device):
 
 def test_a_dropped_assignment_adds_nothing(device):
     """An expert id outside [0, E) (a caller's bug the alignment drops) adds nothing: the layer equals the mirror of
-    the same routing with that assignment's weight zero and a valid id; the combine skips the row no GEMV wrote."""
+    the same routing with that assignment's weight zero and a valid id; the combine skips the row no GEMV wrote
+    (free memory poisoned on a GPU, so that row is NaN)."""
     args = _decode("swiglu_oai", tokens=5)
     ids, weights = args[6].clone(), args[5].clone()
     ids[2, 1], weights[2, 1] = 8, 0.0
     placed = on(fragment_args(args), device)
     placed[6] = ids.to(device)
+    fill_free_memory(device, POISON)
     got = kernel.launch(*placed).cpu()
     args[5] = weights
     assert_lossy(families.MXFP4_MOE, got, ref.mxfp4_moe_mirror(*args), ref.mxfp4_moe_ideal(*args), "mxfp4_moe")
