@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from hypothesis import strategies as st
 
+from suites.guard_bytes import POISON, fill_free_memory
+
 
 def draw_routing(draw) -> tuple[int, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(experts, topk_ids [T, k], topk_weights [T, k], expert_map or None)."""
@@ -47,18 +49,19 @@ def on(args: list, device: str) -> list:
     return [a.to(device) if isinstance(a, torch.Tensor) else a for a in args]
 
 
-def drop_one(args: list, ids_at: int, weights_at: int, experts: int, device: str) -> tuple[list, list]:
+def drop_one(
+    args: list, ids_at: int, weights_at: int, experts: int, device: str, kernel_args=list
+) -> tuple[list, list]:  # fmt: skip
     """(the kernel's arguments on `device`, the references' on the host) for a layer whose assignment (0, 1) goes to
     id `experts` (outside [0, E): a caller's bug the alignment drops) in the kernel's routing, and stays at its valid
-    id with weight 0 in the references': what "adds nothing" means. On a GPU the caching allocator's free memory is
-    poisoned (0xFF: NaN in bf16) first, so a per-assignment row nothing wrote and the combine summed would show."""
-    from suites.guard_bytes import fill_free_memory
-
+    id with weight 0 in the references': what "adds nothing" means. `kernel_args` maps the references' arguments to
+    the kernel's (a weight layout the kernel takes). On a GPU the caching allocator's free memory is poisoned (NaN in
+    bf16) first, so a per-assignment row nothing wrote and the combine summed would show."""
     host = list(args)
     ids, weights = host[ids_at].clone(), host[weights_at].clone()
     ids[0, 1], weights[0, 1] = experts, 0.0
     host[weights_at] = weights
-    placed = on(args, device)
+    placed = on(kernel_args(args), device)
     placed[ids_at] = ids.to(device)
-    fill_free_memory(device, 0xFF)
+    fill_free_memory(device, POISON)
     return placed, host

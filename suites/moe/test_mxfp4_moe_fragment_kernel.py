@@ -28,8 +28,8 @@ from hypothesis import strategies as st
 from kernels._packed_ptx import packed_ptx
 from kernels.tolerances import assert_lossy, families
 from reference.moe import quantized as ref
-from suites.guard_bytes import POISON, Guards, assert_guarded_call_agrees, fill_free_memory
-from suites.moe.routing_draws import decode_routing, draw_routing, on
+from suites.guard_bytes import Guards, assert_guarded_call_agrees
+from suites.moe.routing_draws import decode_routing, draw_routing, drop_one, on
 from suites.moe.test_mxfp4_moe_kernel import _args
 
 layout = pytest.importorskip("kernels.mxfp4_fragment_layout")
@@ -144,15 +144,9 @@ def test_a_dropped_assignment_adds_nothing(device):
     """An expert id outside [0, E) (a caller's bug the alignment drops) adds nothing: the layer equals the mirror of
     the same routing with that assignment's weight zero and a valid id; the combine skips the row no GEMV wrote
     (free memory poisoned on a GPU, so that row is NaN)."""
-    args = _decode("swiglu_oai", tokens=5)
-    ids, weights = args[6].clone(), args[5].clone()
-    ids[2, 1], weights[2, 1] = 8, 0.0
-    placed = on(fragment_args(args), device)
-    placed[6] = ids.to(device)
-    fill_free_memory(device, POISON)
+    placed, host = drop_one(_decode("swiglu_oai", tokens=5), 6, 5, 8, device, fragment_args)
     got = kernel.launch(*placed).cpu()
-    args[5] = weights
-    assert_lossy(families.MXFP4_MOE, got, ref.mxfp4_moe_mirror(*args), ref.mxfp4_moe_ideal(*args), "mxfp4_moe")
+    assert_lossy(families.MXFP4_MOE, got, ref.mxfp4_moe_mirror(*host), ref.mxfp4_moe_ideal(*host), "mxfp4_moe")
 
 
 @pytest.mark.parametrize("top_k", [1, 3])
