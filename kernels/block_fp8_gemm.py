@@ -16,6 +16,9 @@ Design (for the H200; see bench/gemm/block_fp8_launch_sweep.py):
   the tiles; SPLIT_K > 1 (small M, where few tiles cannot fill 132 SMs and the weights must stream at full
   bandwidth) writes fp32 partial sums per K range that `kernels.split_k.sum_splits` adds in split order
   (deterministic) and rounds once, in one kernel.
+- On sm_90, M > 64 takes the Gluon kernel of `kernels.block_fp8_gemm_wgmma` (`WGMMA_CONFIG`): the same arithmetic,
+  with each K block's scaling run while the next block's MMA is on the tensor cores, which this kernel's Triton
+  loop cannot express (below).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from kernels import block_fp8_gemm_wgmma
 from kernels._boundary import check_device, runs_interpreted
 from kernels._packed_ptx import packed_ptx
 from kernels._pdl import launch_args, wait_then_release
@@ -53,16 +57,19 @@ class LaunchConfig:
     warp_specialize: bool = False  # Triton's producer/consumer split of the K loop (TMA warp + MMA warps)
     num_warps: int = 8
     num_stages: int = 3
+    # The Gluon kernel of kernels.block_fp8_gemm_wgmma (NVIDIA sm_90: each K block's scaling overlapped with the
+    # next block's MMA); elsewhere this config's tiled Triton launch. block_n <= 128, split_k 1.
+    wgmma: bool = False
 
 
 # GPU launch table by M. M > 64 swept at 8192^3 on the H200 (`python -m bench.gemm.block_fp8_launch_sweep`;
 # cuBLAS blockwise `_scaled_mm` 1128 TFLOP/s in the same run): 128x128 tiles, 8 warps, 3 stages, GROUP_M 16:
 # 876 TFLOP/s = 0.776x (GROUP_M 8: 853-863 at 3-4 stages; persistent 805-854; 64x128 / 4 warps 808-832;
 # warp-specialized 64x128 502-541). Every K step waits for its wgmma before the per-block scaling FMAs (see
-# the module doc), which is what caps it below cuBLAS. M <= 64 (weight-bandwidth-bound: a 64-row tile,
-# wgmma's minimum M, and split-K to put every SM on the weight stream) was not swept; the bench runs it at
-# 0.78-1.14x cuBLAS blockwise for M = 1 and 16 on the four DeepSeek-V3 shapes
-# (reports/cuda-h200/block_fp8_gemm_n*.md).
+# the module doc), which is what caps it below cuBLAS; on sm_90 this row is WGMMA_CONFIG's fallback only.
+# M <= 64 (weight-bandwidth-bound: a 64-row tile, wgmma's minimum M, and split-K to put every SM on the weight
+# stream) was not swept; the bench runs it at 0.78-1.14x cuBLAS blockwise for M = 1 and 16 on the four
+# DeepSeek-V3 shapes (reports/cuda-h200/block_fp8_gemm_n*.md).
 # M <= 16 (decode): a 16-row tile takes the mma.sync path. Swept on Llama-3.1-8B's projections (N x K 6144 x
 # 4096, 4096 x 4096, 28672 x 4096, 4096 x 14336; CUDA-graph replays, cold L2, the split sum of kernels.split_k;
 # reports/cuda-h200/launch_sweeps/block_fp8_launch_sweep.csv): at M = 1, 18.1 / 14.1 / 43.1 / 29.3 us against
@@ -73,6 +80,13 @@ GPU_CONFIGS: tuple[tuple[int, LaunchConfig], ...] = (
     (64, LaunchConfig(block_m=64, block_n=128, group_m=1, split_k=0, num_warps=4, num_stages=4)),
     (1 << 62, LaunchConfig(block_m=128, block_n=128, group_m=16, split_k=1, num_warps=8, num_stages=3)),
 )
+# M > 64 on sm_90: the Gluon kernel, 128x128 tiles, 8 warps, 4 stages, GROUP_M 16, one program an SM walking the
+# tiles. H200, one-off A/B at the bar's shapes (triton.testing.do_bench, cold L2; cuBLAS blockwise `_scaled_mm`
+# and the tiled row above in the same run), as a ratio to cuBLAS: 8192^3 0.849 (tiled 0.761); DeepSeek-V3 at
+# M = 4096, (N, K) = (7168, 2048) 0.923 (0.702), (2112, 7168) 0.810 (0.685), (7168, 16384) 0.825 (0.763),
+# (24576, 1536) 0.957 (0.754). A grid of one program a tile took 0.834 / 0.807 / 0.804 / 0.809 / 0.797; GROUP_M 8
+# 0.807-0.942, 3 stages 0.772-0.896. Every output bit-equal to the tiled kernel's.
+WGMMA_CONFIG = LaunchConfig(block_m=128, block_n=128, group_m=16, persistent=True, num_stages=4, wgmma=True)
 # Up to this many rows of A, where the PTX runs, the op is `kernels.block_fp8_gemv`'s tensor-core GEMV (one pass
 # over the weights per 8 rows). H200, CUDA-graph replays, cold L2 (a one-off timing of both paths, 990174f): at
 # M = 1 on Llama-3.1-8B's projections (N x K 6144 x 4096, 4096 x 4096, 28672 x 4096, 4096 x 14336) 14.8 / 12.7 /
@@ -105,6 +119,8 @@ def choose_config(m: int, n: int, k: int, device: torch.device) -> LaunchConfig:
     """The launch table's config for this shape (split_k 0 is resolved by the launcher)."""
     if runs_interpreted(device):
         return INTERPRETER_CONFIG
+    if m > GPU_CONFIGS[1][0] and block_fp8_gemm_wgmma.runs_on(device):
+        return WGMMA_CONFIG
     return next(cfg for max_m, cfg in GPU_CONFIGS if m <= max_m)
 
 
@@ -313,6 +329,17 @@ def launch_block_fp8_gemm(
         b_scales = b_scales if b_scales.stride(1) == 1 else b_scales.contiguous()
         return launch_fp8_gemv(a, a_scales, b, b_scales, out, FAULTS[fault])
     cfg = config or choose_config(m, n, k, device)
+    if cfg.wgmma:
+        if cfg.split_k > 1 or cfg.block_n > BLOCK or BLOCK % cfg.block_n:
+            raise ValueError(f"config: the wgmma kernel takes split_k 1 and block_n dividing {BLOCK}, got {cfg}")
+        if block_fp8_gemm_wgmma.runs_on(device):
+            programs = _device_sms(device) if cfg.persistent else 0
+            block_fp8_gemm_wgmma.launch(
+                a, a_scales, b, b_scales, out, cfg.block_m, cfg.block_n, cfg.group_m, cfg.num_stages, cfg.num_warps,
+                programs, FAULTS[fault],
+            )  # fmt: skip
+            return out
+        cfg = dataclasses.replace(cfg, wgmma=False)  # its tiled Triton twin where wgmma does not run
     if cfg.split_k == 0:
         cfg = dataclasses.replace(cfg, split_k=auto_split_k(m, n, k, cfg.block_m, cfg.block_n, _device_sms(device)))
     if (cfg.block_n > 128 and cfg.block_n % 128) or (cfg.block_n < 128 and 128 % cfg.block_n):

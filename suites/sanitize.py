@@ -48,6 +48,11 @@ SELECTION = {
         "suites/gemm/test_block_fp8_gemm.py::test_named_cases",
         "suites/gemm/test_block_fp8_gemm.py::test_tiny_and_empty_shapes",
     ],
+    "block_fp8_gemm_wgmma": [
+        "suites/gemm/test_block_fp8_gemm.py::test_named_cases",
+        "suites/gemm/test_block_fp8_gemm.py::test_wgmma_kernel_bit_equals_the_tiled_kernel[two_blocks-persistent]",
+        "suites/gemm/test_block_fp8_gemm.py::test_wgmma_kernel_bit_equals_the_tiled_kernel[odd_blocks_unaligned_rows-grid]",
+    ],
     "w4a16_mxfp4_gemm": [
         "suites/gemm/test_w4a16_mxfp4_gemm.py::test_named_cases",
         "suites/gemm/test_w4a16_mxfp4_layout.py::test_opcheck",

@@ -19,6 +19,7 @@ from reference.quant import fp8 as quant
 from suites import oracles
 
 kernel = pytest.importorskip("kernels.block_fp8_gemm")
+wgmma_kernel = pytest.importorskip("kernels.block_fp8_gemm_wgmma")
 FAMILY = families.BLOCK_FP8_GEMM
 FP8 = torch.float8_e4m3fn
 Config = kernel.LaunchConfig
@@ -30,6 +31,9 @@ CONFIGS = (
     Config(block_m=32, block_n=256, group_m=1, split_k=1, num_warps=4, num_stages=1),
     Config(block_m=16, block_n=64, group_m=4, split_k=3, num_warps=4, num_stages=1),
     Config(block_m=64, block_n=128, group_m=2, split_k=2, persistent=True, num_warps=4, num_stages=1),
+    # the wgmma kernel on sm_90 (kernels.block_fp8_gemm_wgmma), its tiled twin elsewhere
+    Config(block_m=64, block_n=64, group_m=2, persistent=True, num_warps=4, num_stages=3, wgmma=True),
+    kernel.WGMMA_CONFIG,
 )
 
 
@@ -188,6 +192,8 @@ def test_named_cases(name, out_dtype, device):
     assert_exact(run_kernel(operands, device, out_dtype).cpu(), want, f"{name} (kernel)")
     tiled = kernel.launch_block_fp8_gemm(*on(device, operands), out_dtype=out_dtype, gemv=False)
     assert_exact(tiled.cpu(), want, f"{name} (tiled kernel)")  # where the op's choice is the GEMV
+    wgmma = kernel.launch_block_fp8_gemm(*on(device, operands), out_dtype=out_dtype, config=kernel.WGMMA_CONFIG)
+    assert_exact(wgmma.cpu(), want, f"{name} (wgmma kernel, or its tiled twin)")
 
 
 def test_fp16_output_overflows_where_fp32_does_not(device):
@@ -291,6 +297,38 @@ def test_kernel_boundary_layouts(device):
     assert_lossy(FAMILY, got, mirror, ideal, "strided b")
 
 
+TILED_128 = Config(block_m=128, block_n=128, group_m=16, num_warps=8, num_stages=3)
+
+
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "grid"])
+@pytest.mark.parametrize(
+    "m,n,k_blocks",
+    [(65, 256, 1), (200, 528, 2), (333, 130, 3), (130, 384, 5), (257, 8, 4)],
+    ids=["one_block", "two_blocks", "odd_blocks_unaligned_rows", "five_blocks", "one_column_tile"],
+)
+def test_wgmma_kernel_bit_equals_the_tiled_kernel(m, n, k_blocks, persistent, device):
+    """The wgmma kernel does the tiled kernel's arithmetic in the same order: equal bytes for every output dtype,
+    over odd and even K block counts (its loop takes two blocks a trip), rows of C that TMA can store and rows it
+    cannot (N = 130: 260-byte bf16 rows), partial last tiles, one tile walked by a persistent program or more."""
+    operands, ideal = make_operands(m, n, 128 * k_blocks, seed=m + n, spread=4.0)
+    args = on(device, operands)
+    if not wgmma_kernel.runs_on(args[0].device):
+        pytest.skip("the wgmma kernel runs on NVIDIA sm_90")
+    config = Config(block_m=128, block_n=128, group_m=16, persistent=persistent, num_stages=4, wgmma=True)
+    for out_dtype in ref.OUT_DTYPES:
+        got = kernel.launch_block_fp8_gemm(*args, out_dtype=out_dtype, config=config)
+        tiled = kernel.launch_block_fp8_gemm(*args, out_dtype=out_dtype, config=TILED_128)
+        assert_exact(got, tiled, f"{out_dtype} against the tiled kernel")
+        assert_lossy(FAMILY, got, ref.block_fp8_gemm_mirror(*operands, out_dtype=out_dtype), ideal)
+
+
+def test_wgmma_configs_it_cannot_take_are_named(device):
+    args = on(device, make_operands(70, 64, 256, 0, 0.0)[0])
+    for bad in (Config(block_m=128, block_n=256, wgmma=True), Config(block_m=128, block_n=128, split_k=2, wgmma=True)):
+        with pytest.raises(ValueError, match="config: the wgmma kernel takes"):
+            kernel.launch_block_fp8_gemm(*args, config=bad)
+
+
 # ---- negative controls: a one-block indexing error in the real kernel must fail the tolerance check ----
 NEGATIVE_DATA = {
     "vllm_random_scales": lambda seed: vllm_style_operands(24, 300, 512, seed),
@@ -299,14 +337,23 @@ NEGATIVE_DATA = {
 }
 
 
-@pytest.mark.parametrize("gemv", [False, True], ids=["tiled", "gemv"])
+WGMMA_SMALL = Config(block_m=64, block_n=128, group_m=1, persistent=True, num_warps=4, num_stages=2, wgmma=True)
+
+
+@pytest.mark.parametrize("path", ["tiled", "gemv", "wgmma"])
 @pytest.mark.parametrize("data", sorted(NEGATIVE_DATA))
 @pytest.mark.parametrize("fault", ["weight_scale_next_k_block", "weight_scale_next_n_block"])
-def test_negative_control_one_block_off(fault, data, gemv, device):
-    """On the tiled GEMM and (where its PTX runs) the tensor-core GEMV of `kernels.block_fp8_gemv`."""
-    if gemv and not packed_ptx(on(device, NEGATIVE_DATA[data](0)[0])[0].device):
+def test_negative_control_one_block_off(fault, data, path, device):
+    """On the tiled GEMM, and where they run the tensor-core GEMV of `kernels.block_fp8_gemv` and the wgmma kernel
+    of `kernels.block_fp8_gemm_wgmma`."""
+    where = on(device, NEGATIVE_DATA[data](0)[0])[0].device
+    if path == "gemv" and not packed_ptx(where):
         pytest.skip("the tensor-core GEMV's PTX runs on NVIDIA sm_90+")
-    config = None if gemv else Config(block_m=32, block_n=128, group_m=1, num_warps=4, num_stages=1)
+    if path == "wgmma" and not wgmma_kernel.runs_on(where):
+        pytest.skip("the wgmma kernel runs on NVIDIA sm_90")
+    gemv = path == "gemv"
+    config = {"tiled": Config(block_m=32, block_n=128, group_m=1, num_warps=4, num_stages=1), "wgmma": WGMMA_SMALL}
+    config = config.get(path)
     for seed in range(2):
         operands, ideal = NEGATIVE_DATA[data](seed)
         mirror = ref.block_fp8_gemm_mirror(*operands, out_dtype=torch.bfloat16)

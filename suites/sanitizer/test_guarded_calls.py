@@ -69,6 +69,13 @@ def _block_fp8_inputs() -> dict[str, torch.Tensor]:
     return {"a": a, "a_scales": a_scales, "b": b, "b_scales": b_scales}
 
 
+def _block_fp8_wgmma_inputs() -> dict[str, torch.Tensor]:
+    """M = 130 (past 64: the wgmma kernel on sm_90, a partial last row tile), K = 384, N = 200."""
+    a, a_scales = ref_quantize_fp8(_x(130, 384, seed=5), granularity="group", group_size=128)
+    b, b_scales = quantize_fp8_blocks(_x(200, 384, seed=6), block=128)
+    return {"a": a, "a_scales": a_scales, "b": b, "b_scales": b_scales}
+
+
 def _paged_decode_fp8_inputs() -> dict[str, torch.Tensor]:
     """Two sequences (37 and 20 tokens: partial last blocks) over an FP8 cache with per-slot scales."""
     p = fixed(kv_heads=2, seq_lens=[37, 20], num_splits=2, seed=5, spread=2.0)
@@ -101,6 +108,10 @@ CASES = {
         lambda: {"x": _x(7, 384)},
     ),
     "block_fp8_gemm": (functools.partial(block_fp8_gemm.block_fp8_gemm, out_dtype=torch.bfloat16), _block_fp8_inputs),
+    "block_fp8_gemm (M > 64)": (
+        functools.partial(block_fp8_gemm.block_fp8_gemm, out_dtype=torch.bfloat16),
+        _block_fp8_wgmma_inputs,
+    ),
     "w4a16_mxfp4_gemm (gemv)": (w4a16_mxfp4_gemm.w4a16_mxfp4_gemm, lambda: _w4a16_inputs(1)),
     "w4a16_mxfp4_gemm (dot)": (w4a16_mxfp4_gemm.w4a16_mxfp4_gemm, lambda: _w4a16_inputs(17)),
     "w4a16_mxfp4_gemm_prepared (gemv)": (w4a16_mxfp4_gemm.w4a16_mxfp4_gemm_prepared, lambda: _w4a16_prepared_inputs(1)),
