@@ -66,7 +66,8 @@ class LaunchConfig:
 # cuBLAS blockwise `_scaled_mm` 1128 TFLOP/s in the same run): 128x128 tiles, 8 warps, 3 stages, GROUP_M 16:
 # 876 TFLOP/s = 0.776x (GROUP_M 8: 853-863 at 3-4 stages; persistent 805-854; 64x128 / 4 warps 808-832;
 # warp-specialized 64x128 502-541). Every K step waits for its wgmma before the per-block scaling FMAs (see
-# the module doc), which is what caps it below cuBLAS; on sm_90 this row is WGMMA_CONFIG's fallback only.
+# the module doc), which is what caps it below cuBLAS. On sm_90, M > 64 takes WGMMA_CONFIG instead; this row serves
+# other GPUs.
 # M <= 64 (weight-bandwidth-bound: a 64-row tile, wgmma's minimum M, and split-K to put every SM on the weight
 # stream) was not swept; the bench runs it at 0.78-1.14x cuBLAS blockwise for M = 1 and 16 on the four
 # DeepSeek-V3 shapes (reports/cuda-h200/block_fp8_gemm_n*.md).
@@ -330,8 +331,9 @@ def launch_block_fp8_gemm(
         return launch_fp8_gemv(a, a_scales, b, b_scales, out, FAULTS[fault])
     cfg = config or choose_config(m, n, k, device)
     if cfg.wgmma:
-        if cfg.split_k > 1 or cfg.block_n > BLOCK or BLOCK % cfg.block_n:
-            raise ValueError(f"config: the wgmma kernel takes split_k 1 and block_n dividing {BLOCK}, got {cfg}")
+        if cfg.split_k != 1:
+            raise ValueError(f"config: the wgmma kernel takes split_k 1, got {cfg.split_k}")
+        block_fp8_gemm_wgmma.check_tiling(cfg.block_m, cfg.block_n, cfg.num_warps)  # on every device alike
         if block_fp8_gemm_wgmma.runs_on(device):
             programs = _device_sms(device) if cfg.persistent else 0
             block_fp8_gemm_wgmma.launch(
@@ -339,7 +341,9 @@ def launch_block_fp8_gemm(
                 programs, FAULTS[fault],
             )  # fmt: skip
             return out
-        cfg = dataclasses.replace(cfg, wgmma=False)  # its tiled Triton twin where wgmma does not run
+        # Its tiled Triton twin where wgmma does not run, at the stage count of the table's M > 64 row: four stages
+        # of 128x128 FP8 A and B tiles take 128 KiB of shared memory, more than GPUs of ~100 KiB have.
+        cfg = dataclasses.replace(cfg, wgmma=False, num_stages=min(cfg.num_stages, GPU_CONFIGS[-1][1].num_stages))
     if cfg.split_k == 0:
         cfg = dataclasses.replace(cfg, split_k=auto_split_k(m, n, k, cfg.block_m, cfg.block_n, _device_sms(device)))
     if (cfg.block_n > 128 and cfg.block_n % 128) or (cfg.block_n < 128 and 128 % cfg.block_n):

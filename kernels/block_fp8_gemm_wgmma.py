@@ -158,7 +158,9 @@ def _block_fp8_gemm_wgmma_kernel(
         tile = first + i * stride
         off_m, off_n = _tile_offsets(tile, num_m, num_n, BLOCK_M, BLOCK_N, GROUP_M)
         here = (off_m, off_n)
-        next_m, next_n = _tile_offsets(tile + stride, num_m, num_n, BLOCK_M, BLOCK_N, GROUP_M)
+        # past the last tile there is no next one (its loads are predicated off): clamped, so that the grouped
+        # order's divisions stay inside the tile range
+        next_m, next_n = _tile_offsets(gl.minimum(tile + stride, tiles - 1), num_m, num_n, BLOCK_M, BLOCK_N, GROUP_M)
         after = (next_m, next_n, tile + stride < tiles)
         n_block = off_n // _BLOCK_K
         offs_m = off_m + gl.arange(0, BLOCK_M, layout=rows)
@@ -220,6 +222,19 @@ def runs_on(device: torch.device) -> bool:
     return packed_ptx(device) and platform.current_platform.capability == (9, 0)
 
 
+def check_tiling(block_m: int, block_n: int, num_warps: int) -> None:
+    """Refuse, with the config named, a tiling the kernel cannot run: block_n must divide the 128-wide weight block
+    (one weight scale a tile), and the warps must form whole warp groups, each taking 16-row wgmma slices of the
+    tile (warps_per_cta = [num_warps, 1])."""
+    if block_n > BLOCK_K or BLOCK_K % block_n:
+        raise ValueError(f"config: the wgmma kernel takes block_n dividing {BLOCK_K}, got {block_n}")
+    if num_warps % 4 or block_m % (16 * num_warps):
+        raise ValueError(
+            f"config: the wgmma kernel takes num_warps a multiple of 4 and block_m a multiple of 16 * num_warps, "
+            f"got num_warps {num_warps}, block_m {block_m}"
+        )
+
+
 GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}
 
 
@@ -229,12 +244,13 @@ def launch(a, a_scales, b, b_scales, out, block_m: int, block_n: int, group_m: i
     contiguous); `programs` > 0 walks the tiles with that many programs (persistent)."""
     m, k = a.shape
     n = b.shape[0]
-    if block_n > BLOCK_K or BLOCK_K % block_n:
-        raise ValueError(f"block_n: must divide {BLOCK_K} (one weight scale a tile), got {block_n}")
+    check_tiling(block_m, block_n, num_warps)
     if out.stride(1) != 1:
         raise ValueError(f"out: rows must be contiguous, got strides {out.stride()}")
     k_blocks = k // BLOCK_K
-    stages = min(stages, k_blocks)  # a tile's last steps load only the next tile's first blocks
+    # At least two stages: block k + 1's MMA is issued before block k's stage is refilled (one stage would wait on
+    # itself); at most k_blocks: a tile's last steps load only the next tile's first blocks.
+    stages = min(max(stages, 2), k_blocks)
     fp8 = gl.float8e4nv
     a_desc = TensorDescriptor.from_tensor(
         a, [block_m, BLOCK_K], gl.NVMMASharedLayout.get_default_for([block_m, BLOCK_K], fp8)

@@ -23,8 +23,9 @@ wgmma_kernel = pytest.importorskip("kernels.block_fp8_gemm_wgmma")
 FAMILY = families.BLOCK_FP8_GEMM
 FP8 = torch.float8_e4m3fn
 Config = kernel.LaunchConfig
-# Launch shapes the interpreter can afford that still walk every code path: scalar and per-column weight
-# scales (BLOCK_N <= 128 / 256), split-K with its fp32 partials, the persistent loop, tile grouping.
+# Launch shapes that walk every code path: scalar and per-column weight scales (BLOCK_N <= 128 / 256), split-K
+# with its fp32 partials, the persistent loop, tile grouping, the wgmma kernel's two tilings. The interpreter
+# affords them all on the small shapes drawn below, the 128x128 tiles included.
 CONFIGS = (
     None,  # the launcher's own choice
     Config(block_m=16, block_n=128, group_m=2, split_k=1, num_warps=4, num_stages=1),
@@ -300,33 +301,47 @@ def test_kernel_boundary_layouts(device):
 TILED_128 = Config(block_m=128, block_n=128, group_m=16, num_warps=8, num_stages=3)
 
 
-@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "grid"])
+@pytest.mark.parametrize(
+    "programs,stages",
+    [(0, 4), (1, 4), (3, 3), (2, 1)],
+    ids=["grid", "one_program", "three_programs", "two_programs_one_stage_asked"],
+)
 @pytest.mark.parametrize(
     "m,n,k_blocks",
     [(65, 256, 1), (200, 528, 2), (333, 130, 3), (130, 384, 5), (257, 8, 4)],
     ids=["one_block", "two_blocks", "odd_blocks_unaligned_rows", "five_blocks", "one_column_tile"],
 )
-def test_wgmma_kernel_bit_equals_the_tiled_kernel(m, n, k_blocks, persistent, device):
+def test_wgmma_kernel_bit_equals_the_tiled_kernel(m, n, k_blocks, programs, stages, device):
     """The wgmma kernel does the tiled kernel's arithmetic in the same order: equal bytes for every output dtype,
     over odd and even K block counts (its loop takes two blocks a trip), rows of C that TMA can store and rows it
-    cannot (N = 130: 260-byte bf16 rows), partial last tiles, one tile walked by a persistent program or more."""
+    cannot (N = 130: 260-byte bf16 rows), partial last tiles; one tile a program (grid) or several walked by each
+    of 1-3 programs, so a tile's last steps load the next tile's first blocks (unevenly shared: 10 tiles over 3
+    programs); one stage asked for (the launcher takes two: one would wait on itself)."""
     operands, ideal = make_operands(m, n, 128 * k_blocks, seed=m + n, spread=4.0)
     args = on(device, operands)
     if not wgmma_kernel.runs_on(args[0].device):
         pytest.skip("the wgmma kernel runs on NVIDIA sm_90")
-    config = Config(block_m=128, block_n=128, group_m=16, persistent=persistent, num_stages=4, wgmma=True)
     for out_dtype in ref.OUT_DTYPES:
-        got = kernel.launch_block_fp8_gemm(*args, out_dtype=out_dtype, config=config)
+        got = torch.full((m, n), math.nan, dtype=out_dtype, device=args[0].device)  # poisoned: every byte written
+        wgmma_kernel.launch(*args, got, 128, 128, group_m=16, stages=stages, num_warps=8, programs=programs)
         tiled = kernel.launch_block_fp8_gemm(*args, out_dtype=out_dtype, config=TILED_128)
         assert_exact(got, tiled, f"{out_dtype} against the tiled kernel")
         assert_lossy(FAMILY, got, ref.block_fp8_gemm_mirror(*operands, out_dtype=out_dtype), ideal)
 
 
 def test_wgmma_configs_it_cannot_take_are_named(device):
+    """Refused on every device alike (elsewhere the config would run as its tiled twin)."""
     args = on(device, make_operands(70, 64, 256, 0, 0.0)[0])
-    for bad in (Config(block_m=128, block_n=256, wgmma=True), Config(block_m=128, block_n=128, split_k=2, wgmma=True)):
-        with pytest.raises(ValueError, match="config: the wgmma kernel takes"):
-            kernel.launch_block_fp8_gemm(*args, config=bad)
+    bad = {
+        "block_n dividing 128": Config(block_m=128, block_n=256, wgmma=True),
+        "split_k 1, got 2": Config(block_m=128, block_n=128, split_k=2, wgmma=True),
+        "split_k 1, got 0": Config(block_m=128, block_n=128, split_k=0, wgmma=True),
+        "num_warps a multiple of 4 .* got num_warps 2,": Config(block_m=128, block_n=128, num_warps=2, wgmma=True),
+        "block_m a multiple of 16 .* got num_warps 8, block_m 64": Config(block_m=64, block_n=128, wgmma=True),
+    }
+    for message, config in bad.items():
+        with pytest.raises(ValueError, match=f"config: the wgmma kernel takes .*{message}"):
+            kernel.launch_block_fp8_gemm(*args, config=config)
 
 
 # ---- negative controls: a one-block indexing error in the real kernel must fail the tolerance check ----
