@@ -1,10 +1,12 @@
 """The sanitizer tier's plumbing, on the CPU: every selected case exists, error records are attributed to the
-kernel they name (not to symbols of the host backtrace), JUnit outcomes are counted per kernel, and a bad tool
-name is refused. The tier itself runs on a GPU (`nox -s sanitize`)."""
+kernel they name (not to symbols of the host backtrace), JUnit outcomes are counted per kernel, a bad tool
+name is refused, the tools run at once (a stand-in sanitizer) each with its own records, and a hung one is
+killed at the bound and fails the run. The tier itself runs on a GPU (`nox -s sanitize`)."""
 
 from __future__ import annotations
 
 import pathlib
+import sys
 
 import pytest
 
@@ -85,3 +87,33 @@ def test_an_unknown_tool_is_refused(capsys):
     with pytest.raises(SystemExit):
         sanitize.main(["--tools", "memcheck,leakcheck"])
     assert "--tools: unknown ['leakcheck']" in capsys.readouterr().err
+
+
+def _fake_sanitizer(body: str):
+    """A stand-in for compute-sanitizer: writes its --log-file with `body`'s records, then runs the Python
+    statement `body` names after a '|' (the pytest command it is handed is ignored)."""
+    records, _, statement = body.partition("|")
+
+    def command(tool: str, log: pathlib.Path) -> list[str]:
+        script = f"import pathlib, time; pathlib.Path({str(log)!r}).write_text({records!r}); {statement or 'pass'}"
+        return [sys.executable, "-c", script]
+
+    return command
+
+
+def test_tools_run_at_once_and_each_reports_its_own_records(tmp_path, monkeypatch):
+    monkeypatch.setattr(sanitize, "sanitizer_command", _fake_sanitizer(LOG))
+    runs = sanitize.run_tools(["memcheck", "racecheck"], tmp_path, {"_gemv_kernel": "w4a16_mxfp4_gemm"})
+    assert set(runs) == {"memcheck", "racecheck"}
+    for run in runs.values():
+        assert run.returncode == 0 and run.total_errors == 3
+        assert run.errors["w4a16_mxfp4_gemm"] == 1
+        assert run.cases == {}  # no JUnit XML written: no cases counted, none invented
+
+
+def test_a_hung_tool_is_killed_at_the_bound_and_reported(tmp_path, monkeypatch):
+    monkeypatch.setattr(sanitize, "sanitizer_command", _fake_sanitizer("|time.sleep(600)"))
+    monkeypatch.setattr(sanitize, "RUN_TIMEOUT_S", 1)
+    (run,) = sanitize.run_tools(["initcheck"], tmp_path, {}).values()
+    assert run.returncode != 0  # killed: the report's verdict fails on it
+    assert run.total_errors == 0 and run.cases == {}
