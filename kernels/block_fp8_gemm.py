@@ -54,7 +54,9 @@ class LaunchConfig:
     group_m: int = 8
     split_k: int = 1  # 0: choose from the SM count (small M)
     persistent: bool = False
-    warp_specialize: bool = False  # Triton's producer/consumer split of the K loop (TMA warp + MMA warps)
+    # Triton's producer/consumer split of the K loop (TMA warp + MMA warps); with wgmma, the Gluon kernel's producer
+    # warp and two consumer warp groups
+    warp_specialize: bool = False
     num_warps: int = 8
     num_stages: int = 3
     # The Gluon kernel of kernels.block_fp8_gemm_wgmma (NVIDIA sm_90: each K block's scaling overlapped with the
@@ -88,6 +90,9 @@ GPU_CONFIGS: tuple[tuple[int, LaunchConfig], ...] = (
 # (24576, 1536) 0.957 (0.754). A grid of one program a tile took 0.834 / 0.807 / 0.804 / 0.809 / 0.797; GROUP_M 8
 # 0.807-0.942, 3 stages 0.772-0.896. Every output bit-equal to the tiled kernel's.
 WGMMA_CONFIG = LaunchConfig(block_m=128, block_n=128, group_m=16, persistent=True, num_stages=4, wgmma=True)
+# Its warp-specialized form (a producer warp, two consumer warp groups that never wait for each other): not in the
+# table until the launch sweep (bench.gemm.block_fp8_launch_sweep) has raced it on the H200.
+WGMMA_WS_CONFIG = dataclasses.replace(WGMMA_CONFIG, warp_specialize=True)
 # Up to this many rows of A, where the PTX runs, the op is `kernels.block_fp8_gemv`'s tensor-core GEMV (one pass
 # over the weights per 8 rows). H200, CUDA-graph replays, cold L2 (a one-off timing of both paths, 990174f): at
 # M = 1 on Llama-3.1-8B's projections (N x K 6144 x 4096, 4096 x 4096, 28672 x 4096, 4096 x 14336) 14.8 / 12.7 /
@@ -333,17 +338,20 @@ def launch_block_fp8_gemm(
     if cfg.wgmma:
         if cfg.split_k != 1:
             raise ValueError(f"config: the wgmma kernel takes split_k 1, got {cfg.split_k}")
-        block_fp8_gemm_wgmma.check_tiling(cfg.block_m, cfg.block_n, cfg.num_warps)  # on every device alike
+        # on every device alike
+        block_fp8_gemm_wgmma.check_tiling(cfg.block_m, cfg.block_n, cfg.num_warps, cfg.warp_specialize)
         if block_fp8_gemm_wgmma.runs_on(device):
             programs = _device_sms(device) if cfg.persistent else 0
             block_fp8_gemm_wgmma.launch(
                 a, a_scales, b, b_scales, out, cfg.block_m, cfg.block_n, cfg.group_m, cfg.num_stages, cfg.num_warps,
-                programs, FAULTS[fault],
+                programs, FAULTS[fault], cfg.warp_specialize,
             )  # fmt: skip
             return out
         # Its tiled Triton twin where wgmma does not run, at the stage count of the table's M > 64 row: four stages
         # of 128x128 FP8 A and B tiles take 128 KiB of shared memory, more than GPUs of ~100 KiB have.
-        cfg = dataclasses.replace(cfg, wgmma=False, num_stages=min(cfg.num_stages, GPU_CONFIGS[-1][1].num_stages))
+        # The tiled twin is not warp-specialized: Triton's split of its K loop is another kernel.
+        stages = min(cfg.num_stages, GPU_CONFIGS[-1][1].num_stages)
+        cfg = dataclasses.replace(cfg, wgmma=False, warp_specialize=False, num_stages=stages)
     if cfg.split_k == 0:
         cfg = dataclasses.replace(cfg, split_k=auto_split_k(m, n, k, cfg.block_m, cfg.block_n, _device_sms(device)))
     if (cfg.block_n > 128 and cfg.block_n % 128) or (cfg.block_n < 128 and 128 % cfg.block_n):

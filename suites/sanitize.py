@@ -52,9 +52,12 @@ SELECTION = {
         "suites/gemm/test_block_fp8_gemm.py::test_tiny_and_empty_shapes",
     ],
     "block_fp8_gemm_wgmma": [  # its named cases run with block_fp8_gemm's (on WGMMA_CONFIG)
-        "suites/gemm/test_block_fp8_gemm.py::test_wgmma_kernel_bit_equals_the_tiled_kernel[two_blocks-one_program]",
-        "suites/gemm/test_block_fp8_gemm.py::test_wgmma_kernel_bit_equals_the_tiled_kernel[odd_blocks_unaligned_rows-grid]",
-        "suites/gemm/test_block_fp8_gemm.py::test_wgmma_kernel_bit_equals_the_tiled_kernel[five_blocks-three_programs]",
+        "suites/gemm/test_block_fp8_gemm.py::test_wgmma_kernel_bit_equals_the_tiled_kernel[two_blocks-one_program-one_partition]",
+        "suites/gemm/test_block_fp8_gemm.py::test_wgmma_kernel_bit_equals_the_tiled_kernel[odd_blocks_unaligned_rows-grid-one_partition]",
+        "suites/gemm/test_block_fp8_gemm.py::test_wgmma_kernel_bit_equals_the_tiled_kernel[five_blocks-three_programs-one_partition]",
+        "suites/gemm/test_block_fp8_gemm.py::test_wgmma_kernel_bit_equals_the_tiled_kernel[two_blocks-one_program-warp_specialized]",
+        "suites/gemm/test_block_fp8_gemm.py::test_wgmma_kernel_bit_equals_the_tiled_kernel[odd_blocks_unaligned_rows-grid-warp_specialized]",
+        "suites/gemm/test_block_fp8_gemm.py::test_wgmma_kernel_bit_equals_the_tiled_kernel[five_blocks-three_programs-warp_specialized]",
     ],
     "w4a16_mxfp4_gemm": [
         "suites/gemm/test_w4a16_mxfp4_gemm.py::test_named_cases",

@@ -12,6 +12,7 @@ marked "table"; the winners go into that table. GPU only: the interpreter says n
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import torch
@@ -29,6 +30,17 @@ C = kernel.LaunchConfig
 # TMA producer and two MMA partitions (168 registers, no spills) but leaves 128x128 / 8 warps as it is;
 # 128x256 / 8 warps spills (~68 spill stores: the dot's fresh accumulator doubles the register tile).
 LARGE_M = (
+    # The Gluon kernel of kernels.block_fp8_gemm_wgmma (sm_90; elsewhere these run as their tiled twins): the table's
+    # row, then its warp-specialized form at 4-6 stages (bf16 C: 6 x 32 KiB of stages and two 16 KiB halves of C
+    # are 224 KiB of shared memory, under the H200's 227), GROUP_M 8 and one program a tile. sm_90 compile checks
+    # (ptxas, no GPU): 226 registers one partition, 248 / 232 / 24 warp-specialized; no spills, no serialized wgmma.
+    kernel.WGMMA_CONFIG,
+    kernel.WGMMA_WS_CONFIG,
+    dataclasses.replace(kernel.WGMMA_WS_CONFIG, num_stages=5),
+    dataclasses.replace(kernel.WGMMA_WS_CONFIG, num_stages=6),
+    dataclasses.replace(kernel.WGMMA_WS_CONFIG, group_m=8),
+    dataclasses.replace(kernel.WGMMA_WS_CONFIG, persistent=False),
+    dataclasses.replace(kernel.WGMMA_CONFIG, num_stages=5),
     C(128, 128, 8, 1, num_warps=8, num_stages=3),
     C(128, 128, 8, 1, num_warps=8, num_stages=4),
     C(128, 128, 8, 1, persistent=True, num_warps=8, num_stages=3),
@@ -93,7 +105,7 @@ def sweep_shape(m: int, n: int, k: int, quick: bool) -> None:
         text = (
             f"bm={config.block_m} bn={config.block_n} g={config.group_m} sk={split} "
             f"p={int(config.persistent)} ws={int(config.warp_specialize)} w={config.num_warps} "
-            f"s={config.num_stages}"
+            f"s={config.num_stages} wg={int(config.wgmma)}"
         )
         try:
 

@@ -35,6 +35,7 @@ CONFIGS = (
     # the wgmma kernel on sm_90 (kernels.block_fp8_gemm_wgmma), its tiled twin elsewhere
     Config(block_m=64, block_n=64, group_m=2, persistent=True, num_warps=4, num_stages=3, wgmma=True),
     kernel.WGMMA_CONFIG,
+    Config(block_m=128, block_n=64, group_m=2, persistent=True, warp_specialize=True, num_stages=3, wgmma=True),
 )
 
 
@@ -193,8 +194,9 @@ def test_named_cases(name, out_dtype, device):
     assert_exact(run_kernel(operands, device, out_dtype).cpu(), want, f"{name} (kernel)")
     tiled = kernel.launch_block_fp8_gemm(*on(device, operands), out_dtype=out_dtype, gemv=False)
     assert_exact(tiled.cpu(), want, f"{name} (tiled kernel)")  # where the op's choice is the GEMV
-    wgmma = kernel.launch_block_fp8_gemm(*on(device, operands), out_dtype=out_dtype, config=kernel.WGMMA_CONFIG)
-    assert_exact(wgmma.cpu(), want, f"{name} (wgmma kernel, or its tiled twin)")
+    for config in (kernel.WGMMA_CONFIG, kernel.WGMMA_WS_CONFIG):
+        wgmma = kernel.launch_block_fp8_gemm(*on(device, operands), out_dtype=out_dtype, config=config)
+        assert_exact(wgmma.cpu(), want, f"{name} (wgmma kernel, or its tiled twin; {config})")
 
 
 def test_fp16_output_overflows_where_fp32_does_not(device):
@@ -301,6 +303,7 @@ def test_kernel_boundary_layouts(device):
 TILED_128 = Config(block_m=128, block_n=128, group_m=16, num_warps=8, num_stages=3)
 
 
+@pytest.mark.parametrize("warp_specialize", [False, True], ids=["one_partition", "warp_specialized"])
 @pytest.mark.parametrize(
     "programs,stages",
     [(0, 4), (1, 4), (3, 3), (2, 1)],
@@ -311,19 +314,24 @@ TILED_128 = Config(block_m=128, block_n=128, group_m=16, num_warps=8, num_stages
     [(65, 256, 1), (200, 528, 2), (333, 130, 3), (130, 384, 5), (257, 8, 4)],
     ids=["one_block", "two_blocks", "odd_blocks_unaligned_rows", "five_blocks", "one_column_tile"],
 )
-def test_wgmma_kernel_bit_equals_the_tiled_kernel(m, n, k_blocks, programs, stages, device):
+def test_wgmma_kernel_bit_equals_the_tiled_kernel(m, n, k_blocks, programs, stages, warp_specialize, device):
     """The wgmma kernel does the tiled kernel's arithmetic in the same order: equal bytes for every output dtype,
     over odd and even K block counts (its loop takes two blocks a trip), rows of C that TMA can store and rows it
-    cannot (N = 130: 260-byte bf16 rows), partial last tiles; one tile a program (grid) or several walked by each
-    of 1-3 programs, so a tile's last steps load the next tile's first blocks (unevenly shared: 10 tiles over 3
-    programs); one stage asked for (the launcher takes two: one would wait on itself)."""
+    cannot (N = 130: 260-byte bf16 rows), partial last tiles (M = 65: the second consumer warp group's rows all but
+    one past C); one tile a program (grid) or several walked by each of 1-3 programs, so a tile's last steps load
+    the next tile's first blocks, or the producer warp runs ahead across tiles (unevenly shared: 10 tiles over 3
+    programs); one stage asked for (the launcher takes two: one would wait on itself); with all warps in one
+    partition and warp-specialized."""
     operands, ideal = make_operands(m, n, 128 * k_blocks, seed=m + n, spread=4.0)
     args = on(device, operands)
     if not wgmma_kernel.runs_on(args[0].device):
         pytest.skip("the wgmma kernel runs on NVIDIA sm_90")
     for out_dtype in ref.OUT_DTYPES:
         got = torch.full((m, n), math.nan, dtype=out_dtype, device=args[0].device)  # poisoned: every byte written
-        wgmma_kernel.launch(*args, got, 128, 128, group_m=16, stages=stages, num_warps=8, programs=programs)
+        wgmma_kernel.launch(
+            *args, got, 128, 128, group_m=16, stages=stages, num_warps=8, programs=programs,
+            warp_specialize=warp_specialize,
+        )  # fmt: skip
         tiled = kernel.launch_block_fp8_gemm(*args, out_dtype=out_dtype, config=TILED_128)
         assert_exact(got, tiled, f"{out_dtype} against the tiled kernel")
         assert_lossy(FAMILY, got, ref.block_fp8_gemm_mirror(*operands, out_dtype=out_dtype), ideal)
@@ -338,6 +346,9 @@ def test_wgmma_configs_it_cannot_take_are_named(device):
         "split_k 1, got 0": Config(block_m=128, block_n=128, split_k=0, wgmma=True),
         "num_warps a multiple of 4 .* got num_warps 2,": Config(block_m=128, block_n=128, num_warps=2, wgmma=True),
         "block_m a multiple of 16 .* got num_warps 8, block_m 64": Config(block_m=64, block_n=128, wgmma=True),
+        "num_warps 8 and block_m 128 warp-specialized .* got num_warps 4, block_m 64": Config(
+            block_m=64, block_n=128, num_warps=4, warp_specialize=True, wgmma=True
+        ),
     }
     for message, config in bad.items():
         with pytest.raises(ValueError, match=f"config: the wgmma kernel takes .*{message}"):
@@ -355,7 +366,7 @@ NEGATIVE_DATA = {
 WGMMA_SMALL = Config(block_m=64, block_n=128, group_m=1, persistent=True, num_warps=4, num_stages=2, wgmma=True)
 
 
-@pytest.mark.parametrize("path", ["tiled", "gemv", "wgmma"])
+@pytest.mark.parametrize("path", ["tiled", "gemv", "wgmma", "wgmma_ws"])
 @pytest.mark.parametrize("data", sorted(NEGATIVE_DATA))
 @pytest.mark.parametrize("fault", ["weight_scale_next_k_block", "weight_scale_next_n_block"])
 def test_negative_control_one_block_off(fault, data, path, device):
@@ -364,10 +375,14 @@ def test_negative_control_one_block_off(fault, data, path, device):
     where = on(device, NEGATIVE_DATA[data](0)[0])[0].device
     if path == "gemv" and not packed_ptx(where):
         pytest.skip("the tensor-core GEMV's PTX runs on NVIDIA sm_90+")
-    if path == "wgmma" and not wgmma_kernel.runs_on(where):
+    if path.startswith("wgmma") and not wgmma_kernel.runs_on(where):
         pytest.skip("the wgmma kernel runs on NVIDIA sm_90")
     gemv = path == "gemv"
-    config = {"tiled": Config(block_m=32, block_n=128, group_m=1, num_warps=4, num_stages=1), "wgmma": WGMMA_SMALL}
+    config = {
+        "tiled": Config(block_m=32, block_n=128, group_m=1, num_warps=4, num_stages=1),
+        "wgmma": WGMMA_SMALL,
+        "wgmma_ws": kernel.WGMMA_WS_CONFIG,
+    }
     config = config.get(path)
     for seed in range(2):
         operands, ideal = NEGATIVE_DATA[data](seed)

@@ -112,6 +112,10 @@ CASES = {
         functools.partial(block_fp8_gemm.block_fp8_gemm, out_dtype=torch.bfloat16),
         _block_fp8_wgmma_inputs,
     ),
+    "block_fp8_gemm (M > 64, warp-specialized)": (
+        functools.partial(block_fp8_gemm.launch_block_fp8_gemm, config=block_fp8_gemm.WGMMA_WS_CONFIG),
+        _block_fp8_wgmma_inputs,
+    ),
     "w4a16_mxfp4_gemm (gemv)": (w4a16_mxfp4_gemm.w4a16_mxfp4_gemm, lambda: _w4a16_inputs(1)),
     "w4a16_mxfp4_gemm (dot)": (w4a16_mxfp4_gemm.w4a16_mxfp4_gemm, lambda: _w4a16_inputs(17)),
     "w4a16_mxfp4_gemm_prepared (gemv)": (w4a16_mxfp4_gemm.w4a16_mxfp4_gemm_prepared, lambda: _w4a16_prepared_inputs(1)),
