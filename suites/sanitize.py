@@ -34,6 +34,8 @@ import xml.etree.ElementTree as ET
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TOOLS = ("memcheck", "racecheck", "initcheck")
 RUN_TIMEOUT_S = 1800  # a bound against a hang, not a speed requirement
+PROGRESS_S = 60  # how often a run in progress says so
+PROGRESS_LINE = re.compile(r"^([.sFExX]+)(\s+\[\s*\d+%\])?$")  # pytest -q: a character a case, then [ nn%]
 GUARDED = "suites/sanitizer/test_guarded_calls.py::test_guarded_call_agrees"
 
 # kernel module -> the pytest cases that run its kernels (node ids, relative to the repository root)
@@ -250,9 +252,25 @@ def run_tools(tools: list[str], work: pathlib.Path, names: dict[str, str]) -> di
     """The tools at once, one process each. Why: run one after another over this selection they took longer than
     one 600 s call of the project's GPU machine (initcheck was still running at b6a9041); a sanitized run is mostly
     the host's work per launch, one core a process, so at once they take about the slowest tool's time."""
-    deadline = time.monotonic() + RUN_TIMEOUT_S
+    started = time.monotonic()
+    deadline = started + RUN_TIMEOUT_S
     processes = {tool: start_tool(tool, work) for tool in tools}
+    # Progress while they run (their pytest output goes to files: three at once would interleave): which are left,
+    # and how many cases each has finished, from pytest's one character a case.
+    next_report = started + PROGRESS_S
+    while (running := [t for t, p in processes.items() if p.poll() is None]) and time.monotonic() < deadline:
+        if time.monotonic() >= next_report:
+            done = ", ".join(f"{t} {_cases_done(work / f'{t}.out')}" for t in running)
+            print(f"sanitize: {time.monotonic() - started:.0f} s; still running (cases done): {done}", flush=True)
+            next_report += PROGRESS_S
+        time.sleep(0.1)
     return {tool: finish_tool(tool, process, deadline, work, names) for tool, process in processes.items()}
+
+
+def _cases_done(output: pathlib.Path) -> int:
+    """Cases pytest -q has reported in `output` so far: its progress lines' outcome characters."""
+    lines = output.read_text(errors="replace").splitlines() if output.is_file() else []
+    return sum(len(m[1]) for line in lines if (m := PROGRESS_LINE.match(line)))
 
 
 def planted_read() -> int:

@@ -117,3 +117,18 @@ def test_a_hung_tool_is_killed_at_the_bound_and_reported(tmp_path, monkeypatch):
     (run,) = sanitize.run_tools(["initcheck"], tmp_path, {}).values()
     assert run.returncode != 0  # killed: the report's verdict fails on it
     assert run.total_errors == 0 and run.cases == {}
+
+
+def test_progress_counts_the_cases_pytest_has_reported(tmp_path):
+    out = tmp_path / "memcheck.out"
+    out.write_text("..s.F                    [ 40%]\n...x\nsuites/x.py::test_y FAILED\n")
+    assert sanitize._cases_done(out) == 9
+    assert sanitize._cases_done(tmp_path / "missing.out") == 0
+
+
+def test_a_slow_tool_reports_progress_while_it_runs(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sanitize, "sanitizer_command", _fake_sanitizer("|time.sleep(2)"))
+    monkeypatch.setattr(sanitize, "PROGRESS_S", 0.2)
+    (run,) = sanitize.run_tools(["racecheck"], tmp_path, {}).values()
+    assert run.returncode == 0
+    assert "still running (cases done): racecheck 0" in capsys.readouterr().out
