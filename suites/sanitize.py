@@ -223,25 +223,36 @@ def start_tool(tool: str, work: pathlib.Path) -> subprocess.Popen:
     pytest += ["-p", "no:xdist", "--junitxml", str(junit)]
     env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "HYPOTHESIS_PROFILE": "dev"}
     print(f"sanitize: {tool} over {len(nodes)} test functions, started", flush=True)
-    with (work / f"{tool}.out").open("w") as output:  # pytest's own output, printed only when the run fails
-        command = sanitizer_command(tool, log) + pytest
-        # its own process group: a hang is killed with pytest, which compute-sanitizer runs as its child
-        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=output, stderr=output, start_new_session=True)
+    return _start(sanitizer_command(tool, log) + pytest, env, work / f"{tool}.out")
 
 
-def finish_tool(
-    tool: str, process: subprocess.Popen, deadline: float, work: pathlib.Path, names: dict[str, str]
-) -> ToolRun:
-    """Wait for `tool`'s process until `deadline` (time.monotonic(); then it is killed: a hang is reported, not
-    waited on) and read its records and case outcomes."""
+def _start(command: list[str], env: dict[str, str], output: pathlib.Path) -> subprocess.Popen:
+    """`command` (compute-sanitizer and the program it runs) started in its own process group, so that a hang is
+    killed with the program, which compute-sanitizer runs as its child; its output to `output` (printed only when
+    the run fails)."""
+    with output.open("w") as sink:
+        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=sink, stderr=sink, start_new_session=True)
+
+
+def _wait(name: str, process: subprocess.Popen, deadline: float, output: pathlib.Path) -> int:
+    """The exit status of `process`, waited on until `deadline` (time.monotonic()), then killed with its process
+    group: a hang is reported, not waited on. A failed run's output is printed."""
     try:
         returncode = process.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         returncode = process.wait()
-        print(f"sanitize: {tool} killed at the {RUN_TIMEOUT_S} s bound", flush=True)
+        print(f"sanitize: {name} killed at the {RUN_TIMEOUT_S} s bound", flush=True)
     if returncode:
-        print((work / f"{tool}.out").read_text()[-4000:], flush=True)
+        print(output.read_text()[-4000:], flush=True)
+    return returncode
+
+
+def finish_tool(
+    tool: str, process: subprocess.Popen, deadline: float, work: pathlib.Path, names: dict[str, str]
+) -> ToolRun:
+    """Wait for `tool`'s process until `deadline` (`_wait`) and read its records and case outcomes."""
+    returncode = _wait(tool, process, deadline, work / f"{tool}.out")
     log, junit = work / f"{tool}.log", work / f"{tool}.xml"
     errors, total = parse_log(log.read_text() if log.is_file() else "", names)
     print(f"sanitize: {tool} done: {total} errors, exit {returncode}", flush=True)
@@ -297,7 +308,9 @@ def run_control(work: pathlib.Path, names: dict[str, str]) -> tuple[int, int]:
     env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
     command = [*sanitizer_command("memcheck", log), sys.executable, "-m", "suites.sanitize", "--planted-read"]
     print("sanitize: negative control (W4A16 scale read past the end) under memcheck ...", flush=True)
-    subprocess.run(command, cwd=ROOT, env=env, timeout=RUN_TIMEOUT_S)
+    output = work / "control.out"
+    if not _wait("the negative control", _start(command, env, output), time.monotonic() + RUN_TIMEOUT_S, output):
+        print(output.read_text()[-2000:], flush=True)  # the planted read reports how its launch ended
     errors, total = parse_log(log.read_text() if log.is_file() else "", names)
     return errors.get("w4a16_mxfp4_gemm", 0), total
 

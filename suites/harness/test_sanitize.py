@@ -132,3 +132,11 @@ def test_a_slow_tool_reports_progress_while_it_runs(tmp_path, monkeypatch, capsy
     (run,) = sanitize.run_tools(["racecheck"], tmp_path, {}).values()
     assert run.returncode == 0
     assert "still running (cases done): racecheck 0" in capsys.readouterr().out
+
+
+def test_the_control_is_read_from_its_own_log_and_a_hung_one_is_killed(tmp_path, monkeypatch):
+    monkeypatch.setattr(sanitize, "sanitizer_command", _fake_sanitizer(LOG))
+    assert sanitize.run_control(tmp_path, {"_gemv_kernel": "w4a16_mxfp4_gemm"}) == (1, 3)
+    monkeypatch.setattr(sanitize, "sanitizer_command", _fake_sanitizer("|time.sleep(600)"))
+    monkeypatch.setattr(sanitize, "RUN_TIMEOUT_S", 1)
+    assert sanitize.run_control(tmp_path, {}) == (0, 0)  # killed: not caught, and the run goes on to its report
