@@ -3,6 +3,7 @@ of the same run, per shape.
 
     python -m bench.gemm.block_fp8_launch_sweep [--shapes 8192x8192x8192,4096x2112x7168] [--quick]
 
+`--quick`: at M > 64 only the Gluon kernel's candidates (`wgmma=True`), at M <= 64 the first three.
 Default shapes: 8192^3 (the bar: >= 0.95x cuBLAS blockwise) and the DeepSeek-V3 projections (N, K) in
 {(2112, 7168), (24576, 1536), (7168, 16384), (7168, 2048)} x M in {1, 16, 128, 1024, 4096}. One line per
 (shape, config): time, TFLOP/s, ratio to cuBLAS blockwise, and the check against the mirror reference with
@@ -99,7 +100,7 @@ def sweep_shape(m: int, n: int, k: int, quick: bool) -> None:
             failed(f"{m}x{n}x{k} {name}", err)
     table = kernel.choose_config(m, n, k, torch.device("cuda"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    candidates = (SMALL_M if m <= 64 else LARGE_M)[: 3 if quick else None]
+    candidates = SMALL_M[: 3 if quick else None] if m <= 64 else [c for c in LARGE_M if c.wgmma or not quick]
     for label, config in [("table", table), *(("", c) for c in candidates)]:
         split = config.split_k or kernel.auto_split_k(m, n, k, config.block_m, config.block_n, sms)
         text = (
@@ -132,7 +133,9 @@ def sweep_shape(m: int, n: int, k: int, quick: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     cli = parser(__doc__)
     cli.add_argument("--shapes", help="comma-separated MxNxK; default 8192^3 and the DeepSeek-V3 shapes")
-    cli.add_argument("--quick", action="store_true", help="only the first three candidates per shape")
+    cli.add_argument(
+        "--quick", action="store_true", help="M > 64: only the Gluon kernel's candidates; M <= 64: the first three"
+    )
     args = gpu_args(cli, argv, "block_fp8_launch_sweep")
     shapes = DEFAULT_SHAPES
     if args.shapes:
