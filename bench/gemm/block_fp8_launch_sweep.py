@@ -42,6 +42,13 @@ LARGE_M = (
     dataclasses.replace(kernel.WGMMA_WS_CONFIG, group_m=8),
     dataclasses.replace(kernel.WGMMA_WS_CONFIG, persistent=False),
     dataclasses.replace(kernel.WGMMA_CONFIG, num_stages=5),
+    # Warp-specialized at 6 stages with GROUP_M 8, and 128x64 tiles (24 KiB a stage: up to 8 stages), for shapes
+    # whose 128-wide tiles leave a last wave mostly idle (N 2112 at M 4096: 544 tiles are 4.12 waves of 132 SMs,
+    # 1056 tiles of 64 are 8.0).
+    dataclasses.replace(kernel.WGMMA_WS_CONFIG, num_stages=6, group_m=8),
+    dataclasses.replace(kernel.WGMMA_WS_CONFIG, block_n=64, num_stages=6),
+    dataclasses.replace(kernel.WGMMA_WS_CONFIG, block_n=64, num_stages=8),
+    dataclasses.replace(kernel.WGMMA_WS_CONFIG, block_n=64, num_stages=8, group_m=8),
     C(128, 128, 8, 1, num_warps=8, num_stages=3),
     C(128, 128, 8, 1, num_warps=8, num_stages=4),
     C(128, 128, 8, 1, persistent=True, num_warps=8, num_stages=3),
