@@ -16,9 +16,9 @@ Design (for the H200; see bench/gemm/block_fp8_launch_sweep.py):
   the tiles; SPLIT_K > 1 (small M, where few tiles cannot fill 132 SMs and the weights must stream at full
   bandwidth) writes fp32 partial sums per K range that `kernels.split_k.sum_splits` adds in split order
   (deterministic) and rounds once, in one kernel.
-- On sm_90, M > 64 takes the Gluon kernel of `kernels.block_fp8_gemm_wgmma` (`WGMMA_CONFIG`): the same arithmetic,
-  with each K block's scaling run while the next block's MMA is on the tensor cores, which this kernel's Triton
-  loop cannot express (below).
+- On sm_90, M > 64 takes the Gluon kernel of `kernels.block_fp8_gemm_wgmma` in its warp-specialized form
+  (`WGMMA_WS_CONFIG`): the same arithmetic, with each K block's scaling run while the next block's MMA is on the
+  tensor cores, which this kernel's Triton loop cannot express (below).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class LaunchConfig:
 # cuBLAS blockwise `_scaled_mm` 1128 TFLOP/s in the same run): 128x128 tiles, 8 warps, 3 stages, GROUP_M 16:
 # 876 TFLOP/s = 0.776x (GROUP_M 8: 853-863 at 3-4 stages; persistent 805-854; 64x128 / 4 warps 808-832;
 # warp-specialized 64x128 502-541). Every K step waits for its wgmma before the per-block scaling FMAs (see
-# the module doc), which is what caps it below cuBLAS. On sm_90, M > 64 takes WGMMA_CONFIG instead; this row serves
+# the module doc), which is what caps it below cuBLAS. On sm_90, M > 64 takes WGMMA_WS_CONFIG instead; this row serves
 # other GPUs.
 # M <= 64 (weight-bandwidth-bound: a 64-row tile, wgmma's minimum M, and split-K to put every SM on the weight
 # stream) was not swept; the bench runs it at 0.78-1.14x cuBLAS blockwise for M = 1 and 16 on the four
@@ -83,16 +83,22 @@ GPU_CONFIGS: tuple[tuple[int, LaunchConfig], ...] = (
     (64, LaunchConfig(block_m=64, block_n=128, group_m=1, split_k=0, num_warps=4, num_stages=4)),
     (1 << 62, LaunchConfig(block_m=128, block_n=128, group_m=16, split_k=1, num_warps=8, num_stages=3)),
 )
-# M > 64 on sm_90: the Gluon kernel, 128x128 tiles, 8 warps, 4 stages, GROUP_M 16, one program an SM walking the
-# tiles. H200, one-off A/B at the bar's shapes (triton.testing.do_bench, cold L2; cuBLAS blockwise `_scaled_mm`
-# and the tiled row above in the same run), as a ratio to cuBLAS: 8192^3 0.849 (tiled 0.761); DeepSeek-V3 at
-# M = 4096, (N, K) = (7168, 2048) 0.923 (0.702), (2112, 7168) 0.810 (0.685), (7168, 16384) 0.825 (0.763),
-# (24576, 1536) 0.957 (0.754). A grid of one program a tile took 0.834 / 0.807 / 0.804 / 0.809 / 0.797; GROUP_M 8
-# 0.807-0.942, 3 stages 0.772-0.896. Every output bit-equal to the tiled kernel's.
+# The Gluon kernel, all warps in one partition: 128x128 tiles, 8 warps, 4 stages, GROUP_M 16, one program an SM
+# walking the tiles. H200, one-off A/B at the bar's shapes (triton.testing.do_bench, cold L2; cuBLAS blockwise
+# `_scaled_mm` and the tiled row above in the same run), as a ratio to cuBLAS: 8192^3 0.849 (tiled 0.761);
+# DeepSeek-V3 at M = 4096, (N, K) = (7168, 2048) 0.923 (0.702), (2112, 7168) 0.810 (0.685), (7168, 16384) 0.825
+# (0.763), (24576, 1536) 0.957 (0.754). Every output bit-equal to the tiled kernel's.
 WGMMA_CONFIG = LaunchConfig(block_m=128, block_n=128, group_m=16, persistent=True, num_stages=4, wgmma=True)
-# Its warp-specialized form (a producer warp, two consumer warp groups that never wait for each other): not in the
-# table until the launch sweep (bench.gemm.block_fp8_launch_sweep) has raced it on the H200.
-WGMMA_WS_CONFIG = dataclasses.replace(WGMMA_CONFIG, warp_specialize=True)
+# M > 64 on sm_90: its warp-specialized form (a producer warp, two consumer warp groups that never wait for each
+# other), GROUP_M 8, 6 stages. H200 launch sweep, two runs (`python -m bench.gemm.block_fp8_launch_sweep --quick`
+# at the five shapes above, CUDA-graph replays, cold L2; reports/cuda-h200/launch_sweeps/block_fp8_launch_sweep.csv),
+# ratio to cuBLAS blockwise of the same run, in the order above: this row (second run) 0.997 / 0.997 / 0.908 /
+# 0.956 / 1.045; GROUP_M 16 at 4 stages 0.976-0.996 / 0.993-0.995 / 0.896-0.908 / 0.923-0.932 / 1.028-1.033, at 6
+# stages 0.943-1.002 / 0.998-1.006 / 0.885-0.905 / 0.947-1.001 / 1.032-1.039; GROUP_M 8 at 4 stages 1.005-1.023 /
+# 0.995-0.998 / 0.881-0.909 / 0.953-0.962 / 1.002-1.019; one program a tile 0.924 / 0.826-0.835 / 0.848-0.868 /
+# 0.924-0.934 / 0.828-0.852; 128x64 tiles 0.62-0.79 (a 64-column wgmma per warp group). (2112, 7168) is held by
+# its waves: 17 x 32 = 544 tiles are 4.12 waves of 132 SMs, so 16 SMs take a fifth tile.
+WGMMA_WS_CONFIG = dataclasses.replace(WGMMA_CONFIG, group_m=8, num_stages=6, warp_specialize=True)
 # Up to this many rows of A, where the PTX runs, the op is `kernels.block_fp8_gemv`'s tensor-core GEMV (one pass
 # over the weights per 8 rows). H200, CUDA-graph replays, cold L2 (a one-off timing of both paths, 990174f): at
 # M = 1 on Llama-3.1-8B's projections (N x K 6144 x 4096, 4096 x 4096, 28672 x 4096, 4096 x 14336) 14.8 / 12.7 /
@@ -126,7 +132,7 @@ def choose_config(m: int, n: int, k: int, device: torch.device) -> LaunchConfig:
     if runs_interpreted(device):
         return INTERPRETER_CONFIG
     if m > GPU_CONFIGS[1][0] and block_fp8_gemm_wgmma.runs_on(device):
-        return WGMMA_CONFIG
+        return WGMMA_WS_CONFIG
     return next(cfg for max_m, cfg in GPU_CONFIGS if m <= max_m)
 
 

@@ -32,23 +32,20 @@ C = kernel.LaunchConfig
 # 128x256 / 8 warps spills (~68 spill stores: the dot's fresh accumulator doubles the register tile).
 LARGE_M = (
     # The Gluon kernel of kernels.block_fp8_gemm_wgmma (sm_90; elsewhere these run as their tiled twins): the table's
-    # row, then its warp-specialized form at 4-6 stages (bf16 C: 6 x 32 KiB of stages and two 16 KiB halves of C
-    # are 224 KiB of shared memory, under the H200's 227), GROUP_M 8 and one program a tile. sm_90 compile checks
-    # (ptxas, no GPU): 226 registers one partition, 248 / 232 / 24 warp-specialized; no spills, no serialized wgmma.
-    kernel.WGMMA_CONFIG,
+    # row (warp-specialized, GROUP_M 8, 6 stages), then both forms around it. bf16 C: 6 x 32 KiB of stages and two
+    # 16 KiB halves of C are 224 KiB of shared memory, under the H200's 227; 128x64 tiles take 24 KiB a stage. sm_90
+    # compile checks (ptxas, no GPU): 226 registers one partition, 248 / 232 / 24 warp-specialized; no spills, no
+    # serialized wgmma. 128x64 tiles would even out waves that 128-wide ones leave mostly idle (N 2112 at M 4096:
+    # 544 tiles are 4.12 waves of 132 SMs, 1056 tiles of 64 are 8.0), but ran at 0.62-0.79x cuBLAS.
     kernel.WGMMA_WS_CONFIG,
+    dataclasses.replace(kernel.WGMMA_WS_CONFIG, num_stages=4),
     dataclasses.replace(kernel.WGMMA_WS_CONFIG, num_stages=5),
-    dataclasses.replace(kernel.WGMMA_WS_CONFIG, num_stages=6),
-    dataclasses.replace(kernel.WGMMA_WS_CONFIG, group_m=8),
+    dataclasses.replace(kernel.WGMMA_WS_CONFIG, group_m=16),
+    dataclasses.replace(kernel.WGMMA_WS_CONFIG, group_m=16, num_stages=4),
     dataclasses.replace(kernel.WGMMA_WS_CONFIG, persistent=False),
-    dataclasses.replace(kernel.WGMMA_CONFIG, num_stages=5),
-    # Warp-specialized at 6 stages with GROUP_M 8, and 128x64 tiles (24 KiB a stage: up to 8 stages), for shapes
-    # whose 128-wide tiles leave a last wave mostly idle (N 2112 at M 4096: 544 tiles are 4.12 waves of 132 SMs,
-    # 1056 tiles of 64 are 8.0).
-    dataclasses.replace(kernel.WGMMA_WS_CONFIG, num_stages=6, group_m=8),
-    dataclasses.replace(kernel.WGMMA_WS_CONFIG, block_n=64, num_stages=6),
     dataclasses.replace(kernel.WGMMA_WS_CONFIG, block_n=64, num_stages=8),
-    dataclasses.replace(kernel.WGMMA_WS_CONFIG, block_n=64, num_stages=8, group_m=8),
+    kernel.WGMMA_CONFIG,
+    dataclasses.replace(kernel.WGMMA_CONFIG, num_stages=5),
     C(128, 128, 8, 1, num_warps=8, num_stages=3),
     C(128, 128, 8, 1, num_warps=8, num_stages=4),
     C(128, 128, 8, 1, persistent=True, num_warps=8, num_stages=3),
