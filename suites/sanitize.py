@@ -316,11 +316,14 @@ def run_control(work: pathlib.Path, names: dict[str, str]) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global RUN_TIMEOUT_S
     p = argparse.ArgumentParser(prog="python -m suites.sanitize", description=__doc__.split("\n")[0])
     p.add_argument("--tools", default=",".join(TOOLS))
     p.add_argument("--out", type=pathlib.Path, default=ROOT / "reports")
+    p.add_argument("--timeout-s", type=float, default=RUN_TIMEOUT_S, help="bound on each run, against a hang")
     p.add_argument("--planted-read", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    RUN_TIMEOUT_S = args.timeout_s
     if args.planted_read:
         return planted_read()
     tools = args.tools.split(",")
