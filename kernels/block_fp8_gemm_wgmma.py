@@ -342,6 +342,16 @@ def check_tiling(block_m: int, block_n: int, num_warps: int, warp_specialize: bo
         )
 
 
+def stage_count(asked: int, k_blocks: int, fit: int, warp_specialize: bool) -> int:
+    """The stages the kernel runs with: as many as asked, of those that `fit` in shared memory beside C's tile (or
+    its two halves; 6 stages with fp32 C would not), and at least two, since block k + 1's MMA is issued before
+    block k's stage is released (one stage would wait on itself). Without a producer warp also at most k_blocks: a
+    tile's last steps load only the next tile's first blocks, so one K block walking several tiles runs one stage
+    (two would wait for a stage that nothing fills)."""
+    stages = max(min(asked, fit), 2)
+    return stages if warp_specialize else min(stages, k_blocks)
+
+
 @functools.cache
 def _max_shared_memory(device_index: int) -> int:
     """Shared memory a CTA may take on the device: the figure Triton's launcher holds kernels to."""
@@ -362,15 +372,10 @@ def launch(a, a_scales, b, b_scales, out, block_m: int, block_n: int, group_m: i
     if out.stride(1) != 1:
         raise ValueError(f"out: rows must be contiguous, got strides {out.stride()}")
     k_blocks = k // BLOCK_K
-    # At least two stages: block k + 1's MMA is issued before block k's stage is released (one stage would wait on
-    # itself). Without a producer warp at most k_blocks: a tile's last steps load only the next tile's first blocks.
-    stages = max(stages, 2) if warp_specialize else min(max(stages, 2), k_blocks)
-    # And as many as fit in shared memory beside C's tile (or its two halves): 6 stages with fp32 C would not.
     c_bytes = block_m * block_n * out.element_size()
-    stage_bytes = (block_m + block_n) * BLOCK_K  # FP8: a byte an element
     room = _max_shared_memory(out.device.index if out.device.index is not None else torch.cuda.current_device())
-    room -= c_bytes + _BARRIER_BYTES
-    stages = max(2, min(stages, room // stage_bytes))
+    fit = (room - c_bytes - _BARRIER_BYTES) // ((block_m + block_n) * BLOCK_K)  # FP8 stages: a byte an element
+    stages = stage_count(stages, k_blocks, fit, warp_specialize)
     fp8 = gl.float8e4nv
     a_desc = TensorDescriptor.from_tensor(
         a, [block_m, BLOCK_K], gl.NVMMASharedLayout.get_default_for([block_m, BLOCK_K], fp8)

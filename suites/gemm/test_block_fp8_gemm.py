@@ -337,6 +337,23 @@ def test_wgmma_kernel_bit_equals_the_tiled_kernel(m, n, k_blocks, programs, stag
         assert_lossy(FAMILY, got, ref.block_fp8_gemm_mirror(*operands, out_dtype=out_dtype), ideal)
 
 
+@pytest.mark.parametrize(
+    "asked,k_blocks,fit,warp_specialize,want",
+    [
+        (4, 1, 5, False, 1),  # one K block walking tiles: one stage, the only one the tile's last step refills
+        (1, 3, 5, False, 2),  # one asked: two (block k + 1's MMA is issued before block k's stage is released)
+        (6, 3, 5, False, 3),  # no producer warp: at most k_blocks
+        (6, 16, 5, False, 5),  # as many as fit beside C
+        (6, 1, 5, True, 5),  # the producer warp runs ahead across tiles: not bound by k_blocks
+        (1, 1, 5, True, 2),
+    ],
+)
+def test_wgmma_stage_count(asked, k_blocks, fit, warp_specialize, want):
+    """The launcher's stages (on the H200 a one-K-block GEMM walking two tiles with one program hung when the
+    shared-memory bound raised its one stage back to two)."""
+    assert wgmma_kernel.stage_count(asked, k_blocks, fit, warp_specialize) == want
+
+
 def test_wgmma_configs_it_cannot_take_are_named(device):
     """Refused on every device alike (elsewhere the config would run as its tiled twin)."""
     args = on(device, make_operands(70, 64, 256, 0, 0.0)[0])
