@@ -136,7 +136,9 @@ SELECTION = {
     "guarded calls": [GUARDED],
 }
 
-ERROR_START = re.compile(r"^========= (Invalid|Uninitialized|Error|Program hit|Race|Malloc|Cuda|Barrier)")
+ERROR_START = re.compile(r"^========= (Invalid|Uninitialized|Error|Program hit|Race|Malloc|Cuda|Barrier|Host API)")
+# initcheck's records of a host copy of device bytes no kernel wrote name no kernel: their own row
+HOST_API = "host API (copy of unwritten bytes)"
 SUMMARY = re.compile(r"ERROR SUMMARY: (\d+) error")
 
 
@@ -187,6 +189,8 @@ def parse_log(text: str, names: dict[str, str]) -> tuple[dict[str, int], int]:
         # host backtrace below them is left out, its symbols could collide with helper names.
         words = set(re.findall(r"[A-Za-z_]\w*", " ".join(rec[:3])))
         module = next((names[w] for w in sorted(words) if w in names), "other")
+        if rec[0].startswith("========= Host API"):
+            module = HOST_API
         errors[module] = errors.get(module, 0) + 1
     totals = [int(n) for n in SUMMARY.findall(text)]
     return errors, sum(totals) if totals else sum(errors.values())

@@ -54,6 +54,16 @@ def test_records_are_attributed_to_the_kernel_they_name():
     assert errors == {"w4a16_mxfp4_gemm": 1, "rms_norm": 1, "other": 1}
 
 
+def test_initchecks_host_copy_records_get_their_own_row():
+    log = (
+        "========= Host API memory access error at host access to 0x7f1162867800 of size 240 bytes\n"
+        "=========     Uninitialized access to 0x7f1162867800 on access by cudaMemcpy source\n"
+        "=========         Host Frame: _gemv_kernel_launcher in launcher.so\n"
+        "========= ERROR SUMMARY: 1 error\n"
+    )
+    assert sanitize.parse_log(log, {"_gemv_kernel": "w4a16_mxfp4_gemm"}) == ({sanitize.HOST_API: 1}, 1)
+
+
 def test_a_clean_log_has_no_errors():
     assert sanitize.parse_log("========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n", {}) == ({}, 0)
 
