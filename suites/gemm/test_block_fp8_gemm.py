@@ -17,6 +17,7 @@ from kernels.tolerances import assert_exact, assert_lossy, families
 from reference.gemm import block_fp8 as ref
 from reference.quant import fp8 as quant
 from suites import oracles
+from suites.guard_bytes import POISON, fill_free_memory
 
 kernel = pytest.importorskip("kernels.block_fp8_gemm")
 wgmma_kernel = pytest.importorskip("kernels.block_fp8_gemm_wgmma")
@@ -195,7 +196,11 @@ def test_named_cases(name, out_dtype, device):
     tiled = kernel.launch_block_fp8_gemm(*on(device, operands), out_dtype=out_dtype, gemv=False)
     assert_exact(tiled.cpu(), want, f"{name} (tiled kernel)")  # where the op's choice is the GEMV
     for config in (kernel.WGMMA_CONFIG, kernel.WGMMA_WS_CONFIG):
-        wgmma = kernel.launch_block_fp8_gemm(*on(device, operands), out_dtype=out_dtype, config=config)
+        args = on(device, operands)
+        # The output is allocated from poisoned memory: a byte the kernel leaves unwritten reads 0xFF (NaN), not the
+        # equal bytes of the launch before, whose freed output the allocator would hand out again.
+        fill_free_memory(device, POISON)
+        wgmma = kernel.launch_block_fp8_gemm(*args, out_dtype=out_dtype, config=config)
         assert_exact(wgmma.cpu(), want, f"{name} (wgmma kernel, or its tiled twin; {config})")
 
 
@@ -311,17 +316,18 @@ TILED_128 = Config(block_m=128, block_n=128, group_m=16, num_warps=8, num_stages
 )
 @pytest.mark.parametrize(
     "m,n,k_blocks",
-    [(65, 256, 1), (200, 528, 2), (333, 130, 3), (130, 384, 5), (257, 8, 4)],
-    ids=["one_block", "two_blocks", "odd_blocks_unaligned_rows", "five_blocks", "one_column_tile"],
+    [(65, 256, 1), (200, 528, 2), (333, 130, 3), (130, 384, 5), (257, 8, 4), (3, 24, 2)],
+    ids=["one_block", "two_blocks", "odd_blocks_unaligned_rows", "five_blocks", "one_column_tile", "three_rows"],
 )
 def test_wgmma_kernel_bit_equals_the_tiled_kernel(m, n, k_blocks, programs, stages, warp_specialize, device):
     """The wgmma kernel does the tiled kernel's arithmetic in the same order: equal bytes for every output dtype,
     over odd and even K block counts (its loop takes two blocks a trip), rows of C that TMA can store and rows it
     cannot (N = 130: 260-byte bf16 rows), partial last tiles (M = 65: the second consumer warp group's rows all but
-    one past C); one tile a program (grid) or several walked by each of 1-3 programs, so a tile's last steps load
+    one past C), fewer rows than a warp group takes (M = 3: C's 48-byte rows stored by TMA from a box past C in both
+    dimensions); one tile a program (grid) or several walked by each of 1-3 programs, so a tile's last steps load
     the next tile's first blocks, or the producer warp runs ahead across tiles (unevenly shared: 10 tiles over 3
-    programs); one stage asked for (the launcher takes two: one would wait on itself); with all warps in one
-    partition and warp-specialized."""
+    programs); one stage asked for (the launcher takes two, `stage_count`); with all warps in one partition and
+    warp-specialized."""
     operands, ideal = make_operands(m, n, 128 * k_blocks, seed=m + n, spread=4.0)
     args = on(device, operands)
     if not wgmma_kernel.runs_on(args[0].device):
