@@ -7,7 +7,8 @@ Why: in the tiled Triton kernel every K step waits for its wgmma before the per-
 accumulator, so Triton's WGMMA pipeliner makes the dot synchronous, and the tensor cores idle while the warps
 scale. Here the MMA of block k + 1 is queued (`warpgroup_mma(is_async=True)`) before the wait for block k
 (`warpgroup_mma_wait(num_outstanding=1)`), and block k's scaling FMAs run while the tensor cores work on k + 1: the
-overlap DeepGEMM and CUTLASS get from their consumer warp groups. H200 figures: `kernels.block_fp8_gemm.WGMMA_CONFIG`.
+overlap DeepGEMM and CUTLASS get from their consumer warp groups. H200 figures:
+`kernels.block_fp8_gemm.WGMMA_WS_CONFIG`.
 
 Arithmetic, as the tiled kernel and `reference.gemm.block_fp8.block_fp8_gemm_mirror`: each K block's products
 summed from zero by wgmma (FP8 inputs, fp32 accumulation), scaled by a_s * b_s and added to an fp32 accumulator in
