@@ -246,7 +246,7 @@ def _wait(name: str, process: subprocess.Popen, deadline: float, output: pathlib
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         returncode = process.wait()
-        print(f"sanitize: {name} killed at the {RUN_TIMEOUT_S} s bound", flush=True)
+        print(f"sanitize: {name} killed at the {RUN_TIMEOUT_S:g} s bound", flush=True)
     if returncode:
         print(output.read_text()[-4000:], flush=True)
     return returncode
@@ -327,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout-s", type=float, default=RUN_TIMEOUT_S, help="bound on each run, against a hang")
     p.add_argument("--planted-read", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.timeout_s <= 0:
+        p.error(f"--timeout-s: a bound in seconds above 0, got {args.timeout_s:g}")
     RUN_TIMEOUT_S = args.timeout_s
     if args.planted_read:
         return planted_read()

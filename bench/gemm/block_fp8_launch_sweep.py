@@ -108,6 +108,7 @@ def sweep_shape(m: int, n: int, k: int, quick: bool) -> None:
     table = kernel.choose_config(m, n, k, torch.device("cuda"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     candidates = SMALL_M[: 3 if quick else None] if m <= 64 else [c for c in LARGE_M if c.wgmma or not quick]
+    candidates = [c for c in candidates if not c.ragged_tail or n % 128]  # elsewhere the table's row again
     for label, config in [("table", table), *(("", c) for c in candidates)]:
         split = config.split_k or kernel.auto_split_k(m, n, k, config.block_m, config.block_n, sms)
         text = (

@@ -328,8 +328,8 @@ def test_wgmma_kernel_bit_equals_the_tiled_kernel(m, n, k_blocks, programs, stag
     one past C), fewer rows than a warp group takes (M = 3: C's 48-byte rows stored by TMA from a box past C in both
     dimensions); one tile a program (grid) or several walked by each of 1-3 programs, so a tile's last steps load
     the next tile's first blocks, or the producer warp runs ahead across tiles (unevenly shared: 10 tiles over 3
-    programs); one stage asked for (the launcher takes two, `stage_count`); with all warps in one partition and
-    warp-specialized."""
+    programs); one stage asked for (the launcher takes two wherever a tile has two K blocks, `stage_count`); with
+    all warps in one partition and warp-specialized."""
     operands, ideal = make_operands(m, n, 128 * k_blocks, seed=m + n, spread=4.0)
     args = on(device, operands)
     if not wgmma_kernel.runs_on(args[0].device):
@@ -383,20 +383,34 @@ def test_wgmma_configs_it_cannot_take_are_named(device):
 
 
 @pytest.mark.parametrize("m,n,k_blocks", [(70, 200, 2), (130, 130, 3), (200, 64 + 128 * 3, 2), (65, 100, 1)], ids=str)
-def test_ragged_tail_gives_the_one_launch_bytes(m, n, k_blocks, device):
+def test_ragged_tail_gives_the_one_launch_bytes(m, n, k_blocks, device, monkeypatch):
     """`ragged_tail`: the columns past N's last whole 128-wide block, launched on their own (the tiled kernel's
     64 x 64 tiles), give one launch's bytes on a GPU (wgmma tiles both, the same K order). On the interpreter,
     whose dot is numpy's matmul (its rounding follows the tile's shape), the columns left to the first launch
     keep their bytes and the tail is held to the tolerance row. N under 128 (the last case) is one launch.
-    The split output is allocated from poisoned memory: a column neither launch writes reads NaN."""
+    The split output is allocated from poisoned memory: a column neither launch writes reads NaN; the tiled
+    launches are recorded, so a split that does not happen fails too."""
     operands, ideal = make_operands(m, n, 128 * k_blocks, seed=m + n, spread=4.0)
     args = on(device, operands)
     one = kernel.launch_block_fp8_gemm(*args, config=kernel.WGMMA_WS_CONFIG)
     fill_free_memory(device, POISON)
+    tiled_launches = []
+    launch_tiled = kernel._launch_tiled
+
+    def record(a, a_scales, b, b_scales, out, cfg, fault):
+        tiled_launches.append((b.shape[0], out.data_ptr()))
+        launch_tiled(a, a_scales, b, b_scales, out, cfg, fault)
+
+    monkeypatch.setattr(kernel, "_launch_tiled", record)
     split_config = dataclasses.replace(kernel.WGMMA_WS_CONFIG, ragged_tail=True)
     split = kernel.launch_block_fp8_gemm(*args, config=split_config)
+    main = n - n % 128 if n > 128 else n
+    tail = [(n - main, split.data_ptr() + main * split.element_size())] if main < n else []
+    wgmma_launched = wgmma_kernel.runs_on(split.device)
+    assert tiled_launches == tail + ([] if wgmma_launched else [(main, split.data_ptr())])
+    with pytest.raises(ValueError, match="fault: the planted bugs index one launch's blocks"):
+        kernel.launch_block_fp8_gemm(*args, config=split_config, fault="weight_scale_next_n_block")
     if runs_interpreted(split.device):
-        main = n - n % 128 if n > 128 else n
         assert_exact(split[:, :main].cpu(), one[:, :main].cpu(), "columns of the first launch")
         assert_lossy(FAMILY, split.cpu(), ref.block_fp8_gemm_mirror(*operands, out_dtype=torch.bfloat16), ideal)
     else:
