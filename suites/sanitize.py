@@ -53,7 +53,7 @@ SELECTION = {
         "suites/gemm/test_block_fp8_gemm.py::test_named_cases",
         "suites/gemm/test_block_fp8_gemm.py::test_tiny_and_empty_shapes",
     ],
-    "block_fp8_gemm_wgmma": [  # its named cases run with block_fp8_gemm's (on WGMMA_CONFIG)
+    "block_fp8_gemm_wgmma": [  # its named cases run with block_fp8_gemm's (on both of its configs)
         "suites/gemm/test_block_fp8_gemm.py::test_wgmma_kernel_bit_equals_the_tiled_kernel[two_blocks-one_program-one_partition]",
         "suites/gemm/test_block_fp8_gemm.py::test_wgmma_kernel_bit_equals_the_tiled_kernel[odd_blocks_unaligned_rows-grid-one_partition]",
         "suites/gemm/test_block_fp8_gemm.py::test_wgmma_kernel_bit_equals_the_tiled_kernel[five_blocks-three_programs-one_partition]",

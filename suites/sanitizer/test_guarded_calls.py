@@ -108,12 +108,12 @@ CASES = {
         lambda: {"x": _x(7, 384)},
     ),
     "block_fp8_gemm": (functools.partial(block_fp8_gemm.block_fp8_gemm, out_dtype=torch.bfloat16), _block_fp8_inputs),
-    "block_fp8_gemm (M > 64)": (
+    "block_fp8_gemm (M > 64)": (  # the table's choice: on sm_90 the Gluon kernel's warp-specialized form
         functools.partial(block_fp8_gemm.block_fp8_gemm, out_dtype=torch.bfloat16),
         _block_fp8_wgmma_inputs,
     ),
-    "block_fp8_gemm (M > 64, warp-specialized)": (
-        functools.partial(block_fp8_gemm.launch_block_fp8_gemm, config=block_fp8_gemm.WGMMA_WS_CONFIG),
+    "block_fp8_gemm (M > 64, one partition)": (
+        functools.partial(block_fp8_gemm.launch_block_fp8_gemm, config=block_fp8_gemm.WGMMA_CONFIG),
         _block_fp8_wgmma_inputs,
     ),
     "w4a16_mxfp4_gemm (gemv)": (w4a16_mxfp4_gemm.w4a16_mxfp4_gemm, lambda: _w4a16_inputs(1)),
