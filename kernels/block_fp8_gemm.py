@@ -62,10 +62,6 @@ class LaunchConfig:
     # The Gluon kernel of kernels.block_fp8_gemm_wgmma (NVIDIA sm_90: each K block's scaling overlapped with the
     # next block's MMA); elsewhere this config's tiled Triton launch. block_n <= 128, split_k 1.
     wgmma: bool = False
-    # wgmma only: the columns past N's last whole 128-wide block run as a second launch, of the tiled kernel
-    # (TAIL_CONFIG), so that the persistent kernel's tiles are whole and fewer: at (N, K) = (2112, 7168) and M = 4096
-    # 512 tiles of 128 x 128 (3.88 waves of 132 SMs) instead of 544 (4.12 waves: 16 SMs take a fifth tile).
-    ragged_tail: bool = False
 
 
 # GPU launch table by M. M > 64 swept at 8192^3 on the H200 (`python -m bench.gemm.block_fp8_launch_sweep`;
@@ -101,11 +97,11 @@ WGMMA_CONFIG = LaunchConfig(block_m=128, block_n=128, group_m=16, persistent=Tru
 # stages 0.943-1.002 / 0.998-1.006 / 0.885-0.905 / 0.947-1.001 / 1.032-1.039; GROUP_M 8 at 4 stages 1.005-1.023 /
 # 0.995-0.998 / 0.881-0.909 / 0.953-0.962 / 1.002-1.019; one program a tile 0.924 / 0.826-0.835 / 0.848-0.868 /
 # 0.924-0.934 / 0.828-0.852; 128x64 tiles 0.62-0.79 (a 64-column wgmma per warp group). (2112, 7168) is held by
-# its waves: 17 x 32 = 544 tiles are 4.12 waves of 132 SMs, so 16 SMs take a fifth tile.
+# its waves: 17 x 32 = 544 tiles are 4.12 waves of 132 SMs, so 16 SMs take a fifth tile. Launching the 64 columns
+# past its last whole 128-wide block apart (the tiled kernel, 64 x 64 tiles; 512 whole tiles left, 3.88 waves) ran
+# slower: 145.1 us against this row's 126.4 (0.80x against 0.92x cuBLAS blockwise, same sweep run at 89a9b28): the
+# second launch runs after the first, not beside it.
 WGMMA_WS_CONFIG = dataclasses.replace(WGMMA_CONFIG, group_m=8, num_stages=6, warp_specialize=True)
-# The columns a `ragged_tail` launch leaves to the tiled kernel (fewer than 128): 64 x 64 tiles over the whole of K
-# (64 tiles at M = 4096), wgmma tiles like the Gluon kernel's, so the tail's bytes equal the one-launch result.
-TAIL_CONFIG = LaunchConfig(block_m=64, block_n=64, group_m=8, split_k=1, num_warps=4, num_stages=4)
 # Up to this many rows of A, where the PTX runs, the op is `kernels.block_fp8_gemv`'s tensor-core GEMV (one pass
 # over the weights per 8 rows). H200, CUDA-graph replays, cold L2 (a one-off timing of both paths, 990174f): at
 # M = 1 on Llama-3.1-8B's projections (N x K 6144 x 4096, 4096 x 4096, 28672 x 4096, 4096 x 14336) 14.8 / 12.7 /
@@ -348,25 +344,15 @@ def launch_block_fp8_gemm(
         b_scales = b_scales if b_scales.stride(1) == 1 else b_scales.contiguous()
         return launch_fp8_gemv(a, a_scales, b, b_scales, out, FAULTS[fault])
     cfg = config or choose_config(m, n, k, device)
-    if cfg.ragged_tail and not cfg.wgmma:
-        raise ValueError(f"config: ragged_tail splits the wgmma kernel's launch (wgmma=True), got {cfg}")
-    if cfg.ragged_tail and fault != "none":
-        # a launch of a column range counts its own weight-scale blocks: a next-N-block read would wrap within it
-        raise ValueError(f"fault: the planted bugs index one launch's blocks; ragged_tail splits it, got {fault!r}")
     if cfg.wgmma:
         if cfg.split_k != 1:
             raise ValueError(f"config: the wgmma kernel takes split_k 1, got {cfg.split_k}")
         # on every device alike
         block_fp8_gemm_wgmma.check_tiling(cfg.block_m, cfg.block_n, cfg.num_warps, cfg.warp_specialize)
-        main = n - n % BLOCK if cfg.ragged_tail and n > BLOCK else n
-        if main < n:  # the columns past the last whole weight block: a launch of their own
-            tail = TAIL_CONFIG if not runs_interpreted(device) else INTERPRETER_CONFIG
-            _launch_tiled(a, a_scales, b[main:], b_scales[main // BLOCK :], out[:, main:], tail, fault)
-        b, b_scales, c = b[:main], b_scales[: triton.cdiv(main, BLOCK)], out[:, :main]
         if block_fp8_gemm_wgmma.runs_on(device):
             programs = _device_sms(device) if cfg.persistent else 0
             block_fp8_gemm_wgmma.launch(
-                a, a_scales, b, b_scales, c, cfg.block_m, cfg.block_n, cfg.group_m, cfg.num_stages, cfg.num_warps,
+                a, a_scales, b, b_scales, out, cfg.block_m, cfg.block_n, cfg.group_m, cfg.num_stages, cfg.num_warps,
                 programs, FAULTS[fault], cfg.warp_specialize,
             )  # fmt: skip
             return out
@@ -374,15 +360,13 @@ def launch_block_fp8_gemm(
         # of 128x128 FP8 A and B tiles take 128 KiB of shared memory, more than GPUs of ~100 KiB have.
         # The tiled twin is not warp-specialized: Triton's split of its K loop is another kernel.
         stages = min(cfg.num_stages, GPU_CONFIGS[-1][1].num_stages)
-        cfg = dataclasses.replace(cfg, wgmma=False, warp_specialize=False, num_stages=stages, ragged_tail=False)
-        _launch_tiled(a, a_scales, b, b_scales, c, cfg, fault)
-        return out
+        cfg = dataclasses.replace(cfg, wgmma=False, warp_specialize=False, num_stages=stages)
     _launch_tiled(a, a_scales, b, b_scales, out, cfg, fault)
     return out
 
 
 def _launch_tiled(a, a_scales, b, b_scales, out, cfg: LaunchConfig, fault: str) -> None:
-    """The tiled kernel into `out` [M, N] (a view of a larger output: rows of any stride) on validated arguments."""
+    """The tiled kernel into `out` [M, N] (contiguous) on validated arguments."""
     m, k = a.shape
     n = b.shape[0]
     device = a.device
@@ -392,8 +376,6 @@ def _launch_tiled(a, a_scales, b, b_scales, out, cfg: LaunchConfig, fault: str) 
         raise ValueError(f"config: block_n {cfg.block_n} must divide or be a multiple of {BLOCK}")
     k_blocks = k // BLOCK
     split, k_per_split = launch_split(k_blocks, cfg.split_k)
-    if split > 1 and not out.is_contiguous():
-        raise ValueError(f"out: split-K sums whole rows of a contiguous output, got strides {out.stride()}")
     target = out if split == 1 else torch.empty(split, m, n, dtype=torch.float32, device=device)
     c_strides = (0, *out.stride()) if split == 1 else target.stride()
     a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [cfg.block_m, BLOCK])

@@ -44,9 +44,6 @@ LARGE_M = (
     dataclasses.replace(kernel.WGMMA_WS_CONFIG, group_m=16, num_stages=4),
     dataclasses.replace(kernel.WGMMA_WS_CONFIG, persistent=False),
     dataclasses.replace(kernel.WGMMA_WS_CONFIG, block_n=64, num_stages=8),
-    # N 2112's 64 columns past its last whole 128-wide block as a launch of their own (the tiled kernel, 64 x 64
-    # tiles): the Gluon kernel's 512 whole tiles are 3.88 waves; the same as the table's row where N % 128 == 0.
-    dataclasses.replace(kernel.WGMMA_WS_CONFIG, ragged_tail=True),
     kernel.WGMMA_CONFIG,
     dataclasses.replace(kernel.WGMMA_CONFIG, num_stages=5),
     C(128, 128, 8, 1, num_warps=8, num_stages=3),
@@ -108,13 +105,12 @@ def sweep_shape(m: int, n: int, k: int, quick: bool) -> None:
     table = kernel.choose_config(m, n, k, torch.device("cuda"))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     candidates = SMALL_M[: 3 if quick else None] if m <= 64 else [c for c in LARGE_M if c.wgmma or not quick]
-    candidates = [c for c in candidates if not c.ragged_tail or n % 128]  # elsewhere the table's row again
     for label, config in [("table", table), *(("", c) for c in candidates)]:
         split = config.split_k or kernel.auto_split_k(m, n, k, config.block_m, config.block_n, sms)
         text = (
             f"bm={config.block_m} bn={config.block_n} g={config.group_m} sk={split} "
             f"p={int(config.persistent)} ws={int(config.warp_specialize)} w={config.num_warps} "
-            f"s={config.num_stages} wg={int(config.wgmma)} rt={int(config.ragged_tail)}"
+            f"s={config.num_stages} wg={int(config.wgmma)}"
         )
         try:
 

@@ -5,7 +5,6 @@ weight quantizer; boundaries; negative controls (weight scales read from the nei
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -13,7 +12,6 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kernels._boundary import runs_interpreted
 from kernels._packed_ptx import packed_ptx
 from kernels.tolerances import assert_exact, assert_lossy, families
 from reference.gemm import block_fp8 as ref
@@ -378,43 +376,6 @@ def test_wgmma_configs_it_cannot_take_are_named(device):
     for message, config in bad.items():
         with pytest.raises(ValueError, match=f"config: the wgmma kernel takes .*{message}"):
             kernel.launch_block_fp8_gemm(*args, config=config)
-    with pytest.raises(ValueError, match="config: ragged_tail splits the wgmma kernel's launch"):
-        kernel.launch_block_fp8_gemm(*args, config=Config(block_m=128, block_n=128, ragged_tail=True))
-
-
-@pytest.mark.parametrize("m,n,k_blocks", [(70, 200, 2), (130, 130, 3), (200, 64 + 128 * 3, 2), (65, 100, 1)], ids=str)
-def test_ragged_tail_gives_the_one_launch_bytes(m, n, k_blocks, device, monkeypatch):
-    """`ragged_tail`: the columns past N's last whole 128-wide block, launched on their own (the tiled kernel's
-    64 x 64 tiles), give one launch's bytes on a GPU (wgmma tiles both, the same K order). On the interpreter,
-    whose dot is numpy's matmul (its rounding follows the tile's shape), the columns left to the first launch
-    keep their bytes and the tail is held to the tolerance row. N under 128 (the last case) is one launch.
-    The split output is allocated from poisoned memory: a column neither launch writes reads NaN; the tiled
-    launches are recorded, so a split that does not happen fails too."""
-    operands, ideal = make_operands(m, n, 128 * k_blocks, seed=m + n, spread=4.0)
-    args = on(device, operands)
-    one = kernel.launch_block_fp8_gemm(*args, config=kernel.WGMMA_WS_CONFIG)
-    fill_free_memory(device, POISON)
-    tiled_launches = []
-    launch_tiled = kernel._launch_tiled
-
-    def record(a, a_scales, b, b_scales, out, cfg, fault):
-        tiled_launches.append((b.shape[0], out.data_ptr()))
-        launch_tiled(a, a_scales, b, b_scales, out, cfg, fault)
-
-    monkeypatch.setattr(kernel, "_launch_tiled", record)
-    split_config = dataclasses.replace(kernel.WGMMA_WS_CONFIG, ragged_tail=True)
-    split = kernel.launch_block_fp8_gemm(*args, config=split_config)
-    main = n - n % 128 if n > 128 else n
-    tail = [(n - main, split.data_ptr() + main * split.element_size())] if main < n else []
-    wgmma_launched = wgmma_kernel.runs_on(split.device)
-    assert tiled_launches == tail + ([] if wgmma_launched else [(main, split.data_ptr())])
-    with pytest.raises(ValueError, match="fault: the planted bugs index one launch's blocks"):
-        kernel.launch_block_fp8_gemm(*args, config=split_config, fault="weight_scale_next_n_block")
-    if runs_interpreted(split.device):
-        assert_exact(split[:, :main].cpu(), one[:, :main].cpu(), "columns of the first launch")
-        assert_lossy(FAMILY, split.cpu(), ref.block_fp8_gemm_mirror(*operands, out_dtype=torch.bfloat16), ideal)
-    else:
-        assert_exact(split.cpu(), one.cpu(), "one launch against the launch with its ragged tail apart")
 
 
 # ---- negative controls: a one-block indexing error in the real kernel must fail the tolerance check ----
