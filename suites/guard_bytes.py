@@ -8,6 +8,9 @@ end of its buffer, which produced NaNs only when memory was not zero).
   byte, which `assert_intact` reports with its offset.
 - `fill_free_memory(device, POISON)`: fills memory torch's caching allocator holds but has not handed out, so
   the outputs and workspaces a kernel allocates next start as NaN / 0xFF instead of stale zeros.
+- `poisoned_allocations(device)`: the same on any device while the context is open: on the CPU, `torch.empty`
+  and `torch.empty_like` called from Python return POISON bytes (the CPU allocator hands back fresh pages of zeros
+  or a freed tensor's stale values, which passed an unwritten row by luck).
 - `assert_guarded_call_agrees(call, inputs, device)`: the call with zeroed surroundings and with poisoned
   ones must give the same bytes and leave every guard byte as it was.
 
@@ -16,6 +19,10 @@ Under compute-sanitizer (`python -m suites.sanitize`) the caching allocator is o
 tensor's end as one past its allocation."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from unittest import mock
 
 import torch
 
@@ -65,6 +72,28 @@ def fill_free_memory(device: torch.device | str, value: int, nbytes: int = 64 <<
     blocks += [torch.full((half,), value, dtype=torch.uint8, device=device) for _ in range(nbytes // half)]
     torch.cuda.synchronize(device)
     del blocks  # back to the allocator's free lists: the next allocations reuse them
+
+
+@contextmanager
+def poisoned_allocations(device: torch.device | str) -> Iterator[None]:
+    """While open, the tensors a kernel allocates on `device` start as POISON bytes: on CUDA through
+    `fill_free_memory` (once, on entry), on the CPU by wrapping `torch.empty` and `torch.empty_like`."""
+    if torch.device(device).type == "cuda":
+        fill_free_memory(device, POISON)
+        yield
+        return
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def poisoned(t: torch.Tensor) -> torch.Tensor:
+        if t.is_contiguous() and t.numel():
+            t.view(-1).view(torch.uint8).fill_(POISON)
+        return t
+
+    with (
+        mock.patch.object(torch, "empty", lambda *a, **k: poisoned(empty(*a, **k))),
+        mock.patch.object(torch, "empty_like", lambda *a, **k: poisoned(empty_like(*a, **k))),
+    ):
+        yield
 
 
 def _bytes(out) -> list[torch.Tensor]:

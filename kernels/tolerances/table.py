@@ -159,8 +159,10 @@ _SILU_AND_MUL_WHY = (
 _FUSED_MOE_WHY = (
     "fused_moe (kernels.fused_moe) vs reference.moe.experts.fused_moe_mirror: the same roundings (fp32 GEMM sums, "
     "the activation in fp32 rounded once, each (token, slot) product rounded once, the combine in fp32), the sums "
-    "in another order. Interpreter: bit-identical over every suite draw. A reassociation can flip one ulp of an "
-    "intermediate, which the second GEMM carries into its output: max_rel 4 output ulps, rms_rel 1/2 ulp. H200 "
+    "in another order. Interpreter: bit-identical over nearly every suite draw. A reassociation can flip one ulp of "
+    "an intermediate, which the second GEMM carries into every output of its token: one hypothesis draw (5 "
+    "tokens, H 17, I 9, top 3, fp16, swiglu_oai) has 7 of token 0's 17 outputs one ulp off, rms_rel 4.7e-4 over "
+    "its 85 outputs; at one token every output can be. Bounds: max_rel 4 output ulps, rms_rel one ulp. H200 "
     "(bench/moe inputs, Mixtral and Qwen3-30B-A3B shapes, 1-4,096 tokens): max_rel 0.0034-0.0068, rms_rel <= "
     "0.0011. SQNR vs the fp64 ideal is the mirror's own rounding: 50.2-51.4 dB bf16, 68-70 dB fp16 "
     "over suites/moe's draws; the planted faults give 2.7 dB (gate/up swapped), -3.7 dB (the next expert's "
@@ -188,10 +190,10 @@ _MXFP4_MOE_WHY = (
     "(the next expert's weights)."
 )
 LOSSY: dict[tuple[str, torch.dtype], LossyBound] = {
-    (MXFP4_MOE, torch.bfloat16): LossyBound(2.0**-5, 2.0**-9, 40.0, _MXFP4_MOE_WHY),
+    (MXFP4_MOE, torch.bfloat16): LossyBound(2.0**-5, 2.0**-7, 40.0, _MXFP4_MOE_WHY),
     (BLOCK_FP8_MOE, torch.bfloat16): LossyBound(0.06, 8e-3, 28.0, _BLOCK_FP8_MOE_WHY),
-    (FUSED_MOE, torch.bfloat16): LossyBound(2.0**-5, 2.0**-9, 40.0, _FUSED_MOE_WHY),
-    (FUSED_MOE, torch.float16): LossyBound(2.0**-8, 2.0**-12, 55.0, _FUSED_MOE_WHY),
+    (FUSED_MOE, torch.bfloat16): LossyBound(2.0**-5, 2.0**-7, 40.0, _FUSED_MOE_WHY),
+    (FUSED_MOE, torch.float16): LossyBound(2.0**-8, 2.0**-10, 55.0, _FUSED_MOE_WHY),
     # max_rel: one bf16 ulp of the peak (2**-7) plus 2.2e-3 for the accumulator; rms_rel: 3x the model.
     (BLOCK_FP8_GEMM, torch.bfloat16): LossyBound(1e-2, 2e-3, 22.0, _BLOCK_FP8_WHY),
     # max_rel: one fp16 ulp of the peak (2**-10) plus 2e-3; rms_rel: 8x the model.

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from kernels.tolerances import assert_lossy, families
 from reference.moe import experts as ref
 from reference.moe.align import Alignment, align_block_size, check_alignment
+from suites.guard_bytes import poisoned_allocations
 from suites.moe.routing_draws import drop_one
 
 align = pytest.importorskip("kernels.moe_align")
@@ -63,8 +64,11 @@ def _tensors(p: dict, device: str):
 
 
 def _check(p: dict, device: str, fault: str = "none"):
+    """The layer into poisoned workspaces (`poisoned_allocations`), on the CPU too: a row no GEMM wrote and the
+    combine summed is NaN (the GEMMs write zeros for another rank's expert)."""
     host, on_device = _tensors(p, device)
-    got = fused.launch(*on_device, fault=fault).cpu()
+    with poisoned_allocations(device):
+        got = fused.launch(*on_device, fault=fault).cpu()
     mirror, ideal = ref.fused_moe_mirror(*host), ref.fused_moe_ideal(*host)
     if p["tokens"]:
         assert_lossy(families.FUSED_MOE, got, mirror, ideal, "fused_moe")
@@ -113,6 +117,29 @@ def test_alignment_named_case_bytes(device):
 def test_fixed_layer_within_the_row(device):
     """A fixed 33-token, 8-expert, top-2 layer (the sanitizer tier's case for the grouped GEMM)."""
     _check(_skewed(device), device)
+
+
+def test_another_ranks_experts_add_nothing(device):
+    """The fixed layer under an expert-parallel map with three of its 8 experts on another rank, into poisoned
+    workspaces: their rows are the zeros the GEMMs write for expert -1, so the layer is this rank's share."""
+    p = _skewed(device)
+    p["expert_map"] = torch.tensor([0, -1, 1, -1, 2, 3, -1, 4], dtype=torch.int32)
+    p["local"] = 5
+    _check(p, device)
+
+
+def test_a_carried_intermediate_flip_stays_within_the_row(device):
+    """A hypothesis draw where the first GEMM's sums, in another order than the mirror's, flip one fp16 ulp of an
+    intermediate that the second GEMM carries into 7 of token 0's 17 outputs (interpreter): rms_rel 4.7e-4 over
+    the layer's 85 outputs, within the row's one-ulp rms bound (`kernels.tolerances.table`)."""
+    weights = [[0.1226, 0.0289, 0.8485], [0.6705, 0.2094, 0.1201], [0.5067, 0.3010, 0.1923], [0.1971, 0.4491, 0.3538],
+               [0.5934, 0.0508, 0.3558]]  # fmt: skip
+    p = dict(
+        tokens=5, hidden=17, inter=9, local=4, activation="swiglu_oai", bias=True, dtype=torch.float16, seed=67,
+        ids=torch.tensor([[7, 2, 5], [4, 6, 2], [4, 2, 3], [7, 3, 2], [0, 4, 6]]), weights=torch.tensor(weights),
+        expert_map=torch.tensor([-1, -1, 1, -1, -1, 2, 3, 0], dtype=torch.int32),
+    )  # fmt: skip
+    _check(p, device)
 
 
 def test_a_dropped_assignment_adds_nothing(device):
