@@ -47,8 +47,19 @@ from reference.attention.paged import check_num_splits, check_paged_args
 # stages 2-4 are within 1 %. FP8 caches, same shapes (`--fp8`; GB/s on the codes and scales read): tile 128, 4
 # warps, 2 stages: batch 128 x 4096 0.65x memcpy (402 us, against 490-500 us for the bf16 cache), 8 x 32k at 16
 # splits 0.58x. Tile 64 ran 0.44x at 4 warps and 0.62x at 2; 8 warps 0.31-0.38x, and 3 stages within 1 % of 2
-# (those two on an earlier build of the same loop, with V's codes in bf16).
-_GPU = {"tile_n": 64, "warps": 4, "stages": 2, "fp8_tile_n": 128, "fp8_warps": 4, "fp8_stages": 2, "combine_warps": 4}
+# (those two on an earlier build of the same loop, with V's codes in bf16). More programs an SM do not help the FP8
+# loop (`--fp8 --shapes 128x4096 --configs ...`, one run at d76e687): tile 128 / 4 warps / 2 stages 396 us (0.66x;
+# 142 registers and 75 KB of shared memory: 3 programs an SM, 2.6 waves); 1 stage 594 us; 1 stage capped at 128
+# registers (4 programs an SM, 1.9 waves) 478 us, at 96 (5, spills) 709 us; tile 64 capped at 128 registers
+# 499-533 us; tile 64 / 2 warps 414 us; 3 splits (7.8 waves) 419 us. In sm_90 SASS the loop issues 1,106
+# instructions a warp a tile (8.6 a token; the bf16 loop 6.9), about 40 % of the issue slots at 396 us (an estimate
+# from the count and the time): the warps wait, on shared memory among others, which each tile's codes cross four
+# times (cp.async in, read as words, written back as fp16 for the MMA, read by ldmatrix).
+# maxnreg: a cap on registers a thread (None: ptxas's choice), which sets how many programs an SM holds.
+_GPU = {
+    "tile_n": 64, "warps": 4, "stages": 2, "maxnreg": None,
+    "fp8_tile_n": 128, "fp8_warps": 4, "fp8_stages": 2, "fp8_maxnreg": None, "combine_warps": 4,
+}  # fmt: skip
 # The interpreter costs per program and per loop step, not per element: one wide tile a step.
 _INTERPRETER = {
     "tile_n": 64,
@@ -58,6 +69,8 @@ _INTERPRETER = {
     "fp8_warps": 4,
     "fp8_stages": 1,
     "combine_warps": 4,
+    "maxnreg": None,
+    "fp8_maxnreg": None,
 }
 
 
@@ -396,6 +409,7 @@ def launch_paged_decode(
         DIRECT=direct,
         num_warps=cfg[key + "warps"],
         num_stages=cfg[key + "stages"],
+        **({"maxnreg": cfg[key + "maxnreg"]} if cfg[key + "maxnreg"] else {}),
         **launch_args(device),
     )
     if direct:

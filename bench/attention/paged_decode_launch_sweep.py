@@ -1,6 +1,7 @@
 """Sweep the paged decode kernel's launch shapes on a GPU: time, KV GB/s, and ratios to SDPA and memcpy.
 
-    python -m bench.attention.paged_decode_launch_sweep [--quick] [--fp8]
+    python -m bench.attention.paged_decode_launch_sweep [--quick] [--fp8] [--configs 128x4x2,128x4x1x128]
+        [--shapes 128x4096] [--splits 1,3]
 
 How the `_GPU` table in kernels/paged_decode.py is to be chosen (its comment holds the H200 result). Shapes
 are the bars' shapes, built by bench/attention/paged_decode_inputs.py (32 query heads, 8 KV heads, head 128, bf16,
@@ -38,6 +39,17 @@ def sdpa_ms(problem: pdi.Problem) -> float:
     return time_ms(lambda: torch.nn.functional.scaled_dot_product_attention(q4, k, v, enable_gqa=True))
 
 
+def parse_configs(text: str) -> list[tuple[int, int, int, int | None]]:
+    """(tile_n, warps, stages, maxnreg or None) tuples from "TILExWARPSxSTAGES[xMAXNREG],..."."""
+    configs = []
+    for item in text.split(","):
+        values = [int(v) for v in item.split("x")]
+        if len(values) not in (3, 4):
+            raise SystemExit(f"--configs: TILExWARPSxSTAGES[xMAXNREG], got {item!r}")
+        configs.append((*values, None) if len(values) == 3 else tuple(values))
+    return configs
+
+
 def sweep(batch: int, context: int, splits: tuple[int, ...], configs, memcpy: float, fp8: bool) -> None:
     problem = pdi.make_problem(batch, context, "cuda")
     q, k_cache, v_cache, table, lens, scale, _ = problem.args
@@ -57,10 +69,13 @@ def sweep(batch: int, context: int, splits: tuple[int, ...], configs, memcpy: fl
     ideal = ref.paged_attention_ideal(q, k_cache, v_cache, table, lens, scale, k_scale=scales[0], v_scale=scales[1])
     for num_splits in splits:
         mirror = ref.paged_decode_mirror(q, k_cache, v_cache, table, lens, scale, num_splits, *scales)
-        for tile_n, warps, stages in configs:
+        for tile_n, warps, stages, maxnreg in configs:
             key = "fp8_" if fp8 else ""
-            kernel._GPU.update({key + "tile_n": tile_n, key + "warps": warps, key + "stages": stages})
+            kernel._GPU.update(
+                {key + "tile_n": tile_n, key + "warps": warps, key + "stages": stages, key + "maxnreg": maxnreg}
+            )
             name = f"  B{batch} L{context} splits={num_splits:2d} tile={tile_n:3d} warps={warps} stages={stages}"
+            name += f" maxnreg={maxnreg}" if maxnreg else ""
             call = functools.partial(
                 kernel.launch_paged_decode, q, k_cache, v_cache, table, lens, scale, num_splits, *scales
             )
@@ -81,17 +96,25 @@ def main(argv: list[str] | None = None) -> int:
     cli = parser(__doc__)
     cli.add_argument("--quick", action="store_true", help="tile 64 only, warps 4 and 8, stages 2 and 3")
     cli.add_argument("--fp8", action="store_true", help="FP8 caches (e4m3fn codes, per-(slot, KV head) scales)")
+    cli.add_argument("--configs", help="TILExWARPSxSTAGES[xMAXNREG],... in place of the grid")
+    cli.add_argument("--shapes", help="BATCHxCONTEXT,... of SHAPES's (default: both)")
+    cli.add_argument("--splits", help="split counts, in place of each shape's")
     args = gpu_args(cli, argv, "paged_decode_launch_sweep")
     torch.manual_seed(0)
-    configs = list(
-        itertools.product(
-            (64,) if args.quick else TILES, (4, 8) if args.quick else WARPS, (2, 3) if args.quick else STAGES
-        )
+    grid = itertools.product(
+        (64,) if args.quick else TILES, (4, 8) if args.quick else WARPS, (2, 3) if args.quick else STAGES, (None,)
     )
+    configs = parse_configs(args.configs) if args.configs else list(grid)
+    shapes = dict(SHAPES)
+    if args.shapes:
+        shapes = {tuple(int(v) for v in s.split("x")): SHAPES.get(tuple(int(v) for v in s.split("x")), (1,))
+                  for s in args.shapes.split(",")}  # fmt: skip
+    if args.splits:
+        shapes = {shape: tuple(int(v) for v in args.splits.split(",")) for shape in shapes}
     memcpy = memcpy_gbps(pdi.kv_bytes(8, 32768), "the KV bytes of batch 8 x 32k")
     saved = dict(kernel._GPU)
     try:
-        for (batch, context), splits in SHAPES.items():
+        for (batch, context), splits in shapes.items():
             sweep(batch, context, splits, configs, memcpy, args.fp8)
     finally:
         kernel._GPU.update(saved)
