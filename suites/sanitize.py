@@ -3,8 +3,10 @@
     python -m suites.sanitize [--tools memcheck,racecheck,initcheck] [--out reports]   (`nox -s sanitize`)
 
 First the negative control: under memcheck, the W4A16 GEMM with a planted read of one scale past the end
-(`--planted-read`) must be reported. Then, for each tool, one pytest process (no xdist; the tools' processes at
-the same time) runs the cases of SELECTION on the GPU under `compute-sanitizer --tool <tool>`, with torch's
+(`--planted-read`) must be reported. Then the tool probes (`suites.sanitizer.tool_probes`: minimal kernels that
+show what a tool reports for Triton's warp specialization and for TMA stores), each under its tool, reported
+beside the kernels and not counted in the verdict. Then, for each tool, one pytest process (no xdist; the tools'
+processes at the same time) runs the cases of SELECTION on the GPU under `compute-sanitizer --tool <tool>`, with torch's
 caching allocator off (PYTORCH_NO_CUDA_MEMORY_CACHING=1: every tensor its own cudaMalloc, so an access past a
 tensor's end is one past its allocation). The sanitizer's error records are attributed to kernels by the Triton
 function they name (`KERNEL_MODULES`), the cases' outcomes come from pytest's JUnit XML. Writes
@@ -319,6 +321,22 @@ def run_control(work: pathlib.Path, names: dict[str, str]) -> tuple[int, int]:
     return errors.get("w4a16_mxfp4_gemm", 0), total
 
 
+def run_probes(work: pathlib.Path, names: dict[str, str]) -> dict[str, tuple[str, int, int]]:
+    """Probe -> (its tool, error records, exit status): `suites.sanitizer.tool_probes`, each under its tool."""
+    from suites.sanitizer.tool_probes import PROBES
+
+    env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    results = {}
+    for name, (tool, _) in PROBES.items():
+        log, output = work / f"probe_{name}.log", work / f"probe_{name}.out"
+        command = [*sanitizer_command(tool, log), sys.executable, "-m", "suites.sanitize", "--probe", name]
+        print(f"sanitize: probe {name} under {tool} ...", flush=True)
+        returncode = _wait(f"probe {name}", _start(command, env, output), time.monotonic() + RUN_TIMEOUT_S, output)
+        _, total = parse_log(log.read_text() if log.is_file() else "", names)
+        results[name] = (tool, total, returncode)
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     global RUN_TIMEOUT_S
     p = argparse.ArgumentParser(prog="python -m suites.sanitize", description=__doc__.split("\n")[0])
@@ -326,12 +344,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=pathlib.Path, default=ROOT / "reports")
     p.add_argument("--timeout-s", type=float, default=RUN_TIMEOUT_S, help="bound on each run, against a hang")
     p.add_argument("--planted-read", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--probe", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.timeout_s <= 0:
         p.error(f"--timeout-s: a bound in seconds above 0, got {args.timeout_s:g}")
     RUN_TIMEOUT_S = args.timeout_s
     if args.planted_read:
         return planted_read()
+    if args.probe:
+        from suites.sanitizer.tool_probes import check
+
+        check(args.probe)
+        return 0
     tools = args.tools.split(",")
     if unknown := set(tools) - set(TOOLS):
         p.error(f"--tools: unknown {sorted(unknown)}; known {', '.join(TOOLS)}")
@@ -341,8 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="touchstone-sanitize-") as tmp:
         work = pathlib.Path(tmp)
         control = run_control(work, names)
+        probes = run_probes(work, names)
         runs = run_tools(tools, work, names)
-    folder, ok = write_report(args.out, runs, control)
+    folder, ok = write_report(args.out, runs, control, probes)
     print(f"wrote {folder}/sanitizer.md, .csv", flush=True)
     return 0 if ok else 1
 

@@ -9,7 +9,9 @@ import pathlib
 import subprocess
 
 
-def write_report(out: pathlib.Path, runs: dict, control: tuple[int, int]) -> tuple[pathlib.Path, bool]:
+def write_report(
+    out: pathlib.Path, runs: dict, control: tuple[int, int], probes: dict[str, tuple[str, int, int]] | None = None
+) -> tuple[pathlib.Path, bool]:
     import pandas as pd
 
     from kernels.platform import detect_platform
@@ -48,6 +50,21 @@ def write_report(out: pathlib.Path, runs: dict, control: tuple[int, int]) -> tup
         frame.to_markdown(index=False),
         "",
     ]
+    if probes:
+        table = pd.DataFrame(
+            [{"probe": name, "tool": tool, "errors": n, "exit": rc} for name, (tool, n, rc) in probes.items()]
+        )
+        lines += [
+            "## Tool probes",
+            "",
+            "Minimal kernels, none of the project's (`suites/sanitizer/tool_probes.py`, whose docstring says what "
+            "each shows): what the tool reports for Triton's warp-specialize dispatch (racecheck) and for a TMA "
+            "store (initcheck). Not in the verdict; records of the same kind in the table above are of the "
+            "mechanism, not of the kernel.",
+            "",
+            table.to_markdown(index=False),
+            "",
+        ]
     (folder / "sanitizer.md").write_text("\n".join(lines))
     return folder, ok
 

@@ -150,3 +150,24 @@ def test_the_control_is_read_from_its_own_log_and_a_hung_one_is_killed(tmp_path,
     monkeypatch.setattr(sanitize, "sanitizer_command", _fake_sanitizer("|time.sleep(600)"))
     monkeypatch.setattr(sanitize, "RUN_TIMEOUT_S", 1)
     assert sanitize.run_control(tmp_path, {}) == (0, 0)  # killed: not caught, and the run goes on to its report
+
+
+def test_each_probe_runs_under_its_tool_and_is_reported_beside_the_verdict(tmp_path, monkeypatch):
+    from suites.sanitize_report import write_report
+    from suites.sanitizer.tool_probes import PROBES
+
+    tools = []
+
+    def fake(tool, log):
+        tools.append(tool)
+        return _fake_sanitizer(LOG)(tool, log)
+
+    monkeypatch.setattr(sanitize, "sanitizer_command", fake)
+    probes = sanitize.run_probes(tmp_path, {})
+    assert probes == {name: (tool, 3, 0) for name, (tool, _) in PROBES.items()}
+    assert tools == [tool for tool, _ in PROBES.values()] == ["racecheck", "initcheck"]
+    clean = sanitize.ToolRun({}, 0, {"rms_norm": (2, 0)}, 0)
+    folder, ok = write_report(tmp_path / "reports", {"memcheck": clean}, (1, 1), probes)
+    assert ok  # the probes' records are not the kernels'
+    text = (folder / "sanitizer.md").read_text()
+    assert "## Tool probes" in text and "ws_handshake" in text and "tma_store" in text
