@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels import platform
 from kernels._boundary import runs_interpreted
 from kernels._e4m3 import e4m3_words_to_fp16
 from kernels._packed_ptx import packed_ptx
@@ -51,11 +52,12 @@ from reference.attention.paged import check_num_splits, check_paged_args
 # loop (`--fp8 --shapes 128x4096 --configs ...`, one run at d76e687): tile 128 / 4 warps / 2 stages 396 us (0.66x;
 # 142 registers and 75 KB of shared memory: 3 programs an SM, 2.6 waves); 1 stage 594 us; 1 stage capped at 128
 # registers (4 programs an SM, 1.9 waves) 478 us, at 96 (5, spills) 709 us; tile 64 capped at 128 registers
-# 499-533 us; tile 64 / 2 warps 414 us; 3 splits (7.8 waves) 419 us. In sm_90 SASS the loop issues 1,106
+# 499-533 us; tile 64 / 2 warps 414 us; 3 splits (7.8 waves) 419 us; 8 warps capped at 96 or 128 registers (2
+# programs an SM, 16 warps) 564-585 us (a second run, 131b1b8). In sm_90 SASS the loop issues 1,106
 # instructions a warp a tile (8.6 a token; the bf16 loop 6.9), about 40 % of the issue slots at 396 us (an estimate
 # from the count and the time): the warps wait, on shared memory among others, which each tile's codes cross four
 # times (cp.async in, read as words, written back as fp16 for the MMA, read by ldmatrix).
-# maxnreg: a cap on registers a thread (None: ptxas's choice), which sets how many programs an SM holds.
+# maxnreg: a cap on registers a thread (None: ptxas's choice), which sets how many programs an SM holds (NVIDIA).
 _GPU = {
     "tile_n": 64, "warps": 4, "stages": 2, "maxnreg": None,
     "fp8_tile_n": 128, "fp8_warps": 4, "fp8_stages": 2, "fp8_maxnreg": None, "combine_warps": 4,
@@ -332,6 +334,11 @@ def _config(device: torch.device) -> dict:
     return _INTERPRETER if runs_interpreted(device) else _GPU
 
 
+def _register_cap(maxnreg: int | None) -> dict:
+    """The launch's `maxnreg` where there is one to give: NVIDIA's backend only (AMD's refuses the option)."""
+    return {"maxnreg": maxnreg} if maxnreg and platform.current_platform.is_cuda() else {}
+
+
 def _word_strides(name: str, cache: torch.Tensor) -> tuple[int, int, int]:
     """An FP8 cache's block, position and head strides in 32-bit words; ValueError naming the cache unless its
     head size, strides and address allow whole-word reads."""
@@ -409,7 +416,7 @@ def launch_paged_decode(
         DIRECT=direct,
         num_warps=cfg[key + "warps"],
         num_stages=cfg[key + "stages"],
-        **({"maxnreg": cfg[key + "maxnreg"]} if cfg[key + "maxnreg"] else {}),
+        **_register_cap(cfg[key + "maxnreg"]),
         **launch_args(device),
     )
     if direct:

@@ -8,9 +8,9 @@ end of its buffer, which produced NaNs only when memory was not zero).
   byte, which `assert_intact` reports with its offset.
 - `fill_free_memory(device, POISON)`: fills memory torch's caching allocator holds but has not handed out, so
   the outputs and workspaces a kernel allocates next start as NaN / 0xFF instead of stale zeros.
-- `poisoned_allocations(device)`: the same on any device while the context is open: on the CPU, `torch.empty`
-  and `torch.empty_like` called from Python return POISON bytes (the CPU allocator hands back fresh pages of zeros
-  or a freed tensor's stale values, which passed an unwritten row by luck).
+- `poisoned_allocations(device)`: the same on any device while the context is open: on the CPU every tensor an
+  allocating op returns is filled (the CPU allocator hands back fresh pages of zeros or a freed tensor's stale
+  values, which passed an unwritten row by luck).
 - `assert_guarded_call_agrees(call, inputs, device)`: the call with zeroed surroundings and with poisoned
   ones must give the same bytes and leave every guard byte as it was.
 
@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from unittest import mock
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 GUARD_BYTES = 256
 POISON = 0xFF
@@ -74,25 +74,49 @@ def fill_free_memory(device: torch.device | str, value: int, nbytes: int = 64 <<
     del blocks  # back to the allocator's free lists: the next allocations reuse them
 
 
+# aten's allocating ops, whose results `poisoned_allocations` fills on the CPU
+_ALLOCATIONS = frozenset(
+    {
+        torch.ops.aten.empty.memory_format,
+        torch.ops.aten.empty_strided.default,
+        torch.ops.aten.empty_like.default,
+        torch.ops.aten.new_empty.default,
+        torch.ops.aten.new_empty_strided.default,
+    }
+)
+
+
+def poison_value(dtype: torch.dtype) -> int:
+    """The byte a new tensor of `dtype` is filled with: POISON (NaN) for floating types; 0x7F for integers (a
+    large positive value, out of range as an index, where 0xFF would read as the -1 the kernels use for "none");
+    0x01 for bool (the only byte other than 0 that is a valid bool)."""
+    if dtype.is_floating_point or dtype.is_complex:
+        return POISON
+    return 0x01 if dtype == torch.bool else 0x7F
+
+
+class _PoisonNewTensors(TorchDispatchMode):
+    """Fills the whole storage of every tensor an allocating op returns with `poison_value` of its dtype."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func in _ALLOCATIONS and out.untyped_storage().nbytes():
+            torch.empty(0, dtype=torch.uint8, device=out.device).set_(out.untyped_storage()).fill_(
+                poison_value(out.dtype)
+            )
+        return out
+
+
 @contextmanager
 def poisoned_allocations(device: torch.device | str) -> Iterator[None]:
-    """While open, the tensors a kernel allocates on `device` start as POISON bytes: on CUDA through
-    `fill_free_memory` (once, on entry), on the CPU by wrapping `torch.empty` and `torch.empty_like`."""
+    """While open, the tensors allocated on `device` start poisoned: on CUDA through `fill_free_memory` (once, on
+    entry); elsewhere every allocating aten op's result (`torch.empty`, `new_empty`, `empty_like`, strided and
+    non-contiguous ones included) is filled with `poison_value` of its dtype."""
     if torch.device(device).type == "cuda":
         fill_free_memory(device, POISON)
         yield
         return
-    empty, empty_like = torch.empty, torch.empty_like
-
-    def poisoned(t: torch.Tensor) -> torch.Tensor:
-        if t.is_contiguous() and t.numel():
-            t.view(-1).view(torch.uint8).fill_(POISON)
-        return t
-
-    with (
-        mock.patch.object(torch, "empty", lambda *a, **k: poisoned(empty(*a, **k))),
-        mock.patch.object(torch, "empty_like", lambda *a, **k: poisoned(empty_like(*a, **k))),
-    ):
+    with _PoisonNewTensors():
         yield
 
 

@@ -52,7 +52,10 @@ def write_report(
     ]
     if probes:
         table = pd.DataFrame(
-            [{"probe": name, "tool": tool, "errors": n, "exit": rc} for name, (tool, n, rc) in probes.items()]
+            [
+                {"probe": name, "tool": tool, "errors": n if rc == 0 else f"did not run (exit {rc})"}
+                for name, (tool, n, rc) in probes.items()
+            ]
         )
         lines += [
             "## Tool probes",

@@ -16,6 +16,7 @@ counted on the codes and scales read; SDPA stays the bf16 contiguous ceiling (an
 
 from __future__ import annotations
 
+import argparse
 import functools
 import itertools
 import sys
@@ -39,15 +40,29 @@ def sdpa_ms(problem: pdi.Problem) -> float:
     return time_ms(lambda: torch.nn.functional.scaled_dot_product_attention(q4, k, v, enable_gqa=True))
 
 
+def _ints(item: str, count: tuple[int, ...], form: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in item.split("x"))
+    except ValueError:
+        values = ()
+    if len(values) not in count or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{form} with positive integers, got {item!r}")
+    return values
+
+
 def parse_configs(text: str) -> list[tuple[int, int, int, int | None]]:
     """(tile_n, warps, stages, maxnreg or None) tuples from "TILExWARPSxSTAGES[xMAXNREG],..."."""
-    configs = []
-    for item in text.split(","):
-        values = [int(v) for v in item.split("x")]
-        if len(values) not in (3, 4):
-            raise SystemExit(f"--configs: TILExWARPSxSTAGES[xMAXNREG], got {item!r}")
-        configs.append((*values, None) if len(values) == 3 else tuple(values))
-    return configs
+    configs = [_ints(item, (3, 4), "TILExWARPSxSTAGES[xMAXNREG]") for item in text.split(",")]
+    return [(*c, None) if len(c) == 3 else c for c in configs]
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    """(batch, context) pairs from "BATCHxCONTEXT,..."."""
+    return [_ints(item, (2,), "BATCHxCONTEXT") for item in text.split(",")]
+
+
+def parse_splits(text: str) -> tuple[int, ...]:
+    return tuple(_ints(item, (1,), "a split count")[0] for item in text.split(","))
 
 
 def sweep(batch: int, context: int, splits: tuple[int, ...], configs, memcpy: float, fp8: bool) -> None:
@@ -96,21 +111,20 @@ def main(argv: list[str] | None = None) -> int:
     cli = parser(__doc__)
     cli.add_argument("--quick", action="store_true", help="tile 64 only, warps 4 and 8, stages 2 and 3")
     cli.add_argument("--fp8", action="store_true", help="FP8 caches (e4m3fn codes, per-(slot, KV head) scales)")
-    cli.add_argument("--configs", help="TILExWARPSxSTAGES[xMAXNREG],... in place of the grid")
-    cli.add_argument("--shapes", help="BATCHxCONTEXT,... of SHAPES's (default: both)")
-    cli.add_argument("--splits", help="split counts, in place of each shape's")
+    cli.add_argument("--configs", type=parse_configs, help="TILExWARPSxSTAGES[xMAXNREG],... in place of the grid")
+    cli.add_argument(
+        "--shapes", type=parse_shapes, help="BATCHxCONTEXT,... (default: SHAPES; one not in SHAPES gets 1 split)"
+    )
+    cli.add_argument("--splits", type=parse_splits, help="split counts, in place of each shape's")
     args = gpu_args(cli, argv, "paged_decode_launch_sweep")
     torch.manual_seed(0)
     grid = itertools.product(
         (64,) if args.quick else TILES, (4, 8) if args.quick else WARPS, (2, 3) if args.quick else STAGES, (None,)
     )
-    configs = parse_configs(args.configs) if args.configs else list(grid)
-    shapes = dict(SHAPES)
-    if args.shapes:
-        shapes = {tuple(int(v) for v in s.split("x")): SHAPES.get(tuple(int(v) for v in s.split("x")), (1,))
-                  for s in args.shapes.split(",")}  # fmt: skip
+    configs = args.configs or list(grid)
+    shapes = {shape: SHAPES.get(shape, (1,)) for shape in args.shapes} if args.shapes else dict(SHAPES)
     if args.splits:
-        shapes = {shape: tuple(int(v) for v in args.splits.split(",")) for shape in shapes}
+        shapes = {shape: args.splits for shape in shapes}
     memcpy = memcpy_gbps(pdi.kv_bytes(8, 32768), "the KV bytes of batch 8 x 32k")
     saved = dict(kernel._GPU)
     try:

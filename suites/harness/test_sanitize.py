@@ -154,8 +154,9 @@ def test_the_control_is_read_from_its_own_log_and_a_hung_one_is_killed(tmp_path,
 
 def test_each_probe_runs_under_its_tool_and_is_reported_beside_the_verdict(tmp_path, monkeypatch):
     from suites.sanitize_report import write_report
-    from suites.sanitizer.tool_probes import PROBES
+    from suites.sanitizer.tool_probes import BODIES
 
+    assert set(BODIES) == set(sanitize.PROBES)
     tools = []
 
     def fake(tool, log):
@@ -163,11 +164,23 @@ def test_each_probe_runs_under_its_tool_and_is_reported_beside_the_verdict(tmp_p
         return _fake_sanitizer(LOG)(tool, log)
 
     monkeypatch.setattr(sanitize, "sanitizer_command", fake)
-    probes = sanitize.run_probes(tmp_path, {})
-    assert probes == {name: (tool, 3, 0) for name, (tool, _) in PROBES.items()}
-    assert tools == [tool for tool, _ in PROBES.values()] == ["racecheck", "initcheck"]
+    probes = sanitize.run_probes(list(sanitize.TOOLS), tmp_path, {})
+    assert probes == {name: (tool, 3, 0) for name, tool in sanitize.PROBES.items()}
+    assert tools == list(sanitize.PROBES.values()) == ["racecheck", "initcheck"]
+    tools.clear()
+    assert set(sanitize.run_probes(["memcheck", "initcheck"], tmp_path, {})) == {"tma_store"}  # --tools is heeded
+    assert tools == ["initcheck"]
     clean = sanitize.ToolRun({}, 0, {"rms_norm": (2, 0)}, 0)
+    probes["tma_store"] = ("initcheck", 0, 1)  # a probe that could not run is not a clean one
     folder, ok = write_report(tmp_path / "reports", {"memcheck": clean}, (1, 1), probes)
     assert ok  # the probes' records are not the kernels'
     text = (folder / "sanitizer.md").read_text()
-    assert "## Tool probes" in text and "ws_handshake" in text and "tma_store" in text
+    assert "## Tool probes" in text and "| ws_handshake | racecheck |" in text
+    assert "| tma_store    | initcheck | did not run (exit 1) |" in text
+
+
+def test_a_hung_probe_is_killed_at_its_bound(tmp_path, monkeypatch):
+    monkeypatch.setattr(sanitize, "sanitizer_command", _fake_sanitizer("|time.sleep(600)"))
+    monkeypatch.setattr(sanitize, "PROBE_TIMEOUT_S", 1)
+    probes = sanitize.run_probes(["racecheck"], tmp_path, {})
+    assert list(probes) == ["ws_handshake"] and probes["ws_handshake"][2] != 0
