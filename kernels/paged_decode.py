@@ -49,14 +49,15 @@ from reference.attention.paged import check_num_splits, check_paged_args
 # warps, 2 stages: batch 128 x 4096 0.65x memcpy (402 us, against 490-500 us for the bf16 cache), 8 x 32k at 16
 # splits 0.58x. Tile 64 ran 0.44x at 4 warps and 0.62x at 2; 8 warps 0.31-0.38x, and 3 stages within 1 % of 2
 # (those two on an earlier build of the same loop, with V's codes in bf16). More programs an SM do not help the FP8
-# loop (`--fp8 --shapes 128x4096 --configs ...`, one run at d76e687): tile 128 / 4 warps / 2 stages 396 us (0.66x;
-# 142 registers and 75 KB of shared memory: 3 programs an SM, 2.6 waves); 1 stage 594 us; 1 stage capped at 128
-# registers (4 programs an SM, 1.9 waves) 478 us, at 96 (5, spills) 709 us; tile 64 capped at 128 registers
-# 499-533 us; tile 64 / 2 warps 414 us; 3 splits (7.8 waves) 419 us; 8 warps capped at 96 or 128 registers (2
-# programs an SM, 16 warps) 564-585 us (a second run, 131b1b8). In sm_90 SASS the loop issues 1,106
-# instructions a warp a tile (8.6 a token; the bf16 loop 6.9), about 40 % of the issue slots at 396 us (an estimate
-# from the count and the time): the warps wait, on shared memory among others, which each tile's codes cross four
-# times (cp.async in, read as words, written back as fp16 for the MMA, read by ldmatrix).
+# loop (`--fp8 --shapes 128x4096 --configs ...` at 24b1705, reports/cuda-h200/launch_sweeps/
+# paged_decode_launch_sweep.csv; two earlier runs within 2 %): tile 128 / 4 warps / 2 stages 396 us (0.66x; 142
+# registers and 75 KB of shared memory: 3 programs an SM, 2.6 waves); 1 stage 591 us; 1 stage capped at 128
+# registers (4 programs an SM, 1.9 waves) 476 us, at 96 (5, spills) 706 us; tile 64 630 us, capped at 128
+# registers 495-532 us, with 2 warps 414 us; 8 warps 839 us, capped at 96 or 128 registers (2 programs of 8 warps
+# an SM) 568-590 us; 2 or 3 splits 417 us. In sm_90 SASS (triton.compile for sm_90a, Triton's ptxas) the loop issues
+# 1,106 instructions a warp a tile (8.6 a token; the bf16 loop 6.9), about 40 % of the issue slots at 396 us (an
+# estimate from the count and the time): the warps wait, on shared memory among others, which each tile's codes
+# cross four times (cp.async in, read as words, written back as fp16 for the MMA, read by ldmatrix).
 # maxnreg: a cap on registers a thread (None: ptxas's choice), which sets how many programs an SM holds (NVIDIA).
 _GPU = {
     "tile_n": 64, "warps": 4, "stages": 2, "maxnreg": None,
