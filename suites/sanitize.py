@@ -248,7 +248,7 @@ def _wait(name: str, process: subprocess.Popen, deadline: float, output: pathlib
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         returncode = process.wait()
-        print(f"sanitize: {name} killed at the {RUN_TIMEOUT_S:g} s bound", flush=True)
+        print(f"sanitize: {name} killed at its bound", flush=True)
     if returncode:
         print(output.read_text()[-4000:], flush=True)
     return returncode
@@ -308,16 +308,24 @@ def planted_read() -> int:
     return 0
 
 
+def _run_self(
+    name: str, tool: str, flag: list[str], work: pathlib.Path, names: dict[str, str], bound_s: float
+) -> tuple[dict[str, int], int, int]:
+    """This module with `flag` under `tool` (the control, a probe), bounded by `bound_s`, on its own allocations:
+    (error records by kernel module, total, exit status). Its log and output: `work`/<name>.log, .out."""
+    log, output = work / f"{name}.log", work / f"{name}.out"
+    env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    command = [*sanitizer_command(tool, log), sys.executable, "-m", "suites.sanitize", *flag]
+    returncode = _wait(name, _start(command, env, output), time.monotonic() + bound_s, output)
+    return (*parse_log(log.read_text() if log.is_file() else "", names), returncode)
+
+
 def run_control(work: pathlib.Path, names: dict[str, str]) -> tuple[int, int]:
     """(error records attributed to the W4A16 GEMM, total) of memcheck on the planted read."""
-    log = work / "control.log"
-    env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
-    command = [*sanitizer_command("memcheck", log), sys.executable, "-m", "suites.sanitize", "--planted-read"]
     print("sanitize: negative control (W4A16 scale read past the end) under memcheck ...", flush=True)
-    output = work / "control.out"
-    if not _wait("the negative control", _start(command, env, output), time.monotonic() + RUN_TIMEOUT_S, output):
-        print(output.read_text()[-2000:], flush=True)  # the planted read reports how its launch ended
-    errors, total = parse_log(log.read_text() if log.is_file() else "", names)
+    errors, total, returncode = _run_self("control", "memcheck", ["--planted-read"], work, names, RUN_TIMEOUT_S)
+    if not returncode:  # the planted read reports how its launch ended (a failed run's output is printed already)
+        print((work / "control.out").read_text()[-2000:], flush=True)
     return errors.get("w4a16_mxfp4_gemm", 0), total
 
 
@@ -329,18 +337,13 @@ PROBE_TIMEOUT_S = 300
 
 def run_probes(tools: list[str], work: pathlib.Path, names: dict[str, str]) -> dict[str, tuple[str, int, int]]:
     """Probe -> (its tool, error records, exit status), for the probes of the selected `tools`."""
-    env = {**os.environ, "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
     results = {}
     for name, tool in PROBES.items():
-        if tool not in tools:
-            continue
-        log, output = work / f"probe_{name}.log", work / f"probe_{name}.out"
-        command = [*sanitizer_command(tool, log), sys.executable, "-m", "suites.sanitize", "--probe", name]
-        print(f"sanitize: probe {name} under {tool} ...", flush=True)
-        bound = time.monotonic() + min(PROBE_TIMEOUT_S, RUN_TIMEOUT_S)
-        returncode = _wait(f"probe {name}", _start(command, env, output), bound, output)
-        _, total = parse_log(log.read_text() if log.is_file() else "", names)
-        results[name] = (tool, total, returncode)
+        if tool in tools:
+            print(f"sanitize: probe {name} under {tool} ...", flush=True)
+            bound = min(PROBE_TIMEOUT_S, RUN_TIMEOUT_S)
+            _, total, returncode = _run_self(f"probe_{name}", tool, ["--probe", name], work, names, bound)
+            results[name] = (tool, total, returncode)
     return results
 
 
