@@ -56,6 +56,25 @@ def parser(doc: str) -> argparse.ArgumentParser:
     return cli
 
 
+def dims(form: str, counts: tuple[int, ...]) -> Callable[[str], list[tuple[int, ...]]]:
+    """An argparse type for a comma-separated list of "x"-joined positive integers, `counts` of them an item
+    ("8192x8192x8192,4096x2112x7168"); a bad item is refused at parse time, naming `form`."""
+
+    def parse(text: str) -> list[tuple[int, ...]]:
+        items = []
+        for item in text.split(","):
+            try:
+                values = tuple(int(v) for v in item.split("x"))
+            except ValueError:
+                values = ()
+            if len(values) not in counts or min(values) < 1:
+                raise argparse.ArgumentTypeError(f"{form} with positive integers, got {item!r}")
+            items.append(values)
+        return items
+
+    return parse
+
+
 def gpu_args(cli: argparse.ArgumentParser, argv: list[str] | None, sweep: str) -> argparse.Namespace:
     """Parse `argv`; exit, naming the `sweep`, where there is no GPU (the interpreter says nothing of launches);
     start recording the sweep's rows."""

@@ -16,7 +16,6 @@ counted on the codes and scales read; SDPA stays the bf16 contiguous ceiling (an
 
 from __future__ import annotations
 
-import argparse
 import functools
 import itertools
 import sys
@@ -24,7 +23,7 @@ import sys
 import torch
 
 from bench.attention import paged_decode_inputs as pdi
-from bench.launch_sweep import gpu_args, line, memcpy_gbps, note, parser, time_ms, timed_or_none
+from bench.launch_sweep import dims, gpu_args, line, memcpy_gbps, note, parser, time_ms, timed_or_none
 from kernels import paged_decode as kernel
 from kernels.tolerances import families, lossy_bound, lossy_metrics, tolerance_verdict
 from reference.attention import paged as ref
@@ -40,29 +39,13 @@ def sdpa_ms(problem: pdi.Problem) -> float:
     return time_ms(lambda: torch.nn.functional.scaled_dot_product_attention(q4, k, v, enable_gqa=True))
 
 
-def _ints(item: str, count: tuple[int, ...], form: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in item.split("x"))
-    except ValueError:
-        values = ()
-    if len(values) not in count or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"{form} with positive integers, got {item!r}")
-    return values
-
-
 def parse_configs(text: str) -> list[tuple[int, int, int, int | None]]:
     """(tile_n, warps, stages, maxnreg or None) tuples from "TILExWARPSxSTAGES[xMAXNREG],..."."""
-    configs = [_ints(item, (3, 4), "TILExWARPSxSTAGES[xMAXNREG]") for item in text.split(",")]
-    return [(*c, None) if len(c) == 3 else c for c in configs]
-
-
-def parse_shapes(text: str) -> list[tuple[int, int]]:
-    """(batch, context) pairs from "BATCHxCONTEXT,..."."""
-    return [_ints(item, (2,), "BATCHxCONTEXT") for item in text.split(",")]
+    return [(*c, None) if len(c) == 3 else c for c in dims("TILExWARPSxSTAGES[xMAXNREG]", (3, 4))(text)]
 
 
 def parse_splits(text: str) -> tuple[int, ...]:
-    return tuple(_ints(item, (1,), "a split count")[0] for item in text.split(","))
+    return tuple(c[0] for c in dims("a split count", (1,))(text))
 
 
 def sweep(batch: int, context: int, splits: tuple[int, ...], configs, memcpy: float, fp8: bool) -> None:
@@ -113,8 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_argument("--fp8", action="store_true", help="FP8 caches (e4m3fn codes, per-(slot, KV head) scales)")
     cli.add_argument("--configs", type=parse_configs, help="TILExWARPSxSTAGES[xMAXNREG],... in place of the grid")
     cli.add_argument(
-        "--shapes", type=parse_shapes, help="BATCHxCONTEXT,... (default: SHAPES; one not in SHAPES gets 1 split)"
-    )
+        "--shapes", type=dims("BATCHxCONTEXT", (2,)), help="BATCHxCONTEXT,... (default: SHAPES; one not in SHAPES "
+        "gets 1 split)",
+    )  # fmt: skip
     cli.add_argument("--splits", type=parse_splits, help="split counts, in place of each shape's")
     args = gpu_args(cli, argv, "paged_decode_launch_sweep")
     torch.manual_seed(0)

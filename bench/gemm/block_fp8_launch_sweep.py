@@ -19,7 +19,7 @@ import sys
 import torch
 
 from bench.gemm import block_fp8_peers as peers
-from bench.launch_sweep import failed, gpu_args, line, parser, time_ms
+from bench.launch_sweep import dims, failed, gpu_args, line, parser, time_ms
 from kernels import block_fp8_gemm as kernel
 from kernels.tolerances import families, lossy_bound, lossy_metrics
 from reference.gemm.block_fp8 import block_fp8_gemm_mirror
@@ -136,15 +136,14 @@ def sweep_shape(m: int, n: int, k: int, quick: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     cli = parser(__doc__)
-    cli.add_argument("--shapes", help="comma-separated MxNxK; default 8192^3 and the DeepSeek-V3 shapes")
+    cli.add_argument(
+        "--shapes", type=dims("MxNxK", (3,)), help="comma-separated MxNxK; default 8192^3 and the DeepSeek-V3 shapes"
+    )
     cli.add_argument(
         "--quick", action="store_true", help="M > 64: only the Gluon kernel's candidates; M <= 64: the first three"
     )
     args = gpu_args(cli, argv, "block_fp8_launch_sweep")
-    shapes = DEFAULT_SHAPES
-    if args.shapes:
-        shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    for m, n, k in shapes:
+    for m, n, k in args.shapes or DEFAULT_SHAPES:
         sweep_shape(m, n, k, args.quick)
     return 0
 

@@ -33,7 +33,7 @@ import sys
 import torch
 
 from bench.gemm.w4a16_mxfp4 import random_weights
-from bench.launch_sweep import failed, gpu_args, line, memcpy_gbps, note, parser, time_ms
+from bench.launch_sweep import dims, failed, gpu_args, line, memcpy_gbps, note, parser, time_ms
 from kernels import w4a16_mxfp4_gemm as kernel
 from kernels.tolerances import families, lossy_bound, lossy_metrics
 from kernels.w4a16_mxfp4_layout import prepare_codes
@@ -153,15 +153,16 @@ def sweep_m(
 def main(argv: list[str] | None = None) -> int:
     cli = parser(__doc__)
     cli.add_argument("--m", type=int, nargs="+", default=[1, 4, 16, 128, 1024])
-    cli.add_argument("--shapes", default="8192x8192", help="comma-separated NxK (weight rows x columns)")
+    cli.add_argument(
+        "--shapes", type=dims("NxK", (2,)), default="8192x8192", help="comma-separated NxK (weight rows x columns)"
+    )
     cli.add_argument("--set", choices=("full", "model"), default="full", help="candidate list (see above)")
     cli.add_argument("--only", choices=("gemv", "dot"), help="restrict to one kernel")
     cli.add_argument("--prepared", action="store_true", help="the codes in the prepared layout")
     cli.add_argument("--fragment", action="store_true", help="the tiled GEMM on the fragment layout")
     args = gpu_args(cli, argv, "w4a16_mxfp4_launch_sweep")
-    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-    memcpy = memcpy_gbps(1 << 30, f"shapes N x K {args.shapes}")
-    for n, k in shapes:
+    memcpy = memcpy_gbps(1 << 30, "shapes N x K " + ",".join(f"{n}x{k}" for n, k in args.shapes))
+    for n, k in args.shapes:
         gen = torch.Generator(device="cuda").manual_seed(0)
         codes, scales = random_weights(n, k, gen)
         w = dequantize_mxfp4(codes, scales, dtype=torch.bfloat16)

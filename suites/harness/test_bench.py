@@ -536,3 +536,16 @@ def test_launch_sweep_lines_are_rows_of_a_csv(tmp_path, monkeypatch, capsys):
     assert frame["x_memcpy"].iloc[0] == pytest.approx(0.9) and math.isnan(frame["time_us"].iloc[2])
     assert frame["verdict"].iloc[2] == "FAILED: RuntimeError: out of resource: shared memory"
     assert set(frame["device"]) == {"Test CPU"} and set(frame["command"]) == {recorder.command}
+
+
+def test_sweep_shape_lists_are_parsed_and_bad_items_refused():
+    import argparse
+
+    from bench.launch_sweep import dims
+
+    assert dims("MxNxK", (3,))("8192x8192x8192,4096x2112x7168") == [(8192, 8192, 8192), (4096, 2112, 7168)]
+    assert dims("T", (3, 4))("128x4x2,128x4x1x128") == [(128, 4, 2), (128, 4, 1, 128)]
+    for bad in ("8192x8192", "1x2x3x4", "1xax3", "0x2x3", "1x2x3,"):
+        item = bad.split(",")[-1]
+        with pytest.raises(argparse.ArgumentTypeError, match=f"MxNxK with positive integers, got '{item}'"):
+            dims("MxNxK", (3,))(bad)
