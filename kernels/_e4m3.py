@@ -6,6 +6,8 @@ layout before any layout change. On NVIDIA sm_90+ (`kernels._packed_ptx`) one `c
 two codes; elsewhere (the interpreter, which runs no PTX) Triton's cast converts each byte. Both give the
 same bits, NaN codes included.
 
+`fp16_range` gives the powers of two that bring an operand into fp16's range before such an MMA (and back after).
+
 Why fp16 and not bf16 for bf16 models: sm_90 has no e4m3-to-bf16 conversion. Building bf16 from the code's
 bits (sign, then exponent and mantissa shifted into place, times 2**120) took 5 instructions per 2 codes
 against the cvt's 1; on the H200 FP8-cache decode (batch 128 x 4096) that path reached 0.59x memcpy, most of
@@ -47,3 +49,14 @@ def e4m3_words_to_fp16(words, PTX: tl.constexpr):
         c3 = (words >> 24).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
     quads = tl.join(tl.join(c0, c2), tl.join(c1, c3))  # [R, C, 2, 2]: [r, c, b, a] = c_(2b + a)
     return tl.reshape(quads, [words.shape[0], words.shape[1] * 4])
+
+
+@triton.jit
+def fp16_range(largest):
+    """(down, up): powers of two with largest * down in [2**14, 2**15) (fp16's top binade but one: a product
+    of it and p <= 1 stays finite) and up = 1 / down, both fp32 normals (exponents clamped; largest 0 or
+    subnormal gives down = 2**126). Multiplying by either is exact."""
+    biased = tl.maximum((largest.to(tl.uint32, bitcast=True) >> 23) & 0xFF, 15)
+    down = ((268 - biased) << 23).to(tl.float32, bitcast=True)
+    up = ((biased - 14) << 23).to(tl.float32, bitcast=True)
+    return down, up

@@ -147,13 +147,16 @@ def _moe_fragment_gemv_kernel(
     tile = e * tiles + t
     where = (x_ptr, words_ptr, pairs_ptr)
     # EARLY: the first turn's weights are requested before the wait for the kernel that writes x (`kernels._pdl`)
-    acc = fragment_rows(*where, tile, n_steps, x_rows, x_rows_2, x_row_stride, WARPS, U, DEPTH, GROUPS, True, 0, EARLY)
+    acc, _ = fragment_rows(
+        *where, tile, tile, n_steps, x_rows, x_rows_2, x_row_stride, WARPS, U, DEPTH, GROUPS, True, 0, EARLY, 1
+    )  # fmt: skip
     up_acc = acc
     if ACT == 1:  # the up rows' tile: rows I + 16 t .. of the expert
         up_tile = tile + up_first // 16
-        up_acc = fragment_rows(
-            *where, up_tile, n_steps, x_rows, x_rows_2, x_row_stride, WARPS, U, DEPTH, GROUPS, True, 0, False
-        )
+        up_acc, _ = fragment_rows(
+            *where, up_tile, up_tile, n_steps, x_rows, x_rows_2, x_row_stride, WARPS, U, DEPTH, GROUPS, True, 0, False,
+            1,
+        )  # fmt: skip
     bias_row = bias_ptr + e.to(tl.int64) * bias_e_stride
     rest = (t, slot0, sorted_ptr, bias_row, out_ptr, weights_ptr, n_assign, out_row_stride, up_first)
     _group_out(acc, up_acc, 0, *rest, ACT, HAS_BIAS, MUL_WEIGHT, FAULT, WARPS)

@@ -32,9 +32,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels import platform
+from kernels import paged_decode_fp8_mma, platform
 from kernels._boundary import runs_interpreted
-from kernels._e4m3 import e4m3_words_to_fp16
+from kernels._e4m3 import e4m3_words_to_fp16, fp16_range
 from kernels._packed_ptx import packed_ptx
 from kernels._paged import FAULTS, LOG2E, MIN_DOT, check_launch
 from kernels._pdl import launch_args, wait_then_release
@@ -59,9 +59,12 @@ from reference.attention.paged import check_num_splits, check_paged_args
 # estimate from the count and the time): the warps wait, on shared memory among others, which each tile's codes
 # cross four times (cp.async in, read as words, written back as fp16 for the MMA, read by ldmatrix).
 # maxnreg: a cap on registers a thread (None: ptxas's choice), which sets how many programs an SM holds (NVIDIA).
+# mma_warps, mma_sub: warps a program and 16-token sub-tiles an iteration of `kernels.paged_decode_fp8_mma`, which
+# takes FP8 caches where its PTX runs (`takes_mma`).
 _GPU = {
     "tile_n": 64, "warps": 4, "stages": 2, "maxnreg": None,
     "fp8_tile_n": 128, "fp8_warps": 4, "fp8_stages": 2, "fp8_maxnreg": None, "combine_warps": 4,
+    "mma_warps": 4, "mma_sub": 2,
 }  # fmt: skip
 # The interpreter costs per program and per loop step, not per element: one wide tile a step.
 _INTERPRETER = {
@@ -103,17 +106,6 @@ def _kv_tile(ptr, rows, valid, HEAD: tl.constexpr, HEAD_PAD: tl.constexpr, FP8: 
 
 
 @triton.jit
-def _fp16_range(largest):
-    """(down, up): powers of two with largest * down in [2**14, 2**15) (fp16's top binade but one: a product
-    of it and p <= 1 stays finite) and up = 1 / down, both fp32 normals (exponents clamped; largest 0 or
-    subnormal gives down = 2**126). Multiplying by either is exact."""
-    biased = tl.maximum((largest.to(tl.uint32, bitcast=True) >> 23) & 0xFF, 15)
-    down = ((268 - biased) << 23).to(tl.float32, bitcast=True)
-    up = ((biased - 14) << 23).to(tl.float32, bitcast=True)
-    return down, up
-
-
-@triton.jit
 def _physical(table_row, logical, in_split, FAULT: tl.constexpr):
     """The cache blocks of logical blocks `logical` (int64; 0 outside the split, never used)."""
     if FAULT == 1:
@@ -138,7 +130,7 @@ def _fp8_tiles(
     the H200 decode at batch 128 x 4096 ran 0.51x memcpy against this orientation's 0.64x.)"""
     q_up = 1.0
     if q.dtype == tl.bfloat16:
-        q_down, q_up = _fp16_range(tl.max(tl.max(tl.abs(q.to(tl.float32)), axis=1), axis=0))
+        q_down, q_up = fp16_range(tl.max(tl.max(tl.abs(q.to(tl.float32)), axis=1), axis=0))
         q = (q.to(tl.float32) * q_down).to(tl.float16)
     g = tl.arange(0, GROUP_PAD)
     spare = g == GROUP_PAD - 1  # a padding row when GROUP < GROUP_PAD
@@ -171,10 +163,10 @@ def _fp8_tiles(
         s = tl.where(valid[None, :], s, float("-inf"))
         if GROUP < GROUP_PAD:  # the tile's largest V scale rides in the padding row of the max: one reduction
             tile_max = tl.max(tl.where(spare[:, None], v_sc[None, :], s), axis=1)
-            v_range = _fp16_range(tl.max(tl.where(spare, tile_max, 0.0), axis=0))
+            v_range = fp16_range(tl.max(tl.where(spare, tile_max, 0.0), axis=0))
         else:
             tile_max = tl.max(s, axis=1)
-            v_range = _fp16_range(tl.max(v_sc, axis=0))
+            v_range = fp16_range(tl.max(v_sc, axis=0))
         m_new = tl.maximum(m_i, tile_max)
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
@@ -352,10 +344,29 @@ def _word_strides(name: str, cache: torch.Tensor) -> tuple[int, int, int]:
     return tuple(st // 4 for st in strides)
 
 
+def takes_mma(q: torch.Tensor, k_cache: torch.Tensor, group: int) -> bool:
+    """Whether the FP8 split kernel is `kernels.paged_decode_fp8_mma`: an FP8 cache on a device that runs its PTX,
+    head size 128, a group of at most 8, cache blocks of a multiple of 16 tokens, q readable as bf16/fp16 pairs (even
+    strides, 4-byte aligned)."""
+    return (
+        k_cache.dtype == torch.float8_e4m3fn
+        and k_cache.shape[1] % 16 == 0
+        and packed_ptx(q.device)
+        and q.shape[2] == paged_decode_fp8_mma.HEAD
+        and group <= paged_decode_fp8_mma.MAX_GROUP
+        and q.stride(0) % 2 == 0
+        and q.stride(1) % 2 == 0
+        and q.data_ptr() % 4 == 0
+    )
+
+
 def launch_paged_decode(
-    q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, k_scale=None, v_scale=None, fault="none"
-):
-    """Validate and launch both kernels; `fault` plants a named bug (negative controls only)."""
+    q, k_cache, v_cache, block_table, seq_lens, scale, num_splits, k_scale=None, v_scale=None, fault="none",
+    config=None, mma=None,
+):  # fmt: skip
+    """Validate and launch both kernels; `fault` plants a named bug (negative controls only); `config` overrides
+    entries of the launch table (sweeps); `mma` False keeps an FP8 cache on the generic split kernel (True requires
+    `takes_mma`; None: `takes_mma` decides)."""
     check_paged_args(q, k_cache, v_cache, block_table, seq_lens, None, scale, (k_scale, v_scale))
     check_num_splits(num_splits)
     fp8 = k_scale is not None
@@ -368,7 +379,7 @@ def launch_paged_decode(
     out = torch.empty(q.shape, dtype=q.dtype, device=device)
     if out.numel() == 0:
         return out
-    cfg = _config(device)
+    cfg = _config(device) | (config or {})
     group = hq // hkv
     head_pad = max(MIN_DOT, triton.next_power_of_2(head))
     key = "fp8_" if fp8 else ""
@@ -383,43 +394,55 @@ def launch_paged_decode(
     k_strides, v_strides = k_cache.stride()[:3], v_cache.stride()[:3]
     if fp8:  # the codes are read as 32-bit words of four
         k_strides, v_strides = _word_strides("k_cache", k_cache), _word_strides("v_cache", v_cache)
-    _split_kernel[(batch, hkv, num_splits)](
-        q,
-        k_cache,
-        v_cache,
-        block_table,
-        seq_lens,
-        acc,
-        ml,
-        out,
-        float(scale) * LOG2E,
-        num_splits,
-        out.stride(0),
-        out.stride(1),
-        q.stride(0),
-        q.stride(1),
-        *k_strides,
-        *v_strides,
-        block_table.stride(0),
-        k_scale,
-        v_scale,
-        *ks,
-        *vs,
-        GROUP=group,
-        GROUP_PAD=max(MIN_DOT, triton.next_power_of_2(group)),
-        HEAD=head,
-        HEAD_PAD=head_pad,
-        BLOCK_SIZE=block_size,
-        TILE_N=tile_n,
-        FP8=fp8,
-        PTX=fp8 and packed_ptx(device),
-        FAULT=FAULTS[fault],
-        DIRECT=direct,
-        num_warps=cfg[key + "warps"],
-        num_stages=cfg[key + "stages"],
-        **_register_cap(cfg[key + "maxnreg"]),
-        **launch_args(device),
-    )
+    can_mma = fp8 and takes_mma(q, k_cache, group)
+    if mma and not can_mma:
+        raise ValueError("mma: the FP8 MMA kernel takes FP8 caches, head 128, groups up to 8, blocks of 16k, sm_90+")
+    if can_mma and mma is not False:
+        paged_decode_fp8_mma.fp8_mma_split_kernel[(batch, hkv, num_splits)](
+            q, k_cache, v_cache, block_table, seq_lens, acc, ml, out, float(scale) * LOG2E, num_splits,
+            out.stride(0), out.stride(1), q.stride(0), q.stride(1), *k_strides, *v_strides, block_table.stride(0),
+            k_scale, v_scale, *ks, *vs, GROUP=group, BLOCK_SIZE=block_size, WARPS=cfg["mma_warps"],
+            SUB=cfg["mma_sub"], FAULT=FAULTS[fault], DIRECT=direct, num_warps=cfg["mma_warps"], num_stages=1,
+            **launch_args(device),
+        )  # fmt: skip
+    else:
+        _split_kernel[(batch, hkv, num_splits)](
+            q,
+            k_cache,
+            v_cache,
+            block_table,
+            seq_lens,
+            acc,
+            ml,
+            out,
+            float(scale) * LOG2E,
+            num_splits,
+            out.stride(0),
+            out.stride(1),
+            q.stride(0),
+            q.stride(1),
+            *k_strides,
+            *v_strides,
+            block_table.stride(0),
+            k_scale,
+            v_scale,
+            *ks,
+            *vs,
+            GROUP=group,
+            GROUP_PAD=max(MIN_DOT, triton.next_power_of_2(group)),
+            HEAD=head,
+            HEAD_PAD=head_pad,
+            BLOCK_SIZE=block_size,
+            TILE_N=tile_n,
+            FP8=fp8,
+            PTX=fp8 and packed_ptx(device),
+            FAULT=FAULTS[fault],
+            DIRECT=direct,
+            num_warps=cfg[key + "warps"],
+            num_stages=cfg[key + "stages"],
+            **_register_cap(cfg[key + "maxnreg"]),
+            **launch_args(device),
+        )
     if direct:
         return out
     _combine_kernel[(batch, hq)](

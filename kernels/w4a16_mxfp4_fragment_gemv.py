@@ -25,15 +25,16 @@ packed max for byte 0) were 2.7 % slower at M = 1 and 1.8 % faster at M = 8 in s
 not taken. The lone launch at baf4e9f (reports/cuda-h200/w4a16_mxfp4_gemm.md): M = 1 19.6 us, M = 4 19.9 us, M = 16
 28.3 us (36.1 us at M = 1 in the 696e54f run did not come back: 19.1-19.7 us in four graph replays since).
 
-Structure. Thread tensors have one element a thread (shape [32 * WARPS]), so the inline PTX sees exactly the
-registers of its lane and can issue the warp-wide `mma.sync` (all 32 lanes always execute it: no masks on the asm).
-Program p takes rows 16p .. 16p + 15 and the x rows 8q .. 8q + 7 (q = program_id(1): column n of the MMA is x row 8q
-+ n, rows past M read row M - 1 and are not stored; past M = 8 a program takes two such column groups, 16 x rows, on
-the same decoded weights); its WARPS warps take K steps (64) in turns, U consecutive steps a turn, with DEPTH turns
-of loads issued ahead in registers, and add their fp32 partials through shared memory at the end. Per step and lane:
-decode four words (R0..R3 of rows g and g + 8, blocks 0 and 1) and multiply each register by 2**126 (exact: the E2M1
-value as a normal bf16), two MMAs a block into a zeroed fp32 fragment (x rows as the B fragment, read as bf16
-pairs), then acc += block sum * scale (fp32 FMA; the scale from its bf16 in one op).
+Structure. Thread tensors have one element a thread (shape [32 * WARPS]), so the inline PTX sees exactly the registers
+of its lane and can issue the warp-wide `mma.sync` (all 32 lanes always execute it: no masks on the asm). Program p
+takes rows 16p .. 16p + 15 (a row tile; with TILES = 2, tiles 2p and 2p + 1 on the same x pairs) and the x rows 8q .. 8q
++ 7 (q = program_id(1): column n of the MMA is x row 8q + n, rows past M read row M - 1 and are not stored; past M = 8 a
+program takes two such column groups, 16 x rows, on the same decoded weights); its WARPS warps take K steps (64) in
+turns, U consecutive steps a turn, with DEPTH turns of loads issued ahead in registers, and add their fp32 partials
+through shared memory at the end. Per step and lane: decode four words (R0..R3 of rows g and g + 8, blocks 0 and 1) and
+multiply each register by 2**126 (exact: the E2M1 value as a normal bf16), two MMAs a block into a zeroed fp32 fragment
+(x rows as the B fragment, read as bf16 pairs), then acc += block sum * scale (fp32 FMA; the scale from its bf16 in one
+op).
 
 Arithmetic: products of bf16 x and exact E2M1 weights in the tensor core's fp32 accumulation, each block's sum
 scaled by its power of two (exact unless it over- or underflows) and added in fp32; one rounding to bf16. The
@@ -96,11 +97,31 @@ TWO_GROUPS = (  # (most row tiles, config up to 16 rows, config above)
 # at M = 32: 61.1 against 55.3), where the tiled GEMM stays.
 GEMV_MAX_M = 32
 WIDE_TILES, WIDE_MAX_M = 1792, 24
+# Two row tiles a program (TILES = 2: each turn's x pairs read once for both tiles' MMAs) above 8 rows, where K is
+# 8192 or more or the row tiles are WIDE_TILES or more; one elsewhere. The same sweep at 2a038d0 (us, two tiles
+# against the best of one): 8192 x 8192 at M = 24 / 32 (4, 2, 1) 28.2 / 28.3 against 37.8 / 38.3, at M = 16 (8, 2,
+# 1) 19.7 against 20.3; 4096 x 14336 at M = 16 (16, 2, 1) 21.2 against 22.8, at M = 24 / 32 (8, 2, 1) 27.1 / 28.3
+# against 28.5 / 29.6; 28672 x 4096 at M = 16 / 24 (4, 2, 1) 32.3 / 56.5 against 35.0 / 57.5. With K = 4096 on
+# fewer row tiles (4096 and 6144 rows) one tile was as fast or faster (6144 x 4096 at M = 16: 10.6 against 12.7),
+# and at M <= 8 one tile was faster on 8192 x 8192 (13.9 against 18.2 at M = 1).
+TWO_TILES_STEPS = 128
 
 
-def gpu_config(tiles: int, steps: int, m: int) -> tuple[int, int, int]:
-    """(WARPS, U, DEPTH) of the GEMV for `tiles` row tiles, `steps` K steps and `m` rows of x (the sweep's best,
-    above)."""
+def gpu_config(tiles: int, steps: int, m: int) -> tuple[int, int, int, int]:
+    """(WARPS, U, DEPTH, TILES) of the GEMV for `tiles` row tiles, `steps` K steps and `m` rows of x (the sweep's
+    best, above)."""
+    if m > GROUP and (steps >= TWO_TILES_STEPS or tiles >= WIDE_TILES):
+        if tiles >= WIDE_TILES:
+            warps = 4
+        elif tiles <= 256:
+            warps = 16 if m <= 2 * GROUP else 8
+        else:
+            warps = 8 if m <= 2 * GROUP else 4
+        return warps, U_STEPS, DEPTH_TURNS, 2
+    return (*_turns(tiles, steps, m), 1)
+
+
+def _turns(tiles: int, steps: int, m: int) -> tuple[int, int, int]:
     if m <= GROUP:
         if tiles <= 256:
             return 16 if steps >= 128 else 8, U_STEPS, DEPTH_TURNS
@@ -340,65 +361,111 @@ def _store_group(out_ptr, acc0, acc1, acc2, acc3, tile, first_col, M, out_row_st
 
 
 @triton.jit
+def _both_turns(now, now2, acc, acc2, U: tl.constexpr, GROUPS: tl.constexpr, FULL: tl.constexpr, FAULT: tl.constexpr,
+                TILES: tl.constexpr):  # fmt: skip
+    """A turn of the first row tile (`now`: its weights and the x pairs) and, with TILES = 2, of the second
+    (`now2`: its weights; the same x pairs)."""
+    acc = _turn(now, acc, U, GROUPS, FULL, FAULT)
+    if TILES == 2:
+        acc2 = _turn((now2[0], now2[1], now[2], now[3], now[4], now[5]), acc2, U, GROUPS, FULL, FAULT)
+    return acc, acc2
+
+
+@triton.jit
 def fragment_rows(
-    x_ptr, words_ptr, pairs_ptr, tile, n_steps, x_rows, x_rows_2, x_row_stride,
+    x_ptr, words_ptr, pairs_ptr, tile, tile2, n_steps, x_rows, x_rows_2, x_row_stride,
     WARPS: tl.constexpr, U: tl.constexpr, DEPTH: tl.constexpr, GROUPS: tl.constexpr, FULL: tl.constexpr,
-    FAULT: tl.constexpr, PDL: tl.constexpr,
+    FAULT: tl.constexpr, PDL: tl.constexpr, TILES: tl.constexpr,
 ):  # fmt: skip
     """A program's K loop: the 8 fp32 accumulators (4 a column group, per lane) of row tile `tile` of the prepared
-    words against the x rows x_rows (column group 0; per lane, the row of its MMA column g) and x_rows_2 (group 1).
-    The WARPS warps take the steps in turns of U, DEPTH turns of loads ahead in registers (register prefetch; 0:
-    none). With PDL the first turn's weights are requested before the wait for the kernel that writes x
-    (`kernels._pdl`): a caller whose weight address depends on an earlier kernel waits itself and passes False."""
+    words against the x rows x_rows (column group 0; per lane, the row of its MMA column g) and x_rows_2 (group 1);
+    with TILES = 2 also those of row tile `tile2` on the same x pairs, read once for both: (acc, acc2) (with one
+    tile, acc2 is zeros). The WARPS warps take the steps in turns of U, DEPTH turns of loads ahead in registers
+    (register prefetch; 0: none). With PDL the first turn's weights are requested before the wait for the kernel
+    that writes x (`kernels._pdl`): a caller whose weight address depends on an earlier kernel waits itself and
+    passes False."""
     T: tl.constexpr = 32 * WARPS
     lane, warp, g, c = mma_lanes(WARPS)
     zero = tl.zeros([T], dtype=tl.float32)
     acc = (zero, zero, zero, zero, zero, zero, zero, zero)
+    acc2 = acc
     turns = tl.cdiv(n_steps, WARPS * U)
     where = (words_ptr, pairs_ptr, x_ptr, tile)
     lanes = (n_steps, lane, g, c, x_rows, x_rows_2, x_row_stride)
+    weights2 = (words_ptr, pairs_ptr, tile2)
+    per_lane = (n_steps, lane, g)
     if DEPTH == 0:
         wait_then_release(PDL)
         for i in range(0, turns):
-            acc = _turn(_turn_loads(*where, i * WARPS + warp, *lanes, U, GROUPS), acc, U, GROUPS, FULL, FAULT)
+            now = _turn_loads(*where, i * WARPS + warp, *lanes, U, GROUPS)
+            now2 = now[:2]
+            if TILES == 2:
+                now2 = _turn_weights(*weights2, i * WARPS + warp, *per_lane, U)
+            acc, acc2 = _both_turns(now, now2, acc, acc2, U, GROUPS, FULL, FAULT, TILES)
     elif DEPTH == 1:
         words, pairs = _turn_weights(words_ptr, pairs_ptr, tile, warp, n_steps, lane, g, U)
+        ahead2 = (words, pairs)
+        if TILES == 2:
+            ahead2 = _turn_weights(*weights2, warp, *per_lane, U)
         wait_then_release(PDL)
         x00, x10, x01, x11 = _turn_x(x_ptr, warp, n_steps, c, x_rows, x_rows_2, x_row_stride, U, GROUPS)
         ahead = (words, pairs, x00, x10, x01, x11)
         for i in range(0, turns):
             now = ahead
+            now2 = ahead2
             ahead = _turn_loads(*where, (i + 1) * WARPS + warp, *lanes, U, GROUPS)
-            acc = _turn(now, acc, U, GROUPS, FULL, FAULT)
+            if TILES == 2:
+                ahead2 = _turn_weights(*weights2, (i + 1) * WARPS + warp, *per_lane, U)
+            acc, acc2 = _both_turns(now, now2, acc, acc2, U, GROUPS, FULL, FAULT, TILES)
     else:
         wait_then_release(PDL)
         ahead = _turn_loads(*where, warp, *lanes, U, GROUPS)
         after = _turn_loads(*where, WARPS + warp, *lanes, U, GROUPS)
+        ahead2 = ahead[:2]
+        after2 = after[:2]
+        if TILES == 2:
+            ahead2 = _turn_weights(*weights2, warp, *per_lane, U)
+            after2 = _turn_weights(*weights2, WARPS + warp, *per_lane, U)
         for i in range(0, turns):
             now = ahead
+            now2 = ahead2
             ahead = after
+            ahead2 = after2
             after = _turn_loads(*where, (i + 2) * WARPS + warp, *lanes, U, GROUPS)
-            acc = _turn(now, acc, U, GROUPS, FULL, FAULT)
-    return acc
+            if TILES == 2:
+                after2 = _turn_weights(*weights2, (i + 2) * WARPS + warp, *per_lane, U)
+            acc, acc2 = _both_turns(now, now2, acc, acc2, U, GROUPS, FULL, FAULT, TILES)
+    return acc, acc2
 
 
 @triton.jit
 def _fragment_gemv_kernel(
     x_ptr, words_ptr, pairs_ptr, out_ptr, M, N, n_steps, x_row_stride, out_row_stride,
-    WARPS: tl.constexpr, U: tl.constexpr, DEPTH: tl.constexpr, GROUPS: tl.constexpr, FULL: tl.constexpr,
-    FAULT: tl.constexpr, PDL: tl.constexpr,
+    WARPS: tl.constexpr, U: tl.constexpr, DEPTH: tl.constexpr, GROUPS: tl.constexpr, TILES: tl.constexpr,
+    FULL: tl.constexpr, FAULT: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    # x_ptr: int32 words (bf16 pairs) [M, K/2]; program (row tile, column block of 8 * GROUPS x rows).
-    tile, q = tl.program_id(0), tl.program_id(1)
+    # x_ptr: int32 words (bf16 pairs) [M, K/2]; program (TILES row tiles, column block of 8 * GROUPS x rows).
+    tile, q = tl.program_id(0) * TILES, tl.program_id(1)
+    last = N // 16 - 1
     _, _, g, _ = mma_lanes(WARPS)
     first = q * 8 * GROUPS
     # MMA column g of group j is x row first + 8 j + g; rows past M compute a copy of row M - 1, never stored.
     x_rows = tl.minimum(first + g, M - 1)
     x_rows_2 = tl.minimum(first + 8 + g, M - 1)
-    acc = fragment_rows(
-        x_ptr, words_ptr, pairs_ptr, tile, n_steps, x_rows, x_rows_2, x_row_stride, WARPS, U, DEPTH, GROUPS, FULL,
-        FAULT, PDL,
+    # A second tile past the last (N / 16 odd) reads the last one again and is not stored.
+    acc, acc2 = fragment_rows(
+        x_ptr, words_ptr, pairs_ptr, tile, tl.minimum(tile + 1, last), n_steps, x_rows, x_rows_2, x_row_stride,
+        WARPS, U, DEPTH, GROUPS, FULL, FAULT, PDL, TILES,
     )  # fmt: skip
+    _store_tile(out_ptr, acc, tile, first, M, out_row_stride, WARPS, GROUPS)
+    if TILES == 2:
+        if tile < last:
+            _store_tile(out_ptr, acc2, tile + 1, first, M, out_row_stride, WARPS, GROUPS)
+
+
+@triton.jit
+def _store_tile(out_ptr, acc, tile, first, M, out_row_stride, WARPS: tl.constexpr, GROUPS: tl.constexpr):
+    """A row tile's column groups (`_store_group`)."""
     _store_group(out_ptr, acc[0], acc[1], acc[2], acc[3], tile, first, M, out_row_stride, WARPS)
     if GROUPS == 2:
         _store_group(out_ptr, acc[4], acc[5], acc[6], acc[7], tile, first + 8, M, out_row_stride, WARPS)
@@ -442,11 +509,13 @@ def launch(x, words, pairs, config: tuple | None = None, fault: str = "none", ge
         return y
     check_x_words(x)
     groups = 1 if m <= GROUP else 2
-    warps, u, depth = config or gpu_config(tiles, k // layout.STEP_K, m)
+    warps, u, depth, row_tiles = config or gpu_config(tiles, k // layout.STEP_K, m)
+    if row_tiles not in (1, 2):
+        raise ValueError(f"config: row tiles a program must be 1 or 2, got {row_tiles}")
     xw = x.view(torch.int32)
-    _fragment_gemv_kernel[(tiles, triton.cdiv(m, GROUP * groups))](
+    _fragment_gemv_kernel[(triton.cdiv(tiles, row_tiles), triton.cdiv(m, GROUP * groups))](
         xw, words, pairs, y, m, n, k // layout.STEP_K, xw.stride(0), y.stride(0),
-        WARPS=warps, U=u, DEPTH=depth, GROUPS=groups, FULL=m > 1, FAULT=FAULTS[fault], num_warps=warps,
+        WARPS=warps, U=u, DEPTH=depth, GROUPS=groups, TILES=row_tiles, FULL=m > 1, FAULT=FAULTS[fault], num_warps=warps,
         num_stages=1, **launch_args(x.device),
     )  # fmt: skip
     return y

@@ -1,7 +1,7 @@
 """Sweep the paged decode kernel's launch shapes on a GPU: time, KV GB/s, and ratios to SDPA and memcpy.
 
     python -m bench.attention.paged_decode_launch_sweep [--quick] [--fp8] [--configs 128x4x2,128x4x1x128]
-        [--shapes 128x4096] [--splits 1,3]
+        [--mma 4x2,8x1] [--shapes 128x4096] [--splits 1,3]
 
 How the `_GPU` table in kernels/paged_decode.py is to be chosen (its comment holds the H200 result). Shapes
 are the bars' shapes, built by bench/attention/paged_decode_inputs.py (32 query heads, 8 KV heads, head 128, bf16,
@@ -12,6 +12,8 @@ same KV laid out contiguously (the no-paging ceiling; bar >= 0.92x at batch 128 
 0.85x at batch 8 x 32k), and whether the output is within the ("paged_decode", bf16) tolerance row of the mirror
 reference. `--fp8`: the same K/V stored into an FP8 cache (bench/attention/paged_decode_inputs.fp8_kv), GB/s
 counted on the codes and scales read; SDPA stays the bf16 contiguous ceiling (an FP8 cache should beat it).
+`--mma WARPSxSUB,...` (with `--fp8`): the FP8 MMA kernel (`kernels.paged_decode_fp8_mma`, the `mma_warps` and
+`mma_sub` entries of the table) at each, in place of the generic kernel's grid (which `--configs` adds back).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def parse_splits(text: str) -> tuple[int, ...]:
     return tuple(c[0] for c in dims("a split count", (1,))(text))
 
 
-def sweep(batch: int, context: int, splits: tuple[int, ...], configs, memcpy: float, fp8: bool) -> None:
+def sweep(batch: int, context: int, splits: tuple[int, ...], configs, mma, memcpy: float, fp8: bool) -> None:
     problem = pdi.make_problem(batch, context, "cuda")
     q, k_cache, v_cache, table, lens, scale, _ = problem.args
     kv_bytes = pdi.kv_bytes(batch, context)
@@ -67,16 +69,22 @@ def sweep(batch: int, context: int, splits: tuple[int, ...], configs, memcpy: fl
     ideal = ref.paged_attention_ideal(q, k_cache, v_cache, table, lens, scale, k_scale=scales[0], v_scale=scales[1])
     for num_splits in splits:
         mirror = ref.paged_decode_mirror(q, k_cache, v_cache, table, lens, scale, num_splits, *scales)
-        for tile_n, warps, stages, maxnreg in configs:
-            key = "fp8_" if fp8 else ""
-            kernel._GPU.update(
-                {key + "tile_n": tile_n, key + "warps": warps, key + "stages": stages, key + "maxnreg": maxnreg}
-            )
-            name = f"  B{batch} L{context} splits={num_splits:2d} tile={tile_n:3d} warps={warps} stages={stages}"
-            name += f" maxnreg={maxnreg}" if maxnreg else ""
+        runs = [(dict(tile_n=t, warps=w, stages=st, maxnreg=r), False) for t, w, st, r in configs]
+        runs += [(dict(mma_warps=w, mma_sub=sub), True) for w, sub in mma]
+        for config, on_mma in runs:
+            if on_mma:
+                name = f"  B{batch} L{context} splits={num_splits:2d} mma warps={config['mma_warps']}"
+                name += f" sub={config['mma_sub']}"
+            else:
+                key = "fp8_" if fp8 else ""
+                config = {key + name: value for name, value in config.items()}
+                name = f"  B{batch} L{context} splits={num_splits:2d} tile={config[key + 'tile_n']:3d}"
+                name += f" warps={config[key + 'warps']} stages={config[key + 'stages']}"
+                name += f" maxnreg={config[key + 'maxnreg']}" if config[key + "maxnreg"] else ""
             call = functools.partial(
-                kernel.launch_paged_decode, q, k_cache, v_cache, table, lens, scale, num_splits, *scales
-            )
+                kernel.launch_paged_decode, q, k_cache, v_cache, table, lens, scale, num_splits, *scales,
+                config=config, mma=on_mma,
+            )  # fmt: skip
             ms = timed_or_none(call, name)
             if ms is None:
                 continue
@@ -100,22 +108,21 @@ def main(argv: list[str] | None = None) -> int:
         "gets 1 split)",
     )  # fmt: skip
     cli.add_argument("--splits", type=parse_splits, help="split counts, in place of each shape's")
+    cli.add_argument("--mma", type=dims("WARPSxSUB", (2,)), default=[], help="FP8 MMA kernel configs (with --fp8)")
     args = gpu_args(cli, argv, "paged_decode_launch_sweep")
     torch.manual_seed(0)
     grid = itertools.product(
         (64,) if args.quick else TILES, (4, 8) if args.quick else WARPS, (2, 3) if args.quick else STAGES, (None,)
     )
-    configs = args.configs or list(grid)
+    if args.mma and not args.fp8:
+        cli.error("--mma: the MMA kernel reads FP8 caches; add --fp8")
+    configs = args.configs or ([] if args.mma else list(grid))
     shapes = {shape: SHAPES.get(shape, (1,)) for shape in args.shapes} if args.shapes else dict(SHAPES)
     if args.splits:
         shapes = {shape: args.splits for shape in shapes}
     memcpy = memcpy_gbps(pdi.kv_bytes(8, 32768), "the KV bytes of batch 8 x 32k")
-    saved = dict(kernel._GPU)
-    try:
-        for (batch, context), splits in shapes.items():
-            sweep(batch, context, splits, configs, memcpy, args.fp8)
-    finally:
-        kernel._GPU.update(saved)
+    for (batch, context), splits in shapes.items():
+        sweep(batch, context, splits, configs, args.mma, memcpy, args.fp8)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Sweep the MXFP4 fragment GEMV's launch (WARPS, U, DEPTH) on a GPU the way a decode step runs it: time, weight
+"""Sweep the MXFP4 fragment GEMV's launch (WARPS, U, DEPTH, TILES) on a GPU the way a decode step runs it: time, weight
 GB/s against a memcpy of the same run, and the ratio to the launcher's own choice.
 
     python -m bench.gemm.w4a16_mxfp4_gemv_sweep [--m 1 8 16 24 32] [--n 2048 4096 8192 14336 28672]
@@ -10,8 +10,8 @@ the device has it (kernels._pdl): a launch's ramp-up overlaps the one before, as
 stream from HBM (CHAIN copies outgrow the L2). bench.timing's p50 of the graph, divided by CHAIN. Every config is
 checked against the mirror reference (the suites' lossy bound) before it is timed.
 
-This is how `kernels.w4a16_mxfp4_fragment_gemv.gpu_config` is chosen (its comment quotes the run). Lines: N, K,
-M, (WARPS, U, DEPTH), us a GEMV, weight GB/s, x memcpy, x the launcher's choice, check; `table` marks the choice.
+This is how `kernels.w4a16_mxfp4_fragment_gemv.gpu_config` is chosen (its comment quotes the run). Lines: N, K, M,
+(WARPS, U, DEPTH, TILES), us a GEMV, weight GB/s, x memcpy, x the launcher's choice, check; `table` marks the choice.
 Above M = 8, a `tiled GEMM` line times the op's other kernel on the same words (a control: the GEMV's M bound).
 """
 
@@ -30,8 +30,10 @@ from kernels.tolerances import families, lossy_bound, lossy_metrics
 from reference.gemm.w4a16_mxfp4 import w4a16_mxfp4_gemm_mirror
 
 CHAIN = 8  # copies of the weights a graph walks: 8 x 9.4 MB (4096 x 4096) already exceeds the H200's 50 MB L2
-# Candidates: 4, 8 and 16 warps at the table's U and DEPTH, and the other (U, DEPTH) at 8 warps as controls.
-CONFIGS = [(w, kernel.U_STEPS, kernel.DEPTH_TURNS) for w in (4, 8, 16)] + [(8, 1, 1), (8, 2, 0), (8, 2, 2)]
+# Candidates (WARPS, U, DEPTH, TILES): 4, 8 and 16 warps at the table's U and DEPTH with one or two row tiles a
+# program, and the other (U, DEPTH) at 8 warps as controls.
+CONFIGS = [(w, kernel.U_STEPS, kernel.DEPTH_TURNS, t) for t in (1, 2) for w in (4, 8, 16)]
+CONFIGS += [(8, 1, 1, 1), (8, 1, 1, 2), (8, 2, 0, 1), (8, 2, 2, 1)]
 
 
 def chain_ms(x: torch.Tensor, copies: list[tuple], **launch: object) -> float:

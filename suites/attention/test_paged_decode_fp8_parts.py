@@ -1,5 +1,5 @@
 """The FP8-cache decode's parts on their own: the e4m3 -> fp16 word decoder (every code against ml_dtypes, on
-the PTX and the portable path, each where it runs), `_fp16_range` at named values, q and V scales far outside
+the PTX and the portable path, each where it runs), `fp16_range` at named values, q and V scales far outside
 fp16's range through the whole kernel (the powers of two that bring them into range must come back out
 exactly), and the launch boundary's check that the codes can be read as whole words."""
 
@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._e4m3 import e4m3_words_to_fp16
+from kernels._e4m3 import e4m3_words_to_fp16, fp16_range
 from kernels._packed_ptx import packed_ptx
 from kernels.tolerances import assert_lossy, families
 from reference.attention import paged as ref
@@ -46,7 +46,7 @@ def test_every_code_decodes_to_its_fp16(ptx, device):
 @triton.jit
 def _ranges(x_ptr, down_ptr, up_ptr):
     i = tl.arange(0, 8)
-    down, up = kernel._fp16_range(tl.load(x_ptr + i))
+    down, up = fp16_range(tl.load(x_ptr + i))
     tl.store(down_ptr + i, down)
     tl.store(up_ptr + i, up)
 

@@ -266,14 +266,17 @@ def test_gemv_is_refused_where_its_ptx_does_not_run(device):
 GPU_ONLY = "the PTX kernel's launch shapes and planted bugs need a GPU that runs its PTX (sm_90+)"
 
 
-# (WARPS, U, DEPTH): every config the launcher's table gives (test_launch_table_stays_in_the_tested_shapes), and the
-# edges of each axis (2 warps, DEPTH 0 and 2).
-LAUNCH_SHAPES = [(8, 2, 1), (4, 2, 1), (16, 2, 1), (8, 1, 1), (4, 1, 0), (4, 1, 1), (2, 2, 1), (8, 1, 2), (4, 2, 2)]
+# (WARPS, U, DEPTH, TILES): every config the launcher's table gives (test_launch_table_stays_in_the_tested_shapes),
+# and the edges of each axis (2 warps, DEPTH 0 and 2, two row tiles a program at each DEPTH).
+LAUNCH_SHAPES = [
+    (8, 2, 1, 1), (4, 2, 1, 1), (16, 2, 1, 1), (8, 1, 1, 1), (4, 1, 0, 1), (4, 1, 1, 1), (2, 2, 1, 1), (8, 1, 2, 1),
+    (4, 2, 2, 1), (8, 2, 1, 2), (4, 2, 1, 2), (16, 2, 1, 2), (8, 1, 1, 2), (4, 1, 0, 2), (2, 2, 2, 2),
+]  # fmt: skip
 
 
 def test_launch_table_stays_in_the_tested_shapes():
-    """Every (WARPS, U, DEPTH) that `gpu_config` picks, over row tiles, K steps and rows of x from 1 to the GEMV's
-    bound, is one that test_launch_shapes runs against the mirror on a GPU."""
+    """Every (WARPS, U, DEPTH, TILES) that `gpu_config` picks, over row tiles, K steps and rows of x from 1 to the
+    GEMV's bound, is one that test_launch_shapes runs against the mirror on a GPU."""
     picked = {
         kernel.gpu_config(tiles, steps, m)
         for tiles in (1, 64, 128, 129, 256, 257, 384, 385, 512, 513, 896, 1791, 1792, 8192)
@@ -294,7 +297,8 @@ def test_gemv_row_bound():
 @pytest.mark.parametrize("config", LAUNCH_SHAPES, ids=str)
 def test_launch_shapes(config, device):
     """K = 7 steps over 2..16 warps of 1 or 2 steps a turn, 0..2 turns of loads ahead: turns and prefetches past the
-    end; M from one x row to three programs of two column groups (the last one ragged)."""
+    end; M from one x row to three programs of two column groups (the last one ragged); 3 row tiles, so with two a
+    program the last program's second tile is past the end (computed on the last tile again, not stored)."""
     if not packed_ptx(torch.device(device)):
         pytest.skip(GPU_ONLY)
     w, codes, scales = quantized_weights(48, 448, 5, 6.0, 0, "rceil")
