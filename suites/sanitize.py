@@ -91,6 +91,10 @@ SELECTION = {
         "suites/attention/test_paged_decode.py::test_fp8_dominant_key_by_its_scale_alone",
         "suites/attention/test_paged_decode_fp8_parts.py::test_v_scales_far_outside_fp16_range",
     ],
+    "paged_decode_fp8_mma": [
+        "suites/attention/test_paged_decode_fp8_mma.py::test_v_scales_far_outside_fp16_range",
+        "suites/attention/test_paged_decode_fp8_mma.py::test_bf16_q_far_outside_fp16_range",
+    ],
     "_e4m3": ["suites/attention/test_paged_decode_fp8_parts.py::test_every_code_decodes_to_its_fp16"],
     "paged_prefill": [
         "suites/attention/test_paged_prefill.py::test_first_position_returns_its_value_row",

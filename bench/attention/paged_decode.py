@@ -21,8 +21,10 @@ Correctness: lossy against the mirror, kernels.tolerances row "paged_decode". Ti
 A third op, `paged_decode_fp8_ctx4096`, runs the batch sweep over an FP8 cache: the same K/V stored through the
 FP8 store reference (e4m3fn codes, one fp32 scale per slot and KV head; paged_decode_inputs.fp8_kv). Bytes:
 the codes and scales of every token (the bar: batch 128 >= 0.85x memcpy). Its mirror and kernel take the FP8
-cache; the ungated peer triton-bf16-cache is the same kernel on the bf16 cache the codes came from (what the
-FP8 cache replaces: it reads twice the bytes), checked as an expected difference (the quantization).
+cache (on NVIDIA sm_90+ the op's FP8 split kernel is kernels.paged_decode_fp8_mma); triton-generic is the op's
+generic split kernel on the same cache (`mma=False`); the ungated peer triton-bf16-cache is the op on the bf16
+cache the codes came from (what the FP8 cache replaces: it reads twice the bytes), checked as an expected
+difference (the quantization).
 """
 
 from __future__ import annotations
@@ -195,6 +197,12 @@ def _fp8_triton(p: Fp8Problem) -> Callable[[], torch.Tensor]:
     )
 
 
+def _fp8_generic(p: Fp8Problem) -> Callable[[], torch.Tensor]:
+    """The generic split kernel on the same FP8 cache (`mma=False`), where the op takes the MMA kernel."""
+    launch = kernel("kernels.paged_decode", "launch_paged_decode")
+    return lambda: launch(*p.args, mma=False)
+
+
 # The bf16 cache against the FP8 mirror: e4m3's 3 mantissa bits on K and V move the output by up to ~1/8 of
 # its peak (measured max_rel 0.05 on these random-normal problems).
 BF16_CACHE_CHECK = expected_difference("the bf16 cache the FP8 codes were quantized from", 0.25)
@@ -202,6 +210,7 @@ BF16_CACHE_CHECK = expected_difference("the bf16 cache the FP8 codes were quanti
 FP8_IMPLS = (
     Impl("reference-mirror", _fp8_mirror, mirror_skip),
     Impl("triton", _fp8_triton, triton_skip),
+    Impl("triton-generic", _fp8_generic, triton_skip),
     Impl("triton-bf16-cache", lambda p: _triton(p.bf16), triton_skip, gated=False, check=BF16_CACHE_CHECK),
 )
 
@@ -215,7 +224,8 @@ IMPLS = (
 
 def _op(name: str, x_name: str, full: list[Case], small: list[Case], fp8: bool = False) -> OpBench:
     if fp8:
-        compare_to, headline = "triton-bf16-cache", (("triton", "memcpy"), ("triton", "triton-bf16-cache"))
+        compare_to = "triton-bf16-cache"
+        headline = (("triton", "memcpy"), ("triton", "triton-generic"), ("triton", "triton-bf16-cache"))
     else:
         compare_to = "sdpa-contiguous"
         headline = (("triton", "sdpa-contiguous"), ("triton", "flex-paged"), ("triton", "memcpy"))

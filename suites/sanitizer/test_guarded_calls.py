@@ -76,9 +76,10 @@ def _block_fp8_wgmma_inputs() -> dict[str, torch.Tensor]:
     return {"a": a, "a_scales": a_scales, "b": b, "b_scales": b_scales}
 
 
-def _paged_decode_fp8_inputs() -> dict[str, torch.Tensor]:
-    """Two sequences (37 and 20 tokens: partial last blocks) over an FP8 cache with per-slot scales."""
-    p = fixed(kv_heads=2, seq_lens=[37, 20], num_splits=2, seed=5, spread=2.0)
+def _paged_decode_fp8_inputs(head: int = 64) -> dict[str, torch.Tensor]:
+    """Two sequences (37 and 20 tokens: partial last blocks) over an FP8 cache with per-slot scales (head 128: the
+    op's MMA kernel where its PTX runs, `kernels.paged_decode_fp8_mma`)."""
+    p = fixed(kv_heads=2, head=head, seq_lens=[37, 20], num_splits=2, seed=5, spread=2.0)
     names = ("q", "k_cache", "v_cache", "block_table", "seq_lens", "scale", "k_scale", "v_scale")
     inputs = dict(zip(names, build_fp8(p), strict=True))
     del inputs["scale"]
@@ -144,6 +145,10 @@ CASES = {
     "paged_decode (FP8 cache)": (
         functools.partial(paged_decode.paged_decode, scale=0.125, num_splits=2),
         _paged_decode_fp8_inputs,
+    ),
+    "paged_decode (FP8 cache, head 128)": (
+        functools.partial(paged_decode.paged_decode, scale=0.125, num_splits=2),
+        functools.partial(_paged_decode_fp8_inputs, 128),
     ),
 }
 
