@@ -66,10 +66,13 @@ from reference.attention.paged import check_num_splits, check_paged_args
 # 2 x 1 0.909x (1 x 1 0.945x, 4 x 1 0.846x); 8 x 32k 2 x 1 at 16 splits 156.5 us (0.835x; 4 x 1 at 8 splits 156.4),
 # where the generic kernel's best was 215.6 us at 32 splits. In sm_90 SASS its loop issues 605 instructions a warp
 # for 32 tokens (SUB 2; 18.9 a token, all of the KV head's work, against the generic loop's 34.6 over its 4 warps).
+# A grid of mma_few_programs programs or fewer takes mma_few_warps: at 8 x 32k with 8 splits (64 programs) 4 warps
+# ran 153.4 us against 184.5 with 2 (at 9428f7f), and the report's small batches (1-8 sequences, 64-256 programs)
+# ran 2 warps at 0.10-0.37x memcpy, below the generic kernel's 0.12-0.35x.
 _GPU = {
     "tile_n": 64, "warps": 4, "stages": 2, "maxnreg": None,
     "fp8_tile_n": 128, "fp8_warps": 4, "fp8_stages": 2, "fp8_maxnreg": None, "combine_warps": 4,
-    "mma_warps": 2, "mma_sub": 1,
+    "mma_warps": 2, "mma_sub": 1, "mma_few_programs": 128, "mma_few_warps": 4,
 }  # fmt: skip
 # The interpreter costs per program and per loop step, not per element: one wide tile a step.
 _INTERPRETER = {
@@ -403,12 +406,13 @@ def launch_paged_decode(
     if mma and not can_mma:
         raise ValueError("mma: the FP8 MMA kernel takes FP8 caches, head 128, groups up to 8, blocks of 16k, sm_90+")
     if can_mma and mma is not False:
+        few = batch * hkv * num_splits <= cfg["mma_few_programs"]
+        warps = cfg["mma_few_warps"] if few else cfg["mma_warps"]
         paged_decode_fp8_mma.fp8_mma_split_kernel[(batch, hkv, num_splits)](
             q, k_cache, v_cache, block_table, seq_lens, acc, ml, out, float(scale) * LOG2E, num_splits,
             out.stride(0), out.stride(1), q.stride(0), q.stride(1), *k_strides, *v_strides, block_table.stride(0),
-            k_scale, v_scale, *ks, *vs, GROUP=group, BLOCK_SIZE=block_size, WARPS=cfg["mma_warps"],
-            SUB=cfg["mma_sub"], FAULT=FAULTS[fault], DIRECT=direct, num_warps=cfg["mma_warps"], num_stages=1,
-            **launch_args(device),
+            k_scale, v_scale, *ks, *vs, GROUP=group, BLOCK_SIZE=block_size, WARPS=warps, SUB=cfg["mma_sub"],
+            FAULT=FAULTS[fault], DIRECT=direct, num_warps=warps, num_stages=1, **launch_args(device),
         )  # fmt: skip
     else:
         _split_kernel[(batch, hkv, num_splits)](

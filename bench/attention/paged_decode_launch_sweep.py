@@ -12,8 +12,9 @@ same KV laid out contiguously (the no-paging ceiling; bar >= 0.92x at batch 128 
 0.85x at batch 8 x 32k), and whether the output is within the ("paged_decode", bf16) tolerance row of the mirror
 reference. `--fp8`: the same K/V stored into an FP8 cache (bench/attention/paged_decode_inputs.fp8_kv), GB/s
 counted on the codes and scales read; SDPA stays the bf16 contiguous ceiling (an FP8 cache should beat it).
-`--mma WARPSxSUB,...` (with `--fp8`): the FP8 MMA kernel (`kernels.paged_decode_fp8_mma`, the `mma_warps` and
-`mma_sub` entries of the table) at each, in place of the generic kernel's grid (which `--configs` adds back).
+`--mma WARPSxSUB,...` (with `--fp8`): the FP8 MMA kernel (`kernels.paged_decode_fp8_mma`, the `mma_warps` (and
+`mma_few_warps`) and `mma_sub` entries of the table) at each, in place of the generic kernel's grid (which `--configs`
+adds back).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def sweep(batch: int, context: int, splits: tuple[int, ...], configs, mma, memcp
     for num_splits in splits:
         mirror = ref.paged_decode_mirror(q, k_cache, v_cache, table, lens, scale, num_splits, *scales)
         runs = [(dict(tile_n=t, warps=w, stages=st, maxnreg=r), False) for t, w, st, r in configs]
-        runs += [(dict(mma_warps=w, mma_sub=sub), True) for w, sub in mma]
+        runs += [(dict(mma_warps=w, mma_few_warps=w, mma_sub=sub), True) for w, sub in mma]
         for config, on_mma in runs:
             if on_mma:
                 name = f"  B{batch} L{context} splits={num_splits:2d} mma warps={config['mma_warps']}"

@@ -39,7 +39,7 @@ def check(p: dict, device: str, config: tuple[int, int] = CONFIGS[0], fault: str
     ideal = ref.paged_attention_ideal(q, k_cache, v_cache, table, lens, scale, k_scale=k_scale, v_scale=v_scale)
     got = kernel.launch_paged_decode(
         *on(device, q, k_cache, v_cache, table, lens), scale, splits, *on(device, k_scale, v_scale), fault=fault,
-        config=dict(mma_warps=config[0], mma_sub=config[1]), mma=True,
+        config=dict(mma_warps=config[0], mma_few_warps=config[0], mma_sub=config[1]), mma=True,
     )  # fmt: skip
     assert_lossy(families.PAGED_DECODE, got.cpu(), mirror, ideal, f"paged decode mma {config} {p}")
 
