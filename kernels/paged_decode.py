@@ -69,10 +69,15 @@ from reference.attention.paged import check_num_splits, check_paged_args
 # A grid of mma_few_programs programs or fewer takes mma_few_warps: at 8 x 32k with 8 splits (64 programs) 4 warps
 # ran 153.4 us against 184.5 with 2 (at 9428f7f), and the report's small batches (1-8 sequences, 64-256 programs)
 # ran 2 warps at 0.10-0.37x memcpy, below the generic kernel's 0.12-0.35x.
+# mma_min_split_tokens: by default the MMA kernel takes a launch only where a split can hold that many tokens (the
+# block table's width in tokens over the splits; below it the generic kernel runs): in the report at 121a441
+# (reports/cuda-h200/paged_decode_fp8_ctx4096.md, CUDA-graph replays) it ran 0.90x, 0.76x and 0.93x the generic
+# kernel at batch 1, 2 and 4 x 4096 (8 splits of 512 tokens), 1.05x at batch 8 (1,024 tokens a split), 1.21x at
+# 16 (2,048) and 1.45x at 128 (4,096).
 _GPU = {
     "tile_n": 64, "warps": 4, "stages": 2, "maxnreg": None,
     "fp8_tile_n": 128, "fp8_warps": 4, "fp8_stages": 2, "fp8_maxnreg": None, "combine_warps": 4,
-    "mma_warps": 2, "mma_sub": 1, "mma_few_programs": 128, "mma_few_warps": 4,
+    "mma_warps": 2, "mma_sub": 1, "mma_few_programs": 128, "mma_few_warps": 4, "mma_min_split_tokens": 1024,
 }  # fmt: skip
 # The interpreter costs per program and per loop step, not per element: one wide tile a step.
 _INTERPRETER = {
@@ -403,9 +408,11 @@ def launch_paged_decode(
     if fp8:  # the codes are read as 32-bit words of four
         k_strides, v_strides = _word_strides("k_cache", k_cache), _word_strides("v_cache", v_cache)
     can_mma = fp8 and takes_mma(q, k_cache, group)
+    if mma is None:  # the default: short splits stay on the generic kernel (the launch table's comment)
+        mma = can_mma and block_table.shape[1] * block_size >= cfg.get("mma_min_split_tokens", 0) * num_splits
     if mma and not can_mma:
         raise ValueError("mma: the FP8 MMA kernel takes FP8 caches, head 128, groups up to 8, blocks of 16k, sm_90+")
-    if can_mma and mma is not False:
+    if can_mma and mma:
         few = batch * hkv * num_splits <= cfg["mma_few_programs"]
         warps = cfg["mma_few_warps"] if few else cfg["mma_warps"]
         paged_decode_fp8_mma.fp8_mma_split_kernel[(batch, hkv, num_splits)](
