@@ -60,11 +60,11 @@ from reference.attention.paged import check_num_splits, check_paged_args
 # cross four times (cp.async in, read as words, written back as fp16 for the MMA, read by ldmatrix).
 # maxnreg: a cap on registers a thread (None: ptxas's choice), which sets how many programs an SM holds (NVIDIA).
 # mma_warps, mma_sub: warps a program and 16-token sub-tiles an iteration of `kernels.paged_decode_fp8_mma`, which
-# takes FP8 caches where its PTX runs (`takes_mma`). `--fp8 --mma WARPSxSUB,...` on the H200 (a run of this tree
-# before its commit; the generic kernel's table row in the same run 393.0 us, 0.665x): batch 128 x 4096 2 x 1
-# 279.8 us (0.934x memcpy), 4 x 1 296.9, 4 x 2 322.8, 1 x 1 337.2, 8 x 1 340.5, 8 x 2 388.6, 2 x 2 294.0; batch 256
-# 2 x 1 0.909x (1 x 1 0.945x, 4 x 1 0.846x); 8 x 32k 2 x 1 at 16 splits 156.5 us (0.835x; 4 x 1 at 8 splits 156.4),
-# where the generic kernel's best was 215.6 us at 32 splits. In sm_90 SASS its loop issues 605 instructions a warp
+# takes FP8 caches where its PTX runs (`takes_mma`). `--fp8 --mma WARPSxSUB,...` on the H200 at 9428f7f (the generic
+# kernel's table row in the same run 395.1 us, 0.665x memcpy): batch 128 x 4096 2 x 1 272.6 us (0.964x), 2 x 2 285.7,
+# 4 x 1 288.9, 4 x 2 313.1, 8 x 1 330.7, 1 x 1 331.6; batch 256 2 x 1 0.948x (1 x 1 0.983x, 4 x 1 0.881x, generic
+# 0.649x); 8 x 32k 4 x 1 at 8 splits 153.4 us (0.857x), 2 x 1 at 32 splits 172.9, the generic kernel's best 215.9 at
+# 32 splits. In sm_90 SASS (triton.compile for sm_90a) its loop issues 605 instructions a warp
 # for 32 tokens (SUB 2; 18.9 a token, all of the KV head's work, against the generic loop's 34.6 over its 4 warps).
 # A grid of mma_few_programs programs or fewer takes mma_few_warps: at 8 x 32k with 8 splits (64 programs) 4 warps
 # ran 153.4 us against 184.5 with 2 (at 9428f7f), and the report's small batches (1-8 sequences, 64-256 programs)

@@ -98,12 +98,13 @@ TWO_GROUPS = (  # (most row tiles, config up to 16 rows, config above)
 GEMV_MAX_M = 32
 WIDE_TILES, WIDE_MAX_M = 1792, 24
 # Two row tiles a program (TILES = 2: each turn's x pairs read once for both tiles' MMAs) above 8 rows, where K is
-# 8192 or more or the row tiles are WIDE_TILES or more; one elsewhere. The same sweep at 2a038d0 (us, two tiles
-# against the best of one): 8192 x 8192 at M = 24 / 32 (4, 2, 1) 28.2 / 28.3 against 37.8 / 38.3, at M = 16 (8, 2,
-# 1) 19.7 against 20.3; 4096 x 14336 at M = 16 (16, 2, 1) 21.2 against 22.8, at M = 24 / 32 (8, 2, 1) 27.1 / 28.3
-# against 28.5 / 29.6; 28672 x 4096 at M = 16 / 24 (4, 2, 1) 32.3 / 56.5 against 35.0 / 57.5. With K = 4096 on
-# fewer row tiles (4096 and 6144 rows) one tile was as fast or faster (6144 x 4096 at M = 16: 10.6 against 12.7),
-# and at M <= 8 one tile was faster on 8192 x 8192 (13.9 against 18.2 at M = 1).
+# 8192 or more or the row tiles are WIDE_TILES or more; one elsewhere. The same sweep at 9428f7f (us, two tiles
+# against the best of one; reports/cuda-h200/launch_sweeps/w4a16_mxfp4_gemv_sweep_row_tiles.csv): 8192 x 8192 at M
+# = 24 / 32 (4, 2, 1) 28.2 / 28.4 against 38.2 / 38.5, at M = 16 (8, 2, 1) 19.8 against 20.4; 4096 x 14336 at M =
+# 16 (16, 2, 1) 21.3, at M = 24 / 32 (8, 2, 1) 27.3 / 28.4; 28672 x 4096 at M = 16 / 24 (4, 2, 1) 32.5 / 56.8. A run
+# before it had one tile at 22.8, 28.5 / 29.6, 35.0 / 57.5 on those. With K = 4096 on fewer row tiles (4096 and 6144
+# rows) one tile was as fast or faster (6144 x 4096 at M = 16: 10.7 against 12.7), and at M <= 8 one tile was
+# faster on 8192 x 8192 (13.9 against 18.2 at M = 1).
 TWO_TILES_STEPS = 128
 
 
