@@ -65,7 +65,7 @@ def decode_ptx(word: str, regs: tuple[str, ...]) -> str:
 def decode_block_ptx(scaled: bool = False) -> str:
     """A PTX block of the decode alone: $4 a prepared word -> $0..$3 its registers R0..R3; `scaled`: each register
     then multiplied by the bf16x2 scale pair $5 (exact: E2M1 values times powers of two; what the tiled GEMM and
-    the dequantizer run). Also the text suites/gemm/ptx_subset.py runs on the CPU tier."""
+    the dequantizer run). Also the text suites/ptx_subset.py runs on the CPU tier."""
     head = f"{{\n.reg .b32 t, u, mk, bias;\nmov.b32 mk, {MASK:#010x};\nmov.b32 bias, {BIAS_BF16X2:#010x};\n"
     body = decode_ptx("$4", ("$0", "$1", "$2", "$3"))
     if scaled:

@@ -1,4 +1,4 @@
-"""The numpy PTX interpreter that checks the packed MXFP4 decode (suites/gemm/ptx_subset.py), against values
+"""The numpy PTX interpreter that checks the packed MXFP4 decode (suites/ptx_subset.py), against values
 worked out from the PTX ISA's definitions: lop3's truth-table immediates, shifts at and past the register
 width, and bf16x2 multiplies that must round (to nearest, ties to even), overflow, or meet NaN."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from suites.gemm import ptx_subset
+from suites import ptx_subset
 
 A, B, C = 0xF0F0_1234, 0xCCCC_5678, 0xAAAA_9ABC
 
@@ -63,3 +63,44 @@ def test_named_registers_and_unknown_instructions():
         one("add.u32 $0, $1, 1;", r1=1)
     with pytest.raises(ValueError, match="read before it is written"):
         one("and.b32 $0, t, $1;", r1=1)
+
+
+def test_prmt_picks_bytes_of_b_a():
+    """Selector nibble i names the byte of {b, a} (a's bytes 0..3, b's 4..7) that lands in byte i."""
+    assert one("prmt.b32 $0, $1, $2, 0x5140;", r1=0x44332211, r2=0x88776655) == 0x66225511
+    assert one("prmt.b32 $0, $1, $2, 0x7362;", r1=0x44332211, r2=0x88776655) == 0x88447733
+
+
+def test_fp16_pair_conversions():
+    """cvt.rn.f16x2.f32 d, a, b puts a in the high half; cvt.rn.f16x2.e4m3x2 puts the low code in the low half
+    (E4M3 0x38 is 1.0, 0x40 is 2.0; fp16 0x3C00 and 0x4000); an f32 literal is 0f and its 8 hex digits."""
+    asm = "mov.f32 $3, 0f3F800000;\ncvt.rn.f16x2.f32 $0, $1, $3;"
+    assert one(asm, r1=0x40000000, r3=0) == 0x40003C00
+    assert one("cvt.rn.f16x2.e4m3x2 $0, $1;", r1=0x4038) == 0x40003C00
+
+
+def test_warp_instructions_follow_the_fragment_layouts():
+    """movmatrix: lane l's (row l // 4, columns 2 (l % 4), + 1) of the transpose; mma.sync m16n8k16 with A = I
+    (rows 0..15) gives D = B's first 16 rows (k) back as rows; shfl.sync.bfly swaps lanes l and l ^ mask."""
+    lane = np.arange(32)
+    g, k = lane // 4, 2 * (lane % 4)
+    m = np.arange(64).reshape(8, 8)  # element (r, c) = 8r + c
+    words = (m[g, k] | (m[g, k + 1] << 16)).astype(np.uint32)
+    out = ptx_subset.run("movmatrix.sync.aligned.m8n8.trans.b16 $0, $1;", {0: words, 1: words})[0]
+    assert np.array_equal(out & 0xFFFF, m.T[g, k]) and np.array_equal(out >> 16, m.T[g, k + 1])
+    shuffled = ptx_subset.run("shfl.sync.bfly.b32 $0, $1, 4, 0x1f, 0xffffffff;", {0: lane, 1: lane})[0]
+    assert np.array_equal(shuffled, lane ^ 4)
+
+    def f16(x):
+        return np.asarray(x, np.float16).view(np.uint16).astype(np.uint32)
+
+    eye = [f16(g == k) | f16(g == k + 1) << 16, f16(g + 8 == k) | f16(g + 8 == k + 1) << 16]
+    eye += [f16(g == k + 8) | f16(g == k + 9) << 16, f16(g + 8 == k + 8) | f16(g + 8 == k + 9) << 16]
+    b = np.arange(16 * 8).reshape(16, 8) % 7  # B[k, n]
+    frag_b = [f16(b[k, g]) | f16(b[k + 1, g]) << 16, f16(b[k + 8, g]) | f16(b[k + 9, g]) << 16]
+    args = dict(enumerate([*eye, *frag_b], start=4))
+    args |= {i: np.zeros(32, np.uint32) for i in (*range(4), *range(10, 14))}
+    mma = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};"
+    d = ptx_subset.run(mma, args)
+    for i, (row, col) in enumerate(((g, k), (g, k + 1), (g + 8, k), (g + 8, k + 1))):
+        assert np.array_equal(d[i].view(np.float32), b[row, col].astype(np.float32)), f"D register {i}"

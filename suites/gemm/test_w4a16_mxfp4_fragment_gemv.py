@@ -2,7 +2,7 @@
 (`kernels.mxfp4_fragment_layout`).
 
 Every tier: the layout is a bijection (prepare then interchange gives the bytes back), a named word pins where
-each element's bits go, and the kernel's decode PTX, run by the numpy PTX interpreter (suites/gemm/ptx_subset.py)
+each element's bits go, and the kernel's decode PTX, run by the numpy PTX interpreter (suites/ptx_subset.py)
 over every code at every position and 2**17 random words, gives the reference's E2M1 values bit for bit (three
 planted bugs in that text must not; the scaled decode the tiled GEMM runs is checked the same way); the op
 matches the mirror under the W4A16 GEMM's lossy policy (kernels.tolerances, "w4a16_mxfp4_gemm") and its named
@@ -28,8 +28,7 @@ from kernels._packed_ptx import packed_ptx
 from kernels.tolerances import assert_exact, assert_lossy, families
 from reference.gemm import w4a16_mxfp4 as ref
 from reference.quant.mxfp4 import dequantize_mxfp4
-from suites import oracles
-from suites.gemm import ptx_subset
+from suites import oracles, ptx_subset
 from suites.gemm.test_w4a16_mxfp4_gemm import NAMED, named_problem, quantized_weights
 from suites.quant.mxfp4_cases import random_blocks
 

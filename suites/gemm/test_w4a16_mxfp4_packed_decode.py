@@ -1,6 +1,6 @@
 """The packed MXFP4 decode of the W4A16 and MoE kernels on a GPU (`kernels.w4a16_mxfp4_gemm._PACKED_DECODE_ASM`),
 checked on every tier: its PTX text runs in a numpy interpreter of that instruction subset
-(suites/gemm/ptx_subset.py) over every 16-bit code element (every pair of code bytes) and every E8M0 scale the
+(suites/ptx_subset.py) over every 16-bit code element (every pair of code bytes) and every E8M0 scale the
 kernel's contract admits, and each output register must hold, bit for bit, the weights the reference
 decodes (`reference.quant.mxfp4.dequantize_mxfp4`). The scale operand comes from `_scale_bf16`, run here as a
 Triton kernel over all 256 scale bytes. On the GPU the kernels' own suites compare the packed path with the
@@ -22,7 +22,7 @@ from kernels._packed_ptx import packed_ptx_runs_on
 from kernels.platform import Platform
 from kernels.w4a16_mxfp4_gemm import _PACKED_DECODE_ASM, _scale_bf16, packed_decode
 from reference.quant.mxfp4 import dequantize_mxfp4
-from suites.gemm import ptx_subset
+from suites import ptx_subset
 
 ASM = _PACKED_DECODE_ASM.value
 CONTRACT_SCALES = [s for s in range(256) if s not in (253, 254)]  # the kernel's contract (its module doc)
