@@ -36,7 +36,7 @@ from kernels import paged_decode_fp8_mma, platform
 from kernels._boundary import runs_interpreted
 from kernels._e4m3 import e4m3_words_to_fp16, fp16_range
 from kernels._packed_ptx import packed_ptx
-from kernels._paged import FAULTS, LOG2E, MIN_DOT, check_launch
+from kernels._paged import FAULTS, LOG2E, MIN_DOT, check_launch, split_of_program
 from kernels._pdl import launch_args, wait_then_release
 from reference.attention.paged import check_num_splits, check_paged_args
 
@@ -237,14 +237,7 @@ def _split_kernel(
     PDL: tl.constexpr,
 ):
     wait_then_release(PDL)  # kernels._pdl: before any read of an earlier kernel's output
-    seq = tl.program_id(0).to(tl.int64)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    length = tl.load(seq_lens_ptr + seq)
-    num_blocks = tl.cdiv(length, BLOCK_SIZE)
-    per_split = tl.cdiv(num_blocks, num_splits)
-    first = tl.minimum(split * per_split, num_blocks)
-    last = tl.minimum(first + per_split, num_blocks)
+    seq, kv_head, split, length, first, last = split_of_program(seq_lens_ptr, num_splits, BLOCK_SIZE)
 
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, HEAD_PAD)

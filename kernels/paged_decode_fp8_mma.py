@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 
 from kernels._e4m3 import fp16_range
+from kernels._paged import split_of_program
 from kernels._pdl import wait_then_release
 from kernels._tiles import mma_lanes, split4
 
@@ -315,14 +316,7 @@ def fp8_mma_split_kernel(
 ):  # fmt: skip
     # k/v strides in 32-bit words; program (sequence, KV head, split), as `kernels.paged_decode._split_kernel`.
     wait_then_release(PDL)  # kernels._pdl: before any read of an earlier kernel's output
-    seq = tl.program_id(0).to(tl.int64)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    length = tl.load(seq_lens_ptr + seq)
-    num_blocks = tl.cdiv(length, BLOCK_SIZE)
-    per_split = tl.cdiv(num_blocks, num_splits)
-    first = tl.minimum(split * per_split, num_blocks)
-    last = tl.minimum(first + per_split, num_blocks)
+    seq, kv_head, split, length, first, last = split_of_program(seq_lens_ptr, num_splits, BLOCK_SIZE)
     t_first = first * BLOCK_SIZE
     end = tl.minimum(last * BLOCK_SIZE, length)
     _, warp, g, c = mma_lanes(WARPS)
