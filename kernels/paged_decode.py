@@ -16,7 +16,10 @@ Two launches:
    words of four and converted to fp16 in the load's layout (kernels._e4m3: one cvt per two codes on sm_90),
    and q goes to the tensor cores in fp16 too (a bf16 q scaled by a power of two); each score column is
    multiplied by its K scale; V's scales fold into p, which is rounded to fp16 within the tile's power-of-two
-   range. The codes are never dequantized, so neither K nor V costs a rounding of its own.
+   range. The codes are never dequantized, so neither K nor V costs a rounding of its own. On NVIDIA sm_90+,
+   for head 128 and groups up to 8 (`takes_mma`) with splits of at least mma_min_split_tokens, the FP8 split
+   kernel is `kernels.paged_decode_fp8_mma` instead: the same grid, outputs and arithmetic, on `mma.sync` fed
+   straight from the registers the codes are loaded into.
 2. `_combine_kernel`, grid (B, Hq): the mirror's combine with 2^(m_s - M) weights (IEEE division), rounded
    once to q's dtype. With one split (the runner's decode) there is no combine launch: the split kernel ends
    with the same arithmetic, whose weight is then 2^0 = 1 (out = acc / l, 0 where l = 0), so the bits are the
@@ -64,8 +67,8 @@ from reference.attention.paged import check_num_splits, check_paged_args
 # kernel's table row in the same run 395.1 us, 0.665x memcpy): batch 128 x 4096 2 x 1 272.6 us (0.964x), 2 x 2 285.7,
 # 4 x 1 288.9, 4 x 2 313.1, 8 x 1 330.7, 1 x 1 331.6; batch 256 2 x 1 0.948x (1 x 1 0.983x, 4 x 1 0.881x, generic
 # 0.649x); 8 x 32k 4 x 1 at 8 splits 153.4 us (0.857x), 2 x 1 at 32 splits 172.9, the generic kernel's best 215.9 at
-# 32 splits. In sm_90 SASS (triton.compile for sm_90a) its loop issues 605 instructions a warp
-# for 32 tokens (SUB 2; 18.9 a token, all of the KV head's work, against the generic loop's 34.6 over its 4 warps).
+# 32 splits. In sm_90 SASS (triton.compile for sm_90a) its loop issues 605 instructions a warp for 32 tokens (4
+# warps, SUB 2; 18.9 a token, all of the KV head's work, against the generic loop's 34.6 over its 4 warps).
 # A grid of mma_few_programs programs or fewer takes mma_few_warps: at 8 x 32k with 8 splits (64 programs) 4 warps
 # ran 153.4 us against 184.5 with 2 (at 9428f7f), and the report's small batches (1-8 sequences, 64-256 programs)
 # ran 2 warps at 0.10-0.37x memcpy, below the generic kernel's 0.12-0.35x.
@@ -371,8 +374,9 @@ def launch_paged_decode(
     config=None, mma=None,
 ):  # fmt: skip
     """Validate and launch both kernels; `fault` plants a named bug (negative controls only); `config` overrides
-    entries of the launch table (sweeps); `mma` False keeps an FP8 cache on the generic split kernel (True requires
-    `takes_mma`; None: `takes_mma` decides)."""
+    entries of the launch table (sweeps); `mma` False keeps an FP8 cache on the generic split kernel, True puts it
+    on `kernels.paged_decode_fp8_mma` (ValueError unless `takes_mma`), None: that kernel where `takes_mma` and a
+    split can hold the table's mma_min_split_tokens."""
     check_paged_args(q, k_cache, v_cache, block_table, seq_lens, None, scale, (k_scale, v_scale))
     check_num_splits(num_splits)
     fp8 = k_scale is not None
@@ -402,7 +406,7 @@ def launch_paged_decode(
         k_strides, v_strides = _word_strides("k_cache", k_cache), _word_strides("v_cache", v_cache)
     can_mma = fp8 and takes_mma(q, k_cache, group)
     if mma is None:  # the default: short splits stay on the generic kernel (the launch table's comment)
-        mma = can_mma and block_table.shape[1] * block_size >= cfg.get("mma_min_split_tokens", 0) * num_splits
+        mma = can_mma and block_table.shape[1] * block_size >= cfg["mma_min_split_tokens"] * num_splits
     if mma and not can_mma:
         raise ValueError("mma: the FP8 MMA kernel takes FP8 caches, head 128, groups up to 8, blocks of 16k, sm_90+")
     if can_mma and mma:

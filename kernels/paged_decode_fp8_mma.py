@@ -97,9 +97,9 @@ Q_PTX = tl.constexpr(
 
 
 @triton.jit
-def _shfl_max(v, LANES: tl.constexpr):
-    """v's maximum over the lanes of each (LANES = 4: column c of the fragment, lanes g = 0..7; 32: the warp)."""
-    if LANES == 32:
+def _shfl_max(v, WHOLE_WARP: tl.constexpr):
+    """v's maximum over the 8 lanes g of each fragment column c, or over the whole warp."""
+    if WHOLE_WARP:
         v = tl.maximum(v, _shfl(v, 1))
         v = tl.maximum(v, _shfl(v, 2))
     v = tl.maximum(v, _shfl(v, 4))
@@ -221,9 +221,9 @@ def _iteration(subs, q_words, q_up, qk_scale, state, SUB: tl.constexpr):
         top_a = tl.maximum(top_a, tl.maximum(s0, s2))
         top_b = tl.maximum(top_b, tl.maximum(s1, s3))
         v_top = tl.maximum(v_top, tl.maximum(subs[s][5], subs[s][6]))
-    top_a = _shfl_max(top_a, 4)
-    top_b = _shfl_max(top_b, 4)
-    v_top = _shfl_max(v_top, 4)
+    top_a = _shfl_max(top_a, False)
+    top_b = _shfl_max(top_b, False)
+    v_top = _shfl_max(v_top, False)
     down, up = fp16_range(v_top)
     # No token read (or every V scale 0): keep the units, so the accumulator is not rescaled for nothing.
     up = tl.where(v_top > 0.0, up, unit)
@@ -285,7 +285,7 @@ def _q_fragment(q_ptr, seq, kv_head, g, c, q_seq_stride, q_head_stride, GROUP: t
             lo = (w[i] << 16).to(tl.float32, bitcast=True)
             hi = (w[i] & -65536).to(tl.float32, bitcast=True)
             top = tl.maximum(top, tl.maximum(tl.abs(lo), tl.abs(hi)))
-        down, up = fp16_range(_shfl_max(top, 32))
+        down, up = fp16_range(_shfl_max(top, True))
         fp16 = ()
         for i in tl.static_range(16):
             fp16 = fp16 + (tl.inline_asm_elementwise(Q_PTX, "=r,r,f", [w[i], down], tl.int32, True, 1),)
