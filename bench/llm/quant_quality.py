@@ -1,9 +1,15 @@
 """Quality of online quantization on the embedded model (CPU): `python -m bench.llm.quant_quality`.
 
-For the unquantized model (fp32 on the CPU) and each online scheme (`LLM(..., quantization=...)`: fp8,
-fp8_block, mxfp4, nvfp4), in one run:
-- perplexity on bench/llm/data/prose.txt (public-domain prose: the Declaration of Independence's opening and
-  the Gettysburg Address, ~2.8 KB), every token scored given the ones before it, in one forward;
+For the unquantized model (fp32 on the CPU), the same model with its decoder weights rounded to bf16 (the
+bars' denominator), and each online scheme (`LLM(..., quantization=...)`: fp8, fp8_block, mxfp4, nvfp4), in one
+run:
+- perplexity on bench/llm/data/prose.txt (public-domain prose, ~7 KB: the openings of the Declaration of
+  Independence, A Tale of Two Cities, Moby-Dick, Pride and Prejudice, A Christmas Carol and Frankenstein, a
+  paragraph of Walden, the Gettysburg Address and the close of Lincoln's second inaugural), every token scored
+  given the ones before it, in one forward; the ratio to the bf16 model with a 95 % interval (a paired bootstrap
+  over the scored tokens: how far the figure could move on other text of this kind);
+- for fp8 and fp8_block, the perplexity with the scheme's dequantized weights and unquantized activations
+  (weights only): what E4M3 weights alone cost;
 - top-1 agreement: the unquantized model's greedy continuation of 8 prompts x 64 tokens is fed back (teacher
   forcing) and the scheme's argmax compared with it at each of the 512 positions;
 - per-layer SQNR of the dequantized weight against the unquantized one (the layers' table and the PNG);
@@ -39,6 +45,9 @@ COLUMNS = (
     "scheme",
     "perplexity",
     "perplexity_vs_unquantized",
+    "perplexity_vs_bf16",
+    "vs_bf16_ci95_low",
+    "vs_bf16_ci95_high",
     "torchao_emulated_perplexity",
     "torchao_weights_differing",
     "top1_agreement",
@@ -66,10 +75,37 @@ def all_logits(model, ids: list[list[int]]) -> list[torch.Tensor]:
     return list(logits.split(lens))
 
 
-def perplexity(model, ids: list[int]) -> float:
+def token_nll(model, ids: list[int]) -> torch.Tensor:
+    """fp64 negative log-likelihood of each of ids[1:] given the tokens before it."""
     logits = all_logits(model, [ids])[0][:-1]
-    nll = torch.nn.functional.cross_entropy(logits.double(), torch.tensor(ids[1:]), reduction="mean")
-    return math.exp(float(nll))
+    return torch.nn.functional.cross_entropy(logits.double(), torch.tensor(ids[1:]), reduction="none")
+
+
+def perplexity(model, ids: list[int]) -> float:
+    return math.exp(float(token_nll(model, ids).mean()))
+
+
+def ratio_interval(nll: torch.Tensor, base: torch.Tensor, draws: int = 2000) -> tuple[float, float]:
+    """95 % interval of the perplexity ratio exp(mean(nll - base)): a paired bootstrap over the scored tokens
+    (fixed seed, so a report is reproducible)."""
+    delta = nll - base
+    generator = torch.Generator().manual_seed(0)
+    picks = torch.randint(0, len(delta), (draws, len(delta)), generator=generator)
+    ratios = delta[picks].mean(1).exp().sort().values
+    return float(ratios[int(0.025 * draws)]), float(ratios[int(0.975 * draws) - 1])
+
+
+def with_weights(base, weights):
+    """A copy of `base` whose linear layers named in `weights` (name -> [out, in]) take those weights."""
+    import copy
+
+    from runner.model.layers import Linear
+
+    model = copy.deepcopy(base)
+    for name, layer in model.named_modules():
+        if isinstance(layer, Linear) and name in weights:
+            layer.weight.data.copy_(weights[name])
+    return model
 
 
 def dequantized_weights(quantized):
@@ -123,19 +159,22 @@ def differing_fraction(quantized, emulated) -> float:
     return differ / total
 
 
+def decoder_weights(base, through):
+    """{name: through(weight)} for every decoder linear layer of `base` (the ones online schemes quantize)."""
+    from runner.model.layers import Linear
+
+    return {
+        name: through(layer.weight.data)
+        for name, layer in base.named_modules()
+        if isinstance(layer, Linear) and ".layers." in name
+    }
+
+
 def torchao_emulated(base, scheme: str):
     """A copy of the unquantized model with every decoder linear weight through torchao's quantizer and back:
     `to_mx` (scale mode floor) for mxfp4, `NVFP4Tensor.to_nvfp4` with the tensor's own global scale for
     nvfp4. The MX emulators' fake-quantized model."""
-    import copy
-
-    from runner.model.layers import Linear
-
-    model = copy.deepcopy(base)
-    for name, layer in model.named_modules():
-        if isinstance(layer, Linear) and ".layers." in name:
-            layer.weight.data.copy_(_torchao_roundtrip(layer.weight.data, scheme))
-    return model
+    return with_weights(base, decoder_weights(base, lambda w: _torchao_roundtrip(w, scheme)))
 
 
 def _torchao_roundtrip(w: torch.Tensor, scheme: str) -> torch.Tensor:
@@ -187,15 +226,31 @@ def main(argv: list[str] | None = None) -> int:
     greedy = SamplingParams(temperature=0, max_tokens=args.new_tokens, ignore_eos=True)
     outs = llm.generate(prompt_ids, greedy, use_tqdm=False)
     sequences = [p + list(o.token_ids) for p, o in zip(prompt_ids, outs, strict=True)]
-    base_ppl = perplexity(base, text_ids)
-    print(f"  unquantized: perplexity {base_ppl:.3f} over {len(text_ids) - 1} tokens", flush=True)
-    rows = [{"scheme": "unquantized (fp32)", "perplexity": base_ppl, "perplexity_vs_unquantized": 1.0}]
+    base_nll = token_nll(base, text_ids)
+    bf16_nll = token_nll(with_weights(base, decoder_weights(base, lambda w: w.bfloat16().to(w.dtype))), text_ids)
+    base_ppl, bf16_ppl = (math.exp(float(nll.mean())) for nll in (base_nll, bf16_nll))
+
+    def scored(name: str, nll: torch.Tensor, **extra) -> dict:
+        ppl = math.exp(float(nll.mean()))
+        low, high = ratio_interval(nll, bf16_nll)
+        print(f"  {name}: perplexity {ppl:.3f} ({ppl / bf16_ppl:.4f}x bf16, 95 % {low:.4f}-{high:.4f})", flush=True)
+        return {
+            "scheme": name,
+            "perplexity": ppl,
+            "perplexity_vs_unquantized": ppl / base_ppl,
+            "perplexity_vs_bf16": ppl / bf16_ppl,
+            "vs_bf16_ci95_low": low,
+            "vs_bf16_ci95_high": high,
+            **extra,
+        }
+
+    print(f"  scoring {len(text_ids) - 1} tokens", flush=True)
+    rows = [scored("unquantized (fp32)", base_nll), scored("bf16 weights", bf16_nll)]
     layers: list[dict] = []
     for scheme in schemes:
         model = LlamaForCausalLM(config, torch.float32, "cpu", online_config(scheme))
         model.load_weights(iter(tensors))
         model.eval()
-        ppl = perplexity(model, text_ids)
         agree = total = 0
         for seq, logits in zip(sequences, all_logits(model, sequences), strict=True):
             first = len(seq) - args.new_tokens  # logits[i] predicts token i + 1
@@ -205,33 +260,32 @@ def main(argv: list[str] | None = None) -> int:
         per_layer = layer_sqnr(base, model)
         layers += per_layer
         sqnrs = sorted(r["sqnr_db"] for r in per_layer)
-        row = {
-            "scheme": scheme,
-            "perplexity": ppl,
-            "perplexity_vs_unquantized": ppl / base_ppl,
-            "top1_agreement": agree / total,
-            "weight_sqnr_db_median": sqnrs[len(sqnrs) // 2],
-            "weight_sqnr_db_min": sqnrs[0],
-        }
+        extra = {}
         if scheme in ("mxfp4", "nvfp4"):
             emulated = torchao_emulated(base, scheme)
-            row["torchao_emulated_perplexity"] = perplexity(emulated, text_ids)
-            row["torchao_weights_differing"] = differing_fraction(model, emulated)
-        rows.append(row)
-        print(
-            f"  {scheme}: perplexity {ppl:.3f} ({ppl / base_ppl:.4f}x), top-1 agreement {agree / total:.3f}, "
-            f"weight SQNR median {row['weight_sqnr_db_median']:.1f} dB",
-            flush=True,
-        )
+            extra["torchao_emulated_perplexity"] = perplexity(emulated, text_ids)
+            extra["torchao_weights_differing"] = differing_fraction(model, emulated)
+        sqnr = {"weight_sqnr_db_median": sqnrs[len(sqnrs) // 2], "weight_sqnr_db_min": sqnrs[0]}
+        rows.append(scored(scheme, token_nll(model, text_ids), top1_agreement=agree / total, **sqnr, **extra))
+        if scheme in ("fp8", "fp8_block"):
+            weights = {name: deq for name, _, deq in dequantized_weights(model)}
+            rows.append(scored(f"{scheme} weights only", token_nll(with_weights(base, weights), text_ids), **sqnr))
         del model
     for row in rows:
         row["scored_tokens"] = len(text_ids) - 1
     command = tables.command_line("python -m bench.llm.quant_quality", argv)
-    fp8 = max((r["perplexity_vs_unquantized"] for r in rows if r["scheme"] in ("fp8", "fp8_block")), default=math.nan)
+    fp8 = [r for r in rows if r["scheme"] in ("fp8", "fp8_block")]
+    worst = max(fp8, key=lambda r: r["perplexity_vs_bf16"], default=None)
     headline = (
-        f"{args.model} on the CPU: perplexity of fp8 and fp8_block at most {fp8:.4f}x the unquantized model's "
-        f"over {len(text_ids) - 1} tokens of bench/llm/data/prose.txt; top-1 agreement over {len(prompts)} prompts x "
-        f"{args.new_tokens} tokens of its greedy continuation."
+        f"{args.model} on the CPU, {len(text_ids) - 1} tokens of bench/llm/data/prose.txt: perplexity of fp8 and "
+        + (
+            f"fp8_block at most {worst['perplexity_vs_bf16']:.4f}x the bf16 model's ({worst['scheme']}; 95 % "
+            f"interval {worst['vs_bf16_ci95_low']:.3f}-{worst['vs_bf16_ci95_high']:.3f}); "
+            if worst
+            else "fp8_block not run; "
+        )
+        + f"top-1 agreement over {len(prompts)} prompts x {args.new_tokens} tokens of the unquantized model's greedy "
+        "continuation."
     )
     folder = tables.write_report(
         args.out,
@@ -239,14 +293,15 @@ def main(argv: list[str] | None = None) -> int:
         "quant_quality",
         rows,
         COLUMNS,
-        COLUMNS[:7],
+        COLUMNS[:10],
         headline,
         {"command": command},
         intro=[
-            "mxfp4 and nvfp4 run weight-only (W4A16); beside them, the torchao-emulated model's perplexity.",
-            "This 135M model is sensitive to FP8 weights themselves: with the activations left unquantized, "
-            "block-FP8 weights alone gave 11.63 (1.097x) and per-row E4M3 weights 11.31 (1.066x), against 10.63 "
-            "for bf16 weights (1.002x), in a run at 7e6a0af.",
+            "The bf16 model is the unquantized one with its decoder weights rounded to bf16 (activations fp32): the "
+            "denominator of the ratios and of the 95 % intervals (paired bootstrap over the scored tokens).",
+            "fp8 and fp8_block quantize activations to E4M3 too (per token; per 1 x 128 group); their 'weights only' "
+            "rows run the same dequantized weights with fp32 activations. mxfp4 and nvfp4 run weight-only (W4A16); "
+            "beside them, the torchao-emulated model's perplexity.",
         ],
     )
     import pandas as pd

@@ -18,7 +18,10 @@ def test_quality_report_smoke(tmp_path):
         assert main(["--smoke", "--schemes", "mxfp4,nvfp4", "--out", str(tmp_path)]) == 0
     (folder,) = tmp_path.iterdir()
     rows = pd.read_csv(folder / "quant_quality.csv").set_index("scheme")
-    assert list(rows.index) == ["unquantized (fp32)", "mxfp4", "nvfp4"]
+    assert list(rows.index) == ["unquantized (fp32)", "bf16 weights", "mxfp4", "nvfp4"]
+    assert rows.loc["bf16 weights", "perplexity_vs_bf16"] == 1.0
+    assert (rows["vs_bf16_ci95_low"] <= rows["perplexity_vs_bf16"]).all()
+    assert (rows["perplexity_vs_bf16"] <= rows["vs_bf16_ci95_high"]).all()
     assert rows.loc["mxfp4", "perplexity"] == rows.loc["mxfp4", "torchao_emulated_perplexity"]
     assert rows.loc["mxfp4", "torchao_weights_differing"] == 0
     # NVFP4: torchao computes a block's E4M3 scale as (amax / 6) / per-tensor scale, two roundings where the
@@ -26,9 +29,28 @@ def test_quality_report_smoke(tmp_path):
     assert 0 < rows.loc["nvfp4", "torchao_weights_differing"] < 1e-3
     nvfp4 = rows.loc["nvfp4"]
     assert abs(nvfp4["perplexity"] / nvfp4["torchao_emulated_perplexity"] - 1) < 0.02
-    assert (rows["perplexity"] > 1).all() and (rows.iloc[1:]["top1_agreement"] <= 1).all()
+    assert (rows["perplexity"] > 1).all() and (rows.iloc[2:]["top1_agreement"] <= 1).all()
     assert len(pd.read_csv(folder / "quant_quality_layers.csv")) == 2 * 4 * 30
     assert (folder / "quant_quality.png").stat().st_size > 0
+
+
+def test_the_ratio_interval_is_a_paired_bootstrap():
+    """Equal per-token shifts give a point interval at exp(shift); a shift on one token in ten spreads the
+    interval around the ratio; the pairing cancels what both models share."""
+    import math
+
+    import torch
+
+    from bench.llm.quant_quality import ratio_interval
+
+    base = torch.rand(500, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 8
+    low, high = ratio_interval(base + 0.05, base)
+    assert low == high == pytest.approx(math.exp(0.05), rel=1e-12)
+    shifted = base.clone()
+    shifted[::10] += 0.5
+    low, high = ratio_interval(shifted, base)
+    assert low < math.exp(0.05) < high and high - low > 0.02
+    assert ratio_interval(base, base) == (1.0, 1.0)
 
 
 def test_an_unknown_scheme_is_refused_by_name(capsys):
