@@ -267,8 +267,11 @@ class LlamaForCausalLM(nn.Module):
         if pending:
             missing = sorted(f"{n}" + ("" if s is None else f" (shard {s!r})") for n, s in pending)
             raise ValueError(f"weights: {len(missing)} parameters not in the checkpoint, first: {missing[:5]}")
-        for module in self.modules():  # online schemes processed each layer as its last shard arrived
-            if isinstance(module, Linear) and not module.processed:
-                module.process_weights_after_loading()
-            elif isinstance(module, SparseMoE):
-                module.process_weights_after_loading()
+        for layer, module in self.named_modules():  # online schemes processed each layer as its last shard arrived
+            try:
+                if isinstance(module, Linear) and not module.processed:
+                    module.process_weights_after_loading()
+                elif isinstance(module, SparseMoE):
+                    module.process_weights_after_loading()
+            except ValueError as err:  # a checkpoint's tensor the scheme refuses: name the layer it is in
+                raise ValueError(f"weights: layer {layer!r}: {err}") from err

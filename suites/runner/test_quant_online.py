@@ -359,10 +359,10 @@ def test_fp8_decode_rows_take_the_block_gemm_within_its_row(monkeypatch, device,
     x = torch.randn(fp8_tensor.DECODE_ROWS, 256, generator=gen).to(torch.bfloat16)
     plain = layer(x)  # the CPU's fp32 path
     if static:
-        xq, s = fp8_tensor._quantize(x, "tensor", layer.input_scale)
+        xq, s = fp8_tensor.quantize_e4m3(x, "tensor", layer.input_scale)
         xs = s.reshape(1, 1).expand(x.shape[0], 1)
     else:
-        xq, xs = fp8_tensor._quantize(x, "token")
+        xq, xs = fp8_tensor.quantize_e4m3(x, "token")
     groups = xs.expand(-1, 2).contiguous()
     mirror = block_fp8.block_fp8_gemm_mirror(xq, groups, layer.weight_fp8, layer.weight_scale_tiles, torch.bfloat16)
     ideal = block_fp8.block_fp8_gemm_ideal(xq, groups, layer.weight_fp8, layer.weight_scale_tiles)

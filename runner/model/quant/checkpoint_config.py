@@ -5,9 +5,11 @@ Read, by each format's published description:
   128], "activation_scheme": "dynamic", "modules_to_not_convert": [...]}: `weight` E4M3 + `weight_scale_inv`.
 - compressed-tensors (`quant_method` "compressed-tensors"): `config_groups` (targets: "Linear" or "re:<regex>"
   on layer names), `ignore`; parsed with the compressed-tensors library's own pydantic model. A group of 8-bit
-  float weights with strategy "block" [128, 128] and dynamic group-128 activations is fp8_block; per-tensor
-  8-bit float weights with static per-tensor activations (its FP8 preset) are fp8_static (`weight`,
-  `weight_scale`, `input_scale`), with dynamic per-token activations fp8.
+  float weights with strategy "block" [128, 128] and dynamic group-128 activations is fp8_block (its FP8_BLOCK
+  preset; the scales are `weight_scale`); per-channel 8-bit float weights with dynamic per-token activations
+  (its FP8_DYNAMIC preset) are fp8_channel (`weight`, `weight_scale` [N, 1]); per-tensor 8-bit float weights with
+  static per-tensor activations (its FP8 preset) are fp8_static (`weight`, `weight_scale`, `input_scale`), with
+  dynamic per-token activations fp8.
 - AMD Quark (`quant_method` "quark"): `global_quant_config`, `layer_quant_config` (fnmatch patterns on layer
   names, the first match wins), `exclude`. Weight dtype "fp4", per_group 32, scale_format "e8m0", no input
   quantization: mxfp4 (W4A16); `weight` uint8 [N, K/2] + `weight_scale` uint8 [N, K/32]. Weight "fp8_e4m3"
@@ -76,12 +78,19 @@ def _matches(target: str, layer: str) -> bool:
 
 def _compressed_tensors_scheme(key: str, w, a) -> str:
     weights = (w.type, w.num_bits, str(getattr(w.strategy, "value", w.strategy)), list(w.block_structure or []))
+    acts = None if a is None else (a.type, a.num_bits, str(getattr(a.strategy, "value", a.strategy)), a.dynamic)
     if weights == ("float", 8, "block", [128, 128]):
         if a is None or not a.dynamic or a.strategy != "group" or a.group_size != 128:
             raise _fail(f"config_groups.{key}.input_activations", "block FP8 needs dynamic group-128 activations")
         return "fp8_block"
+    if weights[:3] == ("float", 8, "channel"):
+        if acts != ("float", 8, "token", True):
+            raise _fail(
+                f"config_groups.{key}.input_activations",
+                f"{acts} is not supported with per-channel FP8 weights (supported: float 8-bit dynamic per token)",
+            )
+        return "fp8_channel"
     if weights[:3] == ("float", 8, "tensor"):
-        acts = None if a is None else (a.type, a.num_bits, str(getattr(a.strategy, "value", a.strategy)), a.dynamic)
         if acts == ("float", 8, "tensor", False):
             return "fp8_static"
         if acts == ("float", 8, "token", True):
@@ -94,7 +103,7 @@ def _compressed_tensors_scheme(key: str, w, a) -> str:
     raise _fail(
         f"config_groups.{key}.weights",
         f"{w.type} {w.num_bits}-bit strategy {weights[2]} {w.block_structure} is not supported "
-        "(supported: float 8-bit block [128, 128], float 8-bit tensor)",
+        "(supported: float 8-bit block [128, 128], float 8-bit channel, float 8-bit tensor)",
     )
 
 
@@ -115,7 +124,8 @@ def _compressed_tensors(config: Mapping) -> QuantConfig:
             return None
         return next((scheme for targets, scheme in groups if any(_matches(t, layer) for t in targets)), None)
 
-    return QuantConfig("compressed-tensors", scheme_of, named_layers=_explicit(i for i in ignore if "." in i))
+    named = _explicit(i for i in ignore if "." in i)
+    return QuantConfig("compressed-tensors", scheme_of, named_layers=named, block_scale="weight_scale")
 
 
 def _quark_scheme(spec: Mapping | None, key: str) -> str | None:

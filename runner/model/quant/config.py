@@ -14,16 +14,19 @@ from runner.model.quant.scheme import LinearScheme
 SCHEMES = ("fp8", "fp8_block", "mxfp4", "nvfp4")  # online (quantization=...) and in checkpoints
 
 
-def make_scheme(name: str, online: bool, w13_policy: str = "use_w1") -> LinearScheme:
+def make_scheme(
+    name: str, online: bool, w13_policy: str = "use_w1", block_scale: str = "weight_scale_inv"
+) -> LinearScheme:
     """A new scheme object: `online` quantizes an unquantized checkpoint while it loads, else the checkpoint
-    holds the scheme's tensors."""
+    holds the scheme's tensors (`block_scale`: the name of a block-FP8 checkpoint's scale tensor)."""
     from runner.model.quant.fp8_block import Fp8Block
+    from runner.model.quant.fp8_channel import Fp8PerChannel
     from runner.model.quant.fp8_tensor import Fp8PerTensor
     from runner.model.quant.mxfp4 import Mxfp4W4A16
     from runner.model.quant.nvfp4 import Nvfp4W4A16
 
     if name == "fp8_block":
-        return Fp8Block(online=online)
+        return Fp8Block(online=online, scale_name=block_scale)
     if name == "mxfp4":
         return Mxfp4W4A16(online=online)
     if name == "nvfp4":
@@ -32,6 +35,8 @@ def make_scheme(name: str, online: bool, w13_policy: str = "use_w1") -> LinearSc
         return Fp8PerTensor(online=online)
     if name == "fp8_static" and not online:  # checkpoints only: a calibrated input scale per layer
         return Fp8PerTensor(online=False, static_input=True)
+    if name == "fp8_channel" and not online:  # checkpoints only: a scale per output row
+        return Fp8PerChannel()
     raise ValueError(f"quantization: scheme {name!r} is not supported {'online' if online else 'in a checkpoint'}")
 
 
@@ -42,6 +47,9 @@ class QuantConfig:
     online: bool = False
     named_layers: tuple[str, ...] = ()  # layers the config names explicitly: each must exist in the model
     w13_policy: str = "use_w1"  # NVFP4 gate/up parts with different global scales (reference.quant.nvfp4_fused_w13)
+    # A block-FP8 checkpoint's scale tensor: HF fine-grained FP8 names it weight_scale_inv, compressed-tensors
+    # weight_scale (the same values: dequantized = codes x scale)
+    block_scale: str = "weight_scale_inv"
 
     def scheme_for(self, prefix: str, packed_modules_mapping: Mapping[str, tuple[str, ...]]) -> LinearScheme:
         """The scheme of the layer named `prefix` in the model (a fused one by its parts' names); ValueError
@@ -55,7 +63,7 @@ class QuantConfig:
             named = {p: s or "unquantized" for p, s in schemes.items()}
             raise ValueError(f"quantization: the parts of fused layer {prefix!r} have different schemes: {named}")
         scheme = schemes[parts[0]]
-        return Unquantized() if scheme is None else make_scheme(scheme, self.online, self.w13_policy)
+        return Unquantized() if scheme is None else make_scheme(scheme, self.online, self.w13_policy, self.block_scale)
 
     def check_layers(self, layer_names: set[str]) -> None:
         """ValueError naming a layer the config names that the model does not have."""

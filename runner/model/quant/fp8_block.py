@@ -12,7 +12,7 @@ import torch
 from reference.gemm.block_fp8 import BLOCK
 from runner.model.quant.activation import Fp8Groups
 from runner.model.quant.online import OnlineScheme, zero_pad_columns
-from runner.model.quant.scheme import uses_kernels
+from runner.model.quant.scheme import check_scales, uses_kernels
 
 SLAB_ROWS = 16 * BLOCK
 # Where the input comes from an RMSNorm or a SiLU-and-mul on the kernels, that kernel quantizes it
@@ -26,8 +26,8 @@ class Fp8Block(OnlineScheme):
     name = "fp8_block"
     takes_fp8_groups = True  # RMSNorm and SiLU-and-mul can hand over their output already quantized
 
-    def __init__(self, online: bool = True) -> None:
-        self.online = online
+    def __init__(self, online: bool = True, scale_name: str = "weight_scale_inv") -> None:
+        self.online, self.scale_name = online, scale_name  # the checkpoint's name of the scale tensor
 
     def create_weights(self, layer) -> None:
         if self.online:
@@ -44,13 +44,15 @@ class Fp8Block(OnlineScheme):
         n, k = layer.out_features, layer.in_features
         layer.register_parameter("weight", layer.new_param((n, k), torch.float8_e4m3fn, exact_dtype=True))
         scales = layer.new_param((-(-n // BLOCK), -(-k // BLOCK)), torch.float32, row_block=BLOCK, exact_dtype=True)
-        layer.register_parameter("weight_scale_inv", scales)
+        layer.register_parameter(self.scale_name, scales)
 
     def process_weights_after_loading(self, layer) -> None:
         if self.online:
             return super().process_weights_after_loading(layer)
-        w, s = layer.weight.data, layer.weight_scale_inv.data
-        del layer.weight, layer.weight_scale_inv
+        w, s = layer.weight.data, getattr(layer, self.scale_name).data
+        del layer.weight
+        delattr(layer, self.scale_name)
+        check_scales(self.scale_name, s)
         # K in whole blocks: zero codes (the scales already cover the last tile)
         layer.register_buffer("weight_fp8", zero_pad_columns(w, BLOCK).contiguous())
         layer.register_buffer("weight_scale_inv", s)

@@ -24,7 +24,7 @@ import torch
 
 from reference.gemm.block_fp8 import BLOCK  # the block-FP8 GEMM's tile
 from runner.model.quant.online import OnlineScheme
-from runner.model.quant.scheme import uses_kernels
+from runner.model.quant.scheme import check_scales, uses_kernels
 
 # H200, Llama-3.1-8B's four projections (1 x N x K, CUDA-graph replays, cold L2;
 # reports/cuda-h200/launch_sweeps/block_fp8_launch_sweep.csv): the block-FP8 GEMM 102.6 us at 1 row and 103.2 at 8
@@ -64,10 +64,8 @@ class Fp8PerTensor(OnlineScheme):
         del layer.weight, layer.weight_scale
         if inputs is not None:
             del layer.input_scale
-            if not bool(torch.isfinite(inputs).all() and (inputs > 0).all()):
-                raise ValueError(f"input_scale: must be finite and > 0, got {inputs.tolist()}")
-        if not bool(torch.isfinite(scales).all() and (scales > 0).all()):
-            raise ValueError(f"weight_scale: must be finite and > 0, got {scales.tolist()}")
+            check_scales("input_scale", inputs)
+        check_scales("weight_scale", scales)
         top = scales.max()
         if not bool((scales == top).all()):
             rows = list(layer.shard_sizes.values())
@@ -75,7 +73,7 @@ class Fp8PerTensor(OnlineScheme):
         self._store(layer, codes, top, None if inputs is None else inputs.max())
 
     def quantize(self, layer, w: torch.Tensor) -> None:
-        q, s = _quantize(w.contiguous())
+        q, s = quantize_e4m3(w.contiguous())
         self._store(layer, q, s)
 
     def _store(self, layer, q: torch.Tensor, scale: torch.Tensor, input_scale: torch.Tensor | None = None) -> None:
@@ -91,10 +89,10 @@ class Fp8PerTensor(OnlineScheme):
 
     def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
         if self.static_input:
-            xq, s = _quantize(x, "tensor", layer.input_scale)
+            xq, s = quantize_e4m3(x, "tensor", layer.input_scale)
             xs = s.reshape(1, 1).expand(x.shape[0], 1).contiguous()
         else:
-            xq, xs = _quantize(x, "token")
+            xq, xs = quantize_e4m3(x, "token")
         if uses_kernels(x):
             if x.shape[0] <= DECODE_ROWS and x.shape[1] % BLOCK == 0:
                 from kernels.block_fp8_gemm import block_fp8_gemm
@@ -117,7 +115,9 @@ def requantize(codes: torch.Tensor, scale: torch.Tensor, new_scale: torch.Tensor
     return quantize_fp8(values, granularity="tensor", static_scale=new_scale.reshape(1).to(torch.float32))[0]
 
 
-def _quantize(t: torch.Tensor, granularity: str = "tensor", static_scale: torch.Tensor | None = None):
+def quantize_e4m3(t: torch.Tensor, granularity: str = "tensor", static_scale: torch.Tensor | None = None):
+    """E4M3 codes and fp32 scales of t (`reference.quant.fp8.quantize_fp8`'s contract): the Triton quantizer on
+    CUDA, the reference elsewhere."""
     if t.is_cuda:
         from kernels.fp8_quant import quantize_fp8
     else:

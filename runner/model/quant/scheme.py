@@ -44,3 +44,12 @@ def uses_kernels(x: torch.Tensor) -> bool:
 def kernels_run_on(device: torch.device, dtype: torch.dtype) -> bool:
     """`uses_kernels` for activations of `dtype` on `device`, before any exist (a layer's weights at load)."""
     return device.type == "cuda" and dtype == torch.bfloat16
+
+
+def check_scales(name: str, scales: torch.Tensor) -> None:
+    """ValueError naming `name` and the first entry where a checkpoint's scales are not finite and > 0 (a zero
+    or NaN scale would silently zero or poison its rows)."""
+    bad = ~(torch.isfinite(scales) & (scales > 0))
+    if bool(bad.any()):
+        at = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"{name}: must be finite and > 0, got {float(scales[at])} at {list(at)}")
