@@ -14,12 +14,22 @@ import tempfile
 import pytest
 
 
-def fake_quantize_mx():
-    """Quark's `fake_quantize_mx` (skips when amd-quark is not installed)."""
+def _own_extensions_folder() -> None:
     if "TORCH_EXTENSIONS_DIR" not in os.environ:
         run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
         folder = pathlib.Path(tempfile.gettempdir()) / f"touchstone-torch-extensions-{run}"
         folder.mkdir(exist_ok=True)
         os.environ["TORCH_EXTENSIONS_DIR"] = str(folder)
+
+
+def fake_quantize_mx():
+    """Quark's `fake_quantize_mx` (skips when amd-quark is not installed)."""
+    _own_extensions_folder()
     module = pytest.importorskip("quark.torch.kernel.hw_emulation.hw_emulation_interface")
     return module.fake_quantize_mx
+
+
+def quark_torch():
+    """`quark.torch` (its ModelQuantizer and export_safetensors; skips when amd-quark is not installed)."""
+    _own_extensions_folder()
+    return pytest.importorskip("quark.torch")

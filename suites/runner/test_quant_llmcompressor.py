@@ -23,16 +23,12 @@ from safetensors.torch import load_file, save_file
 from kernels.tolerances import assert_exact
 from runner.model import load_model
 from suites.runner.conftest import one_thread
-from suites.runner.model_driver import greedy
+from suites.runner.producers import check_greedy, check_outputs, pairs, save_base_model
 
-PROMPTS = [[5, 17, 33, 2, 9, 41], [60, 3, 3, 71], [11, 12, 13, 14, 15, 16, 17, 18, 19]]
-NEW_TOKENS = 8
 # First-step logits against the producer's, as a fraction of the largest: 5.0e-2 was the worst of 24 models (12
 # seeds x both presets, every position of two 10-12 token sequences, teacher-forced); a model without a flipped
 # activation code agrees within 2.5e-5 (fp32 order).
 FLIP_BOUND = 0.1
-LAYERS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
-PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
 @pytest.fixture(scope="module", params=["FP8_DYNAMIC", "FP8_BLOCK"])
@@ -42,22 +38,16 @@ def produced(request, tmp_path_factory):
     pytest.importorskip("llmcompressor")
     from llmcompressor import oneshot
     from llmcompressor.modifiers.quantization import QuantizationModifier
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     preset, folder = request.param, tmp_path_factory.mktemp("llmcompressor")
-    config = LlamaConfig(
-        vocab_size=97, hidden_size=256, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64, tie_word_embeddings=False, max_position_embeddings=256,
-        initializer_range=0.16,  # 8x transformers' default: logits sharp enough for greedy decoding to mean something
-    )  # fmt: skip
+    base = save_base_model(folder)
     with one_thread():
-        torch.manual_seed(0)
-        LlamaForCausalLM(config).save_pretrained(folder / "base")  # oneshot wants a model with a name or path
         # Twice: saving compresses the model in place (its weights become the codes), so the oracle is a second
         # run of the same data-free recipe (min-max scales: the same every run).
         quantized = []
         for _ in range(2):
-            model = LlamaForCausalLM.from_pretrained(folder / "base", dtype=torch.float32).eval()
+            model = LlamaForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
             oneshot(model=model, recipe=QuantizationModifier(targets="Linear", scheme=preset, ignore=["lm_head"]))
             quantized.append(model)
         quantized[1].save_pretrained(folder / preset, save_compressed=True)
@@ -80,14 +70,7 @@ def _runner_weight(layer) -> torch.Tensor:
 
 
 def _pairs(produced):
-    """(runner layer, the producer's modules it fuses) of every decoder linear layer."""
-    _, model, ours, _ = produced
-    for i in range(len(ours.model.layers)):
-        for name in LAYERS:
-            owner, leaf = name.split(".")
-            theirs = getattr(model.model.layers[i], owner)
-            parts = [getattr(theirs, p) for p in PARTS.get(leaf, (leaf,))]
-            yield getattr(getattr(ours.model.layers[i], owner), leaf), parts
+    return pairs(produced[1], produced[2])
 
 
 def test_the_layers_take_the_presets_scheme(produced):
@@ -97,23 +80,10 @@ def test_the_layers_take_the_presets_scheme(produced):
     assert ours.lm_head.scheme.name == "unquantized"  # the recipe's ignore list
 
 
-def _check_weights(pairs) -> None:
-    for layer, parts in pairs:
+def _check_weights(layer_pairs) -> None:
+    for layer, parts in layer_pairs:
         want = torch.cat([_producer_weight(p) for p in parts])
         assert_exact(_runner_weight(layer), want, f"{layer.scheme.name} weight")
-
-
-def _check_outputs(pairs) -> None:
-    generator = torch.Generator().manual_seed(3)
-    for layer, parts in pairs:
-        # [batch, tokens, features], as transformers calls a layer: compressed-tensors' per-token scales reduce
-        # every dimension after the first two (a 2-D input would get one scale for the whole tensor)
-        x = torch.randn(1, 7, layer.in_features, generator=generator) * 3
-        x[0, 2, 5] = 200.0  # an outlier: its token's scale differs from the others'
-        with torch.no_grad():
-            want = torch.cat([p(x) for p in parts], dim=-1)[0]
-            got = layer(x[0])
-        assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max())), layer.scheme.name
 
 
 def test_weights_are_the_producers_fake_quantized_weights(produced):
@@ -121,7 +91,7 @@ def test_weights_are_the_producers_fake_quantized_weights(produced):
 
 
 def test_each_layer_returns_the_producers_output(produced):
-    _check_outputs(_pairs(produced))
+    check_outputs(_pairs(produced))
 
 
 def test_a_scale_read_from_the_neighbouring_row_or_tile_is_caught(produced):
@@ -135,28 +105,13 @@ def test_a_scale_read_from_the_neighbouring_row_or_tile_is_caught(produced):
         with pytest.raises(AssertionError):
             _check_weights([(layer, parts)])
         with pytest.raises(AssertionError):
-            _check_outputs([(layer, parts)])
+            check_outputs([(layer, parts)])
     finally:
         setattr(layer, name, good)
 
 
 def test_greedy_decoding_follows_the_producer(produced):
-    _, model, ours, _ = produced
-    with one_thread(), torch.no_grad():
-        tokens, first = greedy(ours, PROMPTS, NEW_TOKENS)
-        for prompt, got, logits in zip(PROMPTS, tokens, first, strict=True):
-            out = model.generate(
-                torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, min_new_tokens=0, eos_token_id=None, do_sample=False,
-                output_logits=True, return_dict_in_generate=True, pad_token_id=0,
-            )  # fmt: skip
-            want, steps = out.sequences[0, len(prompt) :].tolist(), [s[0].float() for s in out.logits]
-            scale = float(steps[0].abs().max())
-            assert float((logits - steps[0]).abs().max()) <= FLIP_BOUND * scale
-            for step, (a, b) in enumerate(zip(got, want, strict=True)):
-                if a != b:
-                    top = steps[step].topk(2).values
-                    assert float(top[0] - top[1]) <= FLIP_BOUND * scale, f"step {step}: {a} against {b}"
-                    break
+    check_greedy(produced[1], produced[2], FLIP_BOUND)
 
 
 L0, L1 = "model.layers.0.", "model.layers.1."

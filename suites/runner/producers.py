@@ -1,0 +1,79 @@
+"""What the suites that load producers' own checkpoints share: a tiny transformers Llama (the model a producer
+quantizes), the pairing of the runner's fused layers with the producer's modules, and the checks against the
+producer's fake-quantized model (each layer's output on one input; greedy decoding)."""
+
+from __future__ import annotations
+
+import pathlib
+
+import torch
+
+from suites.runner.conftest import one_thread
+from suites.runner.model_driver import greedy
+
+PROMPTS = [[5, 17, 33, 2, 9, 41], [60, 3, 3, 71], [11, 12, 13, 14, 15, 16, 17, 18, 19]]
+NEW_TOKENS = 8
+LAYERS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def save_base_model(folder: pathlib.Path) -> pathlib.Path:
+    """A seeded tiny transformers Llama saved to folder/base (producers load a model from a path): every fused
+    part on 128-row tiles (q 256, k and v 128, gate and up 384), so block-FP8 scale tiles never straddle parts."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=97, hidden_size=256, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, tie_word_embeddings=False, max_position_embeddings=256,
+        initializer_range=0.16,  # 8x transformers' default: logits sharp enough for greedy decoding to mean something
+    )  # fmt: skip
+    torch.manual_seed(0)
+    with one_thread():
+        LlamaForCausalLM(config).save_pretrained(folder / "base")
+    return folder / "base"
+
+
+def pairs(theirs, ours):
+    """(runner layer, the producer's modules it fuses, in order) of every decoder linear layer."""
+    for i in range(len(ours.model.layers)):
+        for name in LAYERS:
+            owner, leaf = name.split(".")
+            modules = getattr(theirs.model.layers[i], owner)
+            parts = [getattr(modules, p) for p in PARTS.get(leaf, (leaf,))]
+            yield getattr(getattr(ours.model.layers[i], owner), leaf), parts
+
+
+def check_outputs(layer_pairs, rtol: float = 1e-5) -> None:
+    """Each runner layer given one input returns what the producer's modules return side by side, within `rtol`
+    of the largest output. The input is [batch, tokens, features], as transformers calls a layer (compressed-
+    tensors' per-token scales reduce every dimension after the first two: a 2-D input would get one scale for
+    the whole tensor), with an outlier so that one token's scale differs from the others'."""
+    generator = torch.Generator().manual_seed(3)
+    for layer, parts in layer_pairs:
+        x = torch.randn(1, 7, layer.in_features, generator=generator) * 3
+        x[0, 2, 5] = 200.0
+        with torch.no_grad():
+            want = torch.cat([p(x) for p in parts], dim=-1)[0]
+            got = layer(x[0])
+        assert torch.allclose(got, want, rtol=rtol, atol=rtol * float(want.abs().max())), layer.scheme.name
+
+
+def check_greedy(theirs, ours, bound: float) -> None:
+    """The runner's greedy tokens are the producer's (transformers' `generate`), except from a step where the
+    producer's two best logits are within `bound` of its largest first-step logit; the first step's logits agree
+    within that bound."""
+    with one_thread(), torch.no_grad():
+        tokens, first = greedy(ours, PROMPTS, NEW_TOKENS)
+        for prompt, got, logits in zip(PROMPTS, tokens, first, strict=True):
+            out = theirs.generate(
+                torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, min_new_tokens=0, eos_token_id=None,
+                do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0,
+            )  # fmt: skip
+            want, steps = out.sequences[0, len(prompt) :].tolist(), [s[0].float() for s in out.logits]
+            scale = float(steps[0].abs().max())
+            assert float((logits - steps[0]).abs().max()) <= bound * scale
+            for step, (a, b) in enumerate(zip(got, want, strict=True)):
+                if a != b:
+                    top = steps[step].topk(2).values
+                    assert float(top[0] - top[1]) <= bound * scale, f"step {step}: {a} against {b}"
+                    break

@@ -1,0 +1,90 @@
+"""An MXFP4 W4A16 checkpoint made by AMD Quark itself, loaded by the runner. A tiny transformers Llama goes through
+Quark's `ModelQuantizer` (weights FP4 per group of 32, E8M0 scales, scale mode "even", activations unquantized;
+on the CPU) and `export_safetensors` with its defaults (real-quantized, pack method "reorder"); the runner loads
+the folder as an AMD Quark checkpoint (test_quant_checkpoints.py writes one by the format's description).
+
+The oracle is Quark's own quantized model in memory, run in transformers:
+- every linear weight the runner holds, decoded, is Quark's fake-quantized weight, bit for bit;
+- each layer given one input returns what Quark's modules return, within fp32 summation order (no activation is
+  quantized, so nothing can flip);
+- greedy tokens equal, the first step's logits within that order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.tolerances import assert_exact
+from reference.quant.mxfp4 import dequantize_mxfp4
+from runner.model import load_model
+from suites.runner import quark_oracle
+from suites.runner.conftest import one_thread
+from suites.runner.producers import check_greedy, check_outputs, pairs, save_base_model
+
+# fp32 summation order, as a fraction of the largest output: 1.4e-6 measured on the first-step logits
+ORDER_BOUND = 1e-5
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """(Quark's quantized transformers model, the runner's model of the checkpoint Quark exported)."""
+    quark = quark_oracle.quark_torch()
+    from quark.torch.quantization.config.config import FP4PerGroupSpec, QConfig, QLayerConfig
+    from transformers import LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("quark")
+    base = save_base_model(folder)
+    spec = FP4PerGroupSpec(
+        ch_axis=-1, group_size=32, scale_format="e8m0", scale_calculation_mode="even", is_dynamic=False
+    )
+    config = QConfig(
+        global_quant_config=QLayerConfig(weight=spec.to_quantization_spec()), exclude=["lm_head"]
+    )  # fmt: skip
+    calibration = torch.utils.data.DataLoader([torch.tensor([5, 17, 33, 2])], batch_size=1)  # weights only: unused
+    with one_thread():
+        # Twice: the export freezes and converts the model it is given; the oracle is a second, identical run
+        models = []
+        for _ in range(2):
+            model = LlamaForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+            models.append(quark.ModelQuantizer(config).quantize_model(model, calibration))
+        quark.export_safetensors(models[1], folder / "mxfp4")
+        ours = load_model(str(folder / "mxfp4"), dtype=torch.float32, device="cpu", tokenizer=False)[0]
+    return models[0], ours
+
+
+def test_the_layers_are_mxfp4_and_the_head_is_excluded(exported):
+    assert {layer.scheme.name for layer, _ in pairs(*exported)} == {"mxfp4"}
+    assert exported[1].lm_head.scheme.name == "unquantized"
+
+
+def test_weights_are_quarks_fake_quantized_weights(exported):
+    from runner.model.quant.mxfp4 import interchange_weight
+
+    for layer, parts in pairs(*exported):
+        with torch.no_grad():
+            want = torch.cat([p.get_quant_weight(p.weight) for p in parts])
+        got = dequantize_mxfp4(*interchange_weight(layer), dtype=torch.float32)[:, : layer.in_features]
+        assert_exact(got, want, "mxfp4 weight")
+
+
+def test_each_layer_returns_quarks_output(exported):
+    check_outputs(pairs(*exported), rtol=ORDER_BOUND)
+
+
+def test_greedy_decoding_is_quarks(exported):
+    check_greedy(*exported, bound=ORDER_BOUND)
+
+
+def test_a_swapped_nibble_order_is_caught(exported):
+    """Negative control: one layer's codes read with the two E2M1 values of each byte swapped (the nibble-order
+    bug of FP4 loaders) fail the weight check."""
+    from runner.model.quant.mxfp4 import interchange_weight
+
+    layer, parts = next(pairs(*exported))
+    codes, scales = interchange_weight(layer)
+    swapped = (codes >> 4) | (codes << 4)
+    with torch.no_grad():
+        want = torch.cat([p.get_quant_weight(p.weight) for p in parts])
+    got = dequantize_mxfp4(swapped, scales, dtype=torch.float32)[:, : layer.in_features]
+    with pytest.raises(AssertionError):
+        assert_exact(got, want, "mxfp4 weight")
