@@ -1,10 +1,11 @@
 """Quantized checkpoints in the runner (runner.model.quant.checkpoint_config, the schemes' checkpoint mode).
 
-The checkpoints are written here by each format's published description XX: an HF fine-grained FP8 checkpoint (128 x
-128 `weight_scale_inv`), an AMD Quark MXFP4 W4A16 one (`weight` uint8 codes, `weight_scale` E8M0, scale mode "even"
-as Quark's default), a ModelOpt NVFP4 one, and FP8 per-tensor ones with static input scales in the layouts of
-compressed-tensors' FP8 preset (its own `quantize` makes the codes; its `fake_quantize` is the oracle), ModelOpt FP8
-and Quark FP8.
+The checkpoints are written here by each format's published description (checkpoints made by the producers
+themselves: llm-compressor's in test_quant_llmcompressor.py, AMD Quark's MXFP4 export in
+test_quant_quark_export.py): an HF fine-grained FP8 checkpoint (128 x 128 `weight_scale_inv`), an AMD Quark MXFP4
+W4A16 one (`weight` uint8 codes, `weight_scale` E8M0, scale mode "even" as Quark's default), a ModelOpt NVFP4 one,
+and FP8 per-tensor ones with static input scales in the layouts of compressed-tensors' FP8 preset (its own
+`quantize` makes the codes; its `fake_quantize` is the oracle), ModelOpt FP8 and Quark FP8.
 Oracles: the block-FP8 checkpoint gives the logits of the same weights quantized online (same quantizer, same
 tiles); the Quark one the logits of the unquantized model whose weights went through AMD Quark's own MX emulation
 (exactly: W4A16 keeps the activations). Bad checkpoints are refused before any weight is used, naming the tensor
