@@ -1,16 +1,22 @@
 """Checkpoints made by llm-compressor itself, loaded by the runner. A tiny transformers Llama goes through the
-library's `oneshot` with its data-free FP8 presets (on the CPU): FP8_DYNAMIC (E4M3 weights with a scale per output
-row, activations quantized per token at run time: the runner's fp8_channel) and FP8_BLOCK (128 x 128 weight tiles,
-1 x 128 activation groups: fp8_block); the library saves the checkpoint compressed (E4M3 codes and `weight_scale`).
+library's `oneshot` with its data-free presets (on the CPU), and the library saves the checkpoint compressed:
+- FP8_DYNAMIC: E4M3 weights with a scale per output row, activations quantized per token at run time (the
+  runner's fp8_channel);
+- FP8_BLOCK: 128 x 128 weight tiles, 1 x 128 activation groups (fp8_block; its scales named `weight_scale`);
+- MXFP4A16 and NVFP4A16: FP4 weights (`weight_packed`) with E8M0 scales per 32, or E4M3 scales per 16 under an
+  encode global scale (`weight_global_scale`); activations unquantized (mxfp4, nvfp4).
 
 The oracle is the producer's own fake-quantized model, the one `oneshot` leaves in memory, run in transformers:
-- every linear weight the runner holds, dequantized, is the producer's fake-quantized weight, bit for bit;
+- every linear weight the runner holds, decoded, is the producer's fake-quantized weight (bit for bit up to the
+  sign of zero; NVFP4 within one rounding, `_check_weights`);
 - each quantized layer, given one input, returns what the producer's modules return (the fused q/k/v and gate/up
   layers: their parts' outputs side by side), within fp32 summation order;
 - greedy decoding: the runner's tokens are the producer's until a step where the producer's two best logits are
-  within the bound below (dynamic activation quantization turns the last-bit differences of two fp32 forwards
-  into a different E4M3 code now and then: one activation moves by an E4M3 step), and the first step's logits
-  agree within that bound."""
+  within the preset's bound, and the first step's logits agree within it. For the FP8 presets the bound covers a
+  flipped activation code (dynamic quantization turns the last-bit differences of two fp32 forwards into a
+  different E4M3 code now and then: one activation moves by an E4M3 step); the weight-only presets have no
+  activation to flip.
+Bad tensors are refused naming them, and a scale read from the neighbouring row is caught (negative control)."""
 
 from __future__ import annotations
 
@@ -31,7 +37,12 @@ from suites.runner.producers import check_greedy, check_outputs, pairs, save_bas
 FLIP_BOUND = 0.1
 
 
-@pytest.fixture(scope="module", params=["FP8_DYNAMIC", "FP8_BLOCK"])
+SCHEMES = {"FP8_DYNAMIC": "fp8_channel", "FP8_BLOCK": "fp8_block", "MXFP4A16": "mxfp4", "NVFP4A16": "nvfp4"}
+# The weight-only presets quantize no activation: nothing can flip, their logits agree within fp32 order
+BOUNDS = {"FP8_DYNAMIC": FLIP_BOUND, "FP8_BLOCK": FLIP_BOUND, "MXFP4A16": 1e-5, "NVFP4A16": 1e-5}
+
+
+@pytest.fixture(scope="module", params=list(SCHEMES))
 def produced(request, tmp_path_factory):
     """(preset, the producer's fake-quantized transformers model, the runner's model of its saved checkpoint, the
     checkpoint's folder)."""
@@ -62,7 +73,19 @@ def _producer_weight(module) -> torch.Tensor:
 
 
 def _runner_weight(layer) -> torch.Tensor:
-    codes = layer.weight_fp8.to(torch.float32)[:, : layer.in_features]
+    k = layer.in_features
+    if layer.scheme.name == "mxfp4":
+        from reference.quant.mxfp4 import dequantize_mxfp4
+        from runner.model.quant.mxfp4 import interchange_weight
+
+        return dequantize_mxfp4(*interchange_weight(layer), dtype=torch.float32)[:, :k]
+    if layer.scheme.name == "nvfp4":
+        from reference.quant.nvfp4 import dequantize_nvfp4
+        from reference.quant.nvfp4_global_scale import DecodeScale
+
+        decode = DecodeScale(layer.weight_scale_2)
+        return dequantize_nvfp4(layer.weight_codes, layer.weight_scales, decode, dtype=torch.float32)[:, :k]
+    codes = layer.weight_fp8.to(torch.float32)[:, :k]
     if layer.scheme.name == "fp8_channel":
         return codes * layer.weight_scale.reshape(-1, 1)
     tiles = layer.weight_scale_inv.repeat_interleave(128, 0).repeat_interleave(128, 1)
@@ -75,15 +98,22 @@ def _pairs(produced):
 
 def test_the_layers_take_the_presets_scheme(produced):
     preset, _, ours, _ = produced
-    want = {"FP8_DYNAMIC": "fp8_channel", "FP8_BLOCK": "fp8_block"}[preset]
-    assert {layer.scheme.name for layer, _ in _pairs(produced)} == {want}
+    assert {layer.scheme.name for layer, _ in _pairs(produced)} == {SCHEMES[preset]}
     assert ours.lm_head.scheme.name == "unquantized"  # the recipe's ignore list
 
 
 def _check_weights(layer_pairs) -> None:
+    """Bit for bit up to the sign of zero (MXFP4 loads -0 codes as +0: runner.model.quant.mxfp4), except that
+    NVFP4 decodes with fp32(1 / the encode global scale) where compressed-tensors divides by it: one rounding
+    apart, within 2**-22 of each weight."""
     for layer, parts in layer_pairs:
-        want = torch.cat([_producer_weight(p) for p in parts])
-        assert_exact(_runner_weight(layer), want, f"{layer.scheme.name} weight")
+        # x + 0.0 is +0 for a -0 x, else x
+        want = torch.cat([_producer_weight(p) for p in parts]) + 0.0
+        got = _runner_weight(layer) + 0.0
+        if layer.scheme.name == "nvfp4":
+            assert torch.allclose(got, want, rtol=2**-22, atol=0), "nvfp4 weight"
+        else:
+            assert_exact(got, want, f"{layer.scheme.name} weight")
 
 
 def test_weights_are_the_producers_fake_quantized_weights(produced):
@@ -94,13 +124,18 @@ def test_each_layer_returns_the_producers_output(produced):
     check_outputs(_pairs(produced))
 
 
+# The buffer holding each scheme's scales, and the dimension of its output rows
+SCALES = {"fp8_channel": ("weight_scale", -1), "fp8_block": ("weight_scale_inv", 0), "mxfp4": ("weight_scales", 0)}
+SCALES["nvfp4"] = SCALES["mxfp4"]
+
+
 def test_a_scale_read_from_the_neighbouring_row_or_tile_is_caught(produced):
-    """Negative control: the runner's scales rolled by one output row (fp8_channel) or one 128-row tile
-    (fp8_block), in one layer: both checks above fail."""
+    """Negative control: the runner's scales rolled by one output row (one 128-row tile for fp8_block), in one
+    layer: both checks above fail."""
     layer, parts = next(_pairs(produced))
-    name = "weight_scale" if layer.scheme.name == "fp8_channel" else "weight_scale_inv"
+    name, rows = SCALES[layer.scheme.name]
     good = getattr(layer, name)
-    setattr(layer, name, good.roll(1, dims=-1 if layer.scheme.name == "fp8_channel" else 0))
+    setattr(layer, name, good.roll(1, dims=rows))
     try:
         with pytest.raises(AssertionError):
             _check_weights([(layer, parts)])
@@ -111,38 +146,54 @@ def test_a_scale_read_from_the_neighbouring_row_or_tile_is_caught(produced):
 
 
 def test_greedy_decoding_follows_the_producer(produced):
-    check_greedy(produced[1], produced[2], FLIP_BOUND)
+    check_greedy(produced[1], produced[2], BOUNDS[produced[0]])
 
 
 L0, L1 = "model.layers.0.", "model.layers.1."
 
 
-def _zero_first(tensors, name):
-    tensors[name].view(-1)[0] = 0.0
+def _set_first(tensors, name, value):
+    tensors[name].view(-1)[0] = value
 
 
-@pytest.mark.parametrize(
-    ("edit", "message"),
-    [
-        (
-            lambda t: t.__setitem__(
-                L0 + "self_attn.k_proj.weight_scale", t[L0 + "self_attn.k_proj.weight_scale"].flatten()
-            ),
+def _bad_cases(preset: str) -> dict:
+    """{case: (edit of the checkpoint's tensors, the refusal's message)} for a preset's checkpoint."""
+    k_scale, up, down = L0 + "self_attn.k_proj.weight_scale", L1 + "mlp.up_proj.", L1 + "mlp.down_proj."
+    cases = {
+        "scale_shape": (
+            lambda t: t.__setitem__(k_scale, t[k_scale].flatten()),
             r"'model.layers.0.self_attn.k_proj.weight_scale': shard 'k' must be \[",
         ),
-        (
-            lambda t: _zero_first(t, L1 + "mlp.up_proj.weight_scale"),
-            r"layer 'model.layers.1.mlp.gate_up_proj': weight_scale: must be finite and > 0, got 0.0",
+        "missing_scale": (
+            lambda t: t.pop(L0 + "self_attn.v_proj.weight_scale"),
+            r"qkv_proj.weight_scale \(shard 'v'\)",
         ),
-        (lambda t: t.pop(L0 + "self_attn.v_proj.weight_scale"), r"qkv_proj.weight_scale \(shard 'v'\)"),
-        (
-            lambda t: t.__setitem__(L1 + "mlp.down_proj.weight", t[L1 + "mlp.down_proj.weight"].float()),
+    }
+    layer = r"layer 'model.layers.1.mlp.gate_up_proj': "
+    if preset.startswith("FP8"):
+        cases["bad_scale"] = (lambda t: _set_first(t, up + "weight_scale", 0.0), layer + "weight_scale: must be finite")
+        cases["codes_dtype"] = (
+            lambda t: t.__setitem__(down + "weight", t[down + "weight"].float()),
             r"'model.layers.1.mlp.down_proj.weight'.*must be torch.float8_e4m3fn",
-        ),
-    ],
-    ids=["scale_shape", "zero_scale", "missing_scale", "codes_dtype"],
-)
-def test_a_bad_tensor_is_refused_by_name(produced, tmp_path, edit, message):
+        )
+        return cases
+    if preset == "MXFP4A16":
+        cases["bad_scale"] = (lambda t: _set_first(t, up + "weight_scale", 0xFF), layer + r"weight_scale: E8M0 0xFF")
+    else:
+        cases["bad_scale"] = (
+            lambda t: _set_first(t, up + "weight_global_scale", float("nan")),
+            layer + "weight_global_scale: must be finite",
+        )
+    cases["codes_dtype"] = (
+        lambda t: t.__setitem__(down + "weight_packed", t[down + "weight_packed"].to(torch.int8)),
+        r"'model.layers.1.mlp.down_proj.weight_packed'.*must be torch.uint8",
+    )
+    return cases
+
+
+@pytest.mark.parametrize("case", ["scale_shape", "missing_scale", "bad_scale", "codes_dtype"])
+def test_a_bad_tensor_is_refused_by_name(produced, tmp_path, case):
+    edit, message = _bad_cases(produced[0])[case]
     folder = tmp_path / "bad"
     shutil.copytree(produced[3], folder)
     tensors = load_file(folder / "model.safetensors")

@@ -7,9 +7,11 @@ Read, by each format's published description:
   on layer names), `ignore`; parsed with the compressed-tensors library's own pydantic model. A group of 8-bit
   float weights with strategy "block" [128, 128] and dynamic group-128 activations is fp8_block (its FP8_BLOCK
   preset; the scales are `weight_scale`); per-channel 8-bit float weights with dynamic per-token activations
-  (its FP8_DYNAMIC preset) are fp8_channel (`weight`, `weight_scale` [N, 1]); per-tensor 8-bit float weights with
-  static per-tensor activations (its FP8 preset) are fp8_static (`weight`, `weight_scale`, `input_scale`), with
-  dynamic per-token activations fp8.
+  (its FP8_DYNAMIC preset) are fp8_channel (`weight`, `weight_scale` [N, 1]); 4-bit float weights in groups of 32
+  without activation quantization (MXFP4A16) are mxfp4 (`weight_packed`, E8M0 `weight_scale`), in tensor groups of
+  16 (NVFP4A16) nvfp4 (`weight_packed`, E4M3 `weight_scale`, `weight_global_scale` the encode scale); per-tensor 8-bit
+  float weights with static per-tensor activations (its FP8 preset) are fp8_static (`weight`, `weight_scale`,
+  `input_scale`), with dynamic per-token activations fp8.
 - AMD Quark (`quant_method` "quark"): `global_quant_config`, `layer_quant_config` (fnmatch patterns on layer
   names, the first match wins), `exclude`. Weight dtype "fp4", per_group 32, scale_format "e8m0", no input
   quantization: mxfp4 (W4A16); `weight` uint8 [N, K/2] + `weight_scale` uint8 [N, K/32]. Weight "fp8_e4m3"
@@ -83,6 +85,14 @@ def _compressed_tensors_scheme(key: str, w, a) -> str:
         if a is None or not a.dynamic or a.strategy != "group" or a.group_size != 128:
             raise _fail(f"config_groups.{key}.input_activations", "block FP8 needs dynamic group-128 activations")
         return "fp8_block"
+    if weights[:3] == ("float", 4, "group") and w.group_size == 32:  # its MXFP4A16 preset (E8M0 scales)
+        if a is not None:
+            raise _fail(f"config_groups.{key}.input_activations", f"{acts}: MXFP4 runs weight-only (W4A16) here")
+        return "mxfp4"
+    if weights[:3] == ("float", 4, "tensor_group") and w.group_size == 16:  # its NVFP4A16 preset
+        if a is not None:
+            raise _fail(f"config_groups.{key}.input_activations", f"{acts}: NVFP4 runs weight-only (W4A16) here")
+        return "nvfp4"
     if weights[:3] == ("float", 8, "channel"):
         if acts != ("float", 8, "token", True):
             raise _fail(
@@ -103,8 +113,22 @@ def _compressed_tensors_scheme(key: str, w, a) -> str:
     raise _fail(
         f"config_groups.{key}.weights",
         f"{w.type} {w.num_bits}-bit strategy {weights[2]} {w.block_structure} is not supported "
-        "(supported: float 8-bit block [128, 128], float 8-bit channel, float 8-bit tensor)",
+        "(supported: float 8-bit block [128, 128], float 8-bit channel, float 8-bit tensor, float 4-bit group 32, "
+        "float 4-bit tensor_group 16)",
     )
+
+
+# How compressed-tensors stores the schemes' tensors where it differs from the schemes' defaults: block-FP8 scales
+# named weight_scale (the same values as HF's weight_scale_inv: dequantized = codes x scale), FP4 codes
+# weight_packed, NVFP4's global scale weight_global_scale in the encode convention (vLLM's, 448 * 6 / amax).
+COMPRESSED_TENSORS_OPTIONS = {
+    "fp8_block": {"tensor_names": {"weight_scale_inv": "weight_scale"}},
+    "mxfp4": {"tensor_names": {"weight": "weight_packed"}},
+    "nvfp4": {
+        "tensor_names": {"weight": "weight_packed", "weight_scale_2": "weight_global_scale"},
+        "global_scale": "encode",
+    },
+}
 
 
 def _compressed_tensors(config: Mapping) -> QuantConfig:
@@ -125,7 +149,7 @@ def _compressed_tensors(config: Mapping) -> QuantConfig:
         return next((scheme for targets, scheme in groups if any(_matches(t, layer) for t in targets)), None)
 
     named = _explicit(i for i in ignore if "." in i)
-    return QuantConfig("compressed-tensors", scheme_of, named_layers=named, block_scale="weight_scale")
+    return QuantConfig("compressed-tensors", scheme_of, named_layers=named, scheme_options=COMPRESSED_TENSORS_OPTIONS)
 
 
 def _quark_scheme(spec: Mapping | None, key: str) -> str | None:

@@ -15,10 +15,14 @@ SCHEMES = ("fp8", "fp8_block", "mxfp4", "nvfp4")  # online (quantization=...) an
 
 
 def make_scheme(
-    name: str, online: bool, w13_policy: str = "use_w1", block_scale: str = "weight_scale_inv"
+    name: str, online: bool, w13_policy: str = "use_w1", options: Mapping[str, object] | None = None
 ) -> LinearScheme:
     """A new scheme object: `online` quantizes an unquantized checkpoint while it loads, else the checkpoint
-    holds the scheme's tensors (`block_scale`: the name of a block-FP8 checkpoint's scale tensor)."""
+    holds the scheme's tensors. `options`: how a producer stores them, where it differs from the scheme's
+    defaults: "tensor_names" ({the scheme's tensor name: the producer's}) for any scheme, and the scheme's own
+    keyword arguments (nvfp4: "global_scale")."""
+    options = dict(options or {})
+    tensor_names = options.pop("tensor_names", None)
     from runner.model.quant.fp8_block import Fp8Block
     from runner.model.quant.fp8_channel import Fp8PerChannel
     from runner.model.quant.fp8_tensor import Fp8PerTensor
@@ -26,18 +30,23 @@ def make_scheme(
     from runner.model.quant.nvfp4 import Nvfp4W4A16
 
     if name == "fp8_block":
-        return Fp8Block(online=online, scale_name=block_scale)
-    if name == "mxfp4":
-        return Mxfp4W4A16(online=online)
-    if name == "nvfp4":
-        return Nvfp4W4A16(online=online, w13_policy=w13_policy)
-    if name == "fp8":
-        return Fp8PerTensor(online=online)
-    if name == "fp8_static" and not online:  # checkpoints only: a calibrated input scale per layer
-        return Fp8PerTensor(online=False, static_input=True)
-    if name == "fp8_channel" and not online:  # checkpoints only: a scale per output row
-        return Fp8PerChannel()
-    raise ValueError(f"quantization: scheme {name!r} is not supported {'online' if online else 'in a checkpoint'}")
+        scheme = Fp8Block(online=online)
+    elif name == "mxfp4":
+        scheme = Mxfp4W4A16(online=online)
+    elif name == "nvfp4":
+        scheme = Nvfp4W4A16(online=online, w13_policy=w13_policy, **options)
+        options = {}
+    elif name == "fp8":
+        scheme = Fp8PerTensor(online=online)
+    elif name == "fp8_static" and not online:  # checkpoints only: a calibrated input scale per layer
+        scheme = Fp8PerTensor(online=False, static_input=True)
+    elif name == "fp8_channel" and not online:  # checkpoints only: a scale per output row
+        scheme = Fp8PerChannel()
+    else:
+        raise ValueError(f"quantization: scheme {name!r} is not supported {'online' if online else 'in a checkpoint'}")
+    if tensor_names:
+        scheme.checkpoint_names = dict(tensor_names)
+    return scheme
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,9 +56,9 @@ class QuantConfig:
     online: bool = False
     named_layers: tuple[str, ...] = ()  # layers the config names explicitly: each must exist in the model
     w13_policy: str = "use_w1"  # NVFP4 gate/up parts with different global scales (reference.quant.nvfp4_fused_w13)
-    # A block-FP8 checkpoint's scale tensor: HF fine-grained FP8 names it weight_scale_inv, compressed-tensors
-    # weight_scale (the same values: dequantized = codes x scale)
-    block_scale: str = "weight_scale_inv"
+    # scheme name -> `make_scheme` options, where a producer stores a scheme's tensors otherwise (compressed-
+    # tensors: block-FP8 scales "weight_scale", FP4 codes "weight_packed", NVFP4 encode global scales)
+    scheme_options: Mapping[str, Mapping[str, object]] = dataclasses.field(default_factory=dict)
 
     def scheme_for(self, prefix: str, packed_modules_mapping: Mapping[str, tuple[str, ...]]) -> LinearScheme:
         """The scheme of the layer named `prefix` in the model (a fused one by its parts' names); ValueError
@@ -63,7 +72,11 @@ class QuantConfig:
             named = {p: s or "unquantized" for p, s in schemes.items()}
             raise ValueError(f"quantization: the parts of fused layer {prefix!r} have different schemes: {named}")
         scheme = schemes[parts[0]]
-        return Unquantized() if scheme is None else make_scheme(scheme, self.online, self.w13_policy, self.block_scale)
+        return (
+            Unquantized()
+            if scheme is None
+            else make_scheme(scheme, self.online, self.w13_policy, self.scheme_options.get(scheme))
+        )
 
     def check_layers(self, layer_names: set[str]) -> None:
         """ValueError naming a layer the config names that the model does not have."""

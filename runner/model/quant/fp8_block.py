@@ -26,8 +26,8 @@ class Fp8Block(OnlineScheme):
     name = "fp8_block"
     takes_fp8_groups = True  # RMSNorm and SiLU-and-mul can hand over their output already quantized
 
-    def __init__(self, online: bool = True, scale_name: str = "weight_scale_inv") -> None:
-        self.online, self.scale_name = online, scale_name  # the checkpoint's name of the scale tensor
+    def __init__(self, online: bool = True) -> None:
+        self.online = online
 
     def create_weights(self, layer) -> None:
         if self.online:
@@ -44,15 +44,16 @@ class Fp8Block(OnlineScheme):
         n, k = layer.out_features, layer.in_features
         layer.register_parameter("weight", layer.new_param((n, k), torch.float8_e4m3fn, exact_dtype=True))
         scales = layer.new_param((-(-n // BLOCK), -(-k // BLOCK)), torch.float32, row_block=BLOCK, exact_dtype=True)
-        layer.register_parameter(self.scale_name, scales)
+        layer.register_parameter(self.tensor_name("weight_scale_inv"), scales)
 
     def process_weights_after_loading(self, layer) -> None:
         if self.online:
             return super().process_weights_after_loading(layer)
-        w, s = layer.weight.data, getattr(layer, self.scale_name).data
+        scale_name = self.tensor_name("weight_scale_inv")
+        w, s = layer.weight.data, getattr(layer, scale_name).data
         del layer.weight
-        delattr(layer, self.scale_name)
-        check_scales(self.scale_name, s)
+        delattr(layer, scale_name)
+        check_scales(scale_name, s)
         # K in whole blocks: zero codes (the scales already cover the last tile)
         layer.register_buffer("weight_fp8", zero_pad_columns(w, BLOCK).contiguous())
         layer.register_buffer("weight_scale_inv", s)

@@ -63,15 +63,21 @@ class Mxfp4W4A16(OnlineScheme):
         n, k = layer.out_features, layer.in_features
         if k % MX_BLOCK_SIZE:
             raise ValueError(f"quantization: mxfp4 needs in_features a multiple of {MX_BLOCK_SIZE}, got {k}")
-        layer.register_parameter("weight", layer.new_param((n, k // 2), torch.uint8, exact_dtype=True))
+        codes = layer.new_param((n, k // 2), torch.uint8, exact_dtype=True)
+        layer.register_parameter(self.tensor_name("weight"), codes)
         scales = layer.new_param((n, k // MX_BLOCK_SIZE), torch.uint8, exact_dtype=True)
-        layer.register_parameter("weight_scale", scales)
+        layer.register_parameter(self.tensor_name("weight_scale"), scales)
 
     def process_weights_after_loading(self, layer) -> None:
         if self.online:
             return super().process_weights_after_loading(layer)
-        codes, scales = layer.weight.data, layer.weight_scale.data
-        del layer.weight, layer.weight_scale
+        names = self.tensor_name("weight"), self.tensor_name("weight_scale")
+        codes, scales = (getattr(layer, n).data for n in names)
+        for n in names:
+            delattr(layer, n)
+        if bool((scales == 0xFF).any()):  # E8M0's one NaN: every weight of its block would be NaN
+            at = [int(i) for i in (scales == 0xFF).nonzero()[0]]
+            raise ValueError(f"{names[1]}: E8M0 0xFF (NaN) at {at}")
         store_weight(layer, positive_zeros(codes), scales)
 
     def quantize(self, layer, w: torch.Tensor) -> None:

@@ -16,16 +16,22 @@ import torch.nn.functional as F
 
 from reference.quant.nvfp4 import NVFP4_BLOCK_SIZE
 from reference.quant.nvfp4_fused_w13 import DEFAULT_W13_POLICY, NVFP4Tensor, fuse_w13, rescale_block_scales
-from reference.quant.nvfp4_global_scale import DecodeScale, tensor_amax
+from reference.quant.nvfp4_global_scale import DecodeScale, EncodeScale, tensor_amax
 from runner.model.quant.online import OnlineScheme, zero_pad_columns
-from runner.model.quant.scheme import uses_kernels
+from runner.model.quant.scheme import check_scales, uses_kernels
 
 
 class Nvfp4W4A16(OnlineScheme):
     name = "nvfp4"
 
-    def __init__(self, online: bool = True, w13_policy: str = DEFAULT_W13_POLICY) -> None:
+    def __init__(self, online: bool = True, w13_policy: str = DEFAULT_W13_POLICY, global_scale: str = "decode") -> None:
+        if global_scale not in ("decode", "encode"):
+            raise ValueError(f"global_scale: must be 'decode' or 'encode', got {global_scale!r}")
         self.online, self.w13_policy = online, w13_policy
+        # The checkpoint's global scale convention (reference.quant.nvfp4_global_scale): ModelOpt's weight_scale_2
+        # decodes (with an input_scale beside it); compressed-tensors' weight_global_scale encodes (and a W4A16
+        # checkpoint has no input scale)
+        self.global_scale = global_scale
 
     def quantize(self, layer, w: torch.Tensor) -> None:
         w = zero_pad_columns(w, NVFP4_BLOCK_SIZE)
@@ -44,19 +50,29 @@ class Nvfp4W4A16(OnlineScheme):
         if k % NVFP4_BLOCK_SIZE:
             raise ValueError(f"quantization: nvfp4 needs in_features a multiple of {NVFP4_BLOCK_SIZE}, got {k}")
         scales = (n, k // NVFP4_BLOCK_SIZE)
-        layer.register_parameter("weight", layer.new_param((n, k // 2), torch.uint8, exact_dtype=True))
+        codes = layer.new_param((n, k // 2), torch.uint8, exact_dtype=True)
+        layer.register_parameter(self.tensor_name("weight"), codes)
         layer.register_parameter("weight_scale", layer.new_param(scales, torch.float8_e4m3fn, exact_dtype=True))
         parts = len(layer.shard_sizes)
-        # one scalar per checkpoint part: the decode global scale, and the activation scale W4A16 leaves unused
-        layer.register_parameter("weight_scale_2", layer.new_param((parts,), torch.float32, per_shard=True))
-        layer.register_parameter("input_scale", layer.new_param((parts,), torch.float32, per_shard=True))
+        # one scalar per checkpoint part: the global scale, and (ModelOpt) the activation scale W4A16 leaves unused
+        global_scales = layer.new_param((parts,), torch.float32, per_shard=True)
+        layer.register_parameter(self.tensor_name("weight_scale_2"), global_scales)
+        if self.global_scale == "decode":
+            layer.register_parameter("input_scale", layer.new_param((parts,), torch.float32, per_shard=True))
 
     def process_weights_after_loading(self, layer) -> None:
         if self.online:
             return super().process_weights_after_loading(layer)
-        codes, scales = layer.weight.data, layer.weight_scale.data.view(torch.uint8)
-        decode = layer.weight_scale_2.data
-        del layer.weight, layer.weight_scale, layer.weight_scale_2, layer.input_scale
+        names = [self.tensor_name("weight"), "weight_scale", self.tensor_name("weight_scale_2")]
+        codes, scales, global_scales = (getattr(layer, n).data for n in names)
+        scales = scales.view(torch.uint8)
+        for name in names + (["input_scale"] if self.global_scale == "decode" else []):
+            delattr(layer, name)
+        check_scales(names[2], global_scales)
+        if self.global_scale == "encode":  # fp32(1 / s_enc) per part: EncodeScale.to_decode
+            decode = torch.stack([EncodeScale(g).to_decode().value for g in global_scales])
+        else:
+            decode = global_scales
         if bool((decode == decode[0]).all()):
             return self._store(layer, codes, scales, decode[0])
         rows = list(layer.shard_sizes.values())

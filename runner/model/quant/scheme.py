@@ -14,6 +14,8 @@ as its last shard arrived: the peak is the quantized model plus one layer's unqu
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
@@ -22,6 +24,13 @@ class LinearScheme:
     name = "unquantized"
     online = False  # quantizes an unquantized checkpoint as it loads
     takes_fp8_groups = False  # `apply` also takes runner.model.quant.activation.Fp8Groups
+    # A producer's names for the scheme's checkpoint tensors where they differ from the scheme's own (e.g.
+    # compressed-tensors' "weight_packed" for MXFP4 codes): set by the QuantConfig (`make_scheme`)
+    checkpoint_names: Mapping[str, str] = {}
+
+    def tensor_name(self, name: str) -> str:
+        """The checkpoint's name of the scheme's tensor `name` (the layer's parameter of that name)."""
+        return self.checkpoint_names.get(name, name)
 
     def create_weights(self, layer: nn.Module) -> None:
         raise NotImplementedError
