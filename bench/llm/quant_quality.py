@@ -122,7 +122,7 @@ def dequantized_weights(quantized):
             continue
         scheme, k = layer.scheme.name, layer.in_features
         if scheme == "fp8":
-            deq = layer.weight_fp8.double() * layer.weight_scale.double()
+            deq = layer.weight_fp8.double() * layer.weight_scale_cols.double().reshape(-1, 1)
         elif scheme == "fp8_block":
             deq = dequantize_fp8_blocks(layer.weight_fp8, layer.weight_scale_inv)
         elif scheme == "mxfp4":

@@ -366,9 +366,9 @@ def _write_fp8_static(tmp_path, config: LlamaConfig, flavour: str, edit=None) ->
 
 def test_fp8_static_checkpoint_is_compressed_tensors_fake_quantized_model(tmp_path):
     """The oracle is compressed-tensors' own fake quantization under its FP8 preset: every decoder linear of the
-    unquantized model gets its fused weight as the library quantizes it (each part on its scale, then onto
-    the layer's largest, as the fused layer does) and its input fake-quantized with the layer's largest input
-    scale. Greedy tokens equal; logits within the fp32 difference of scaling before or after the sum."""
+    unquantized model gets its fused weight as the library dequantizes it (each part on its own scale, as the
+    fused layer keeps them) and its input fake-quantized with the layer's largest input scale. Greedy tokens
+    equal; logits within the fp32 difference of scaling before or after the sum."""
     pytest.importorskip("compressed_tensors")
     from compressed_tensors.quantization import preset_name_to_scheme
     from compressed_tensors.quantization.lifecycle.forward import fake_quantize
@@ -386,9 +386,8 @@ def test_fp8_static_checkpoint_is_compressed_tensors_fake_quantized_model(tmp_pa
         if ".layers." not in name or not hasattr(layer, "weight") or layer.weight.dim() != 2:
             continue
         names = [f"{name.rpartition('.')[0]}.{p}.weight" for p in mapping.get(leaf, (leaf,))]
-        top = max(parts[n][1] for n in names)
         inputs = max(parts[n][2] for n in names)
-        dequant = [fake_quantize(parts[n][0].float() * parts[n][1], top, zero, scheme.weights) for n in names]
+        dequant = [fake_quantize(parts[n][0].float() * parts[n][1], parts[n][1], zero, scheme.weights) for n in names]
         layer.weight.data.copy_(torch.cat(dequant))
         layer.register_forward_pre_hook(
             lambda _, args, s=inputs: (fake_quantize(args[0], s, zero, scheme.input_activations), *args[1:])
@@ -399,20 +398,31 @@ def test_fp8_static_checkpoint_is_compressed_tensors_fake_quantized_model(tmp_pa
     assert torch.allclose(logits, want_logits, rtol=1e-4, atol=1e-4 * float(want_logits.abs().max()))
 
 
-def test_fp8_static_fused_parts_take_the_largest_scales(tmp_path):
+def test_fp8_static_fused_parts_keep_their_scales(tmp_path):
+    """The fused q/k/v holds the checkpoint's codes and each part's weight scale on its rows; the one input
+    takes the largest input scale; the block-FP8 GEMM's tile scales (decode rows) are each tile's part's."""
     pytest.importorskip("compressed_tensors")
     model = _load(_write_fp8_static(tmp_path, ALIGNED, "compressed-tensors"))
     parts = _fp8_parts(ALIGNED)
     names = [f"{L0}{p}_proj.weight" for p in "qkv"]
     qkv = model.model.layers[0].self_attn.qkv_proj
     scales = torch.stack([parts[n][1] for n in names]).flatten()
-    assert len(set(scales.tolist())) == 3  # the parts really differ: the re-encoding runs
-    assert_exact(qkv.weight_scale, scales.max().reshape(()), "qkv weight scale")
+    assert len(set(scales.tolist())) == 3  # the parts really differ
+    rows = torch.tensor([parts[n][0].shape[0] for n in names])
+    assert_exact(qkv.weight_scale_cols, scales.repeat_interleave(rows).reshape(1, -1), "qkv weight scales")
+    assert_exact(qkv.weight_scale_tiles[:, 0], scales.repeat_interleave(rows // 128), "qkv tile scales")
     assert_exact(qkv.input_scale, torch.stack([parts[n][2] for n in names]).max().reshape(1), "qkv input scale")
-    from runner.model.quant.fp8_tensor import requantize
-
-    want = torch.cat([requantize(parts[n][0], parts[n][1], scales.max()) for n in names])
+    want = torch.cat([parts[n][0] for n in names])
     assert_exact(qkv.weight_fp8.view(torch.uint8), want.view(torch.uint8), "qkv codes")
+
+
+def test_fp8_parts_off_the_tiles_keep_their_scales_without_tile_scales(tmp_path):
+    """SmolLM2's q (576 rows) and k (192) would share 128-row tiles: the layer keeps no tile scales, so its decode
+    rows take the row-wise GEMM, which takes any scale per row."""
+    pytest.importorskip("compressed_tensors")
+    odd = dataclasses.replace(ALIGNED, num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
+    qkv = _load(_write_fp8_static(tmp_path, odd, "compressed-tensors")).model.layers[0].self_attn.qkv_proj
+    assert not hasattr(qkv, "weight_scale_tiles") and qkv.weight_scale_cols.shape == (1, qkv.out_features)
 
 
 @pytest.mark.parametrize("flavour", ["modelopt", "quark"])

@@ -79,7 +79,7 @@ def test_stored_bytes_are_the_reference_quantizers_on_each_fused_weight(scheme):
         if scheme == "fp8":
             q, s = quantize_fp8(w, granularity="tensor")
             assert_exact(layer.weight_fp8, q, f"{name} codes")
-            assert_exact(layer.weight_scale, s.reshape(()), f"{name} scale")
+            assert_exact(layer.weight_scale_cols, s.reshape(1, 1).expand(1, q.shape[0]), f"{name} scale")
         elif scheme == "fp8_block":
             q, s = quantize_fp8_blocks(zero_pad_columns(w, 128))
             assert layer.weight_fp8.shape[1] % 128 == 0 and layer.weight_fp8.shape[1] - w.shape[1] < 128
@@ -289,6 +289,54 @@ def test_gpu_graph_decode_gives_the_eager_tokens_and_tracks_bf16(device, scheme)
 def _forced_kernels(monkeypatch, module) -> None:
     """Take the scheme's kernel branch on CPU tensors (the Triton interpreter runs the kernels on this tier)."""
     monkeypatch.setattr(module, "uses_kernels", lambda x: True)
+
+
+@pytest.mark.parametrize("rows", [(128, 256), (96, 160)], ids=["on_tiles", "off_tiles"])
+def test_fp8_checkpoint_parts_keep_their_scales_on_every_branch(monkeypatch, device, rows):
+    """A fused checkpoint layer whose two parts have their own weight scales (one 16x the other), decode rows and
+    prefill rows. Where the parts start on 128-row tiles, the decode rows take the block-FP8 GEMM with each tile's
+    part's scale: within its lossy row of its mirror on those tiles. Every other branch (row-wise `_scaled_mm`:
+    decode rows off the tiles, prefill rows) is the fp32 path's products and scales summed in another order: at
+    most one bf16 step from it. The fp32 path is the parts' own: each part's rows are its codes times its scale."""
+    from kernels.tolerances import assert_lossy, families
+    from reference.gemm import block_fp8
+    from runner.model.quant import fp8_tensor
+
+    gen = torch.Generator().manual_seed(9)
+    shards = dict(zip("ab", rows, strict=True))
+    layer = Linear(256, shards, torch.bfloat16, "cpu", make_scheme("fp8_static", online=False))
+    parts = []
+    for (shard, n), scale in zip(shards.items(), (0.002, 0.032), strict=True):
+        codes = (torch.randn(n, 256, generator=gen) * 100).to(torch.float8_e4m3fn)
+        parts.append(codes.to(torch.float32) * scale)
+        layer.weight_loader(layer.weight, codes, shard)
+        layer.weight_loader(layer.weight_scale, torch.tensor(scale), shard)
+        layer.weight_loader(layer.input_scale, torch.tensor(0.02), shard)
+    layer.process_weights_after_loading()
+    tiled = rows[0] % 128 == 0
+    assert hasattr(layer, "weight_scale_tiles") == tiled
+    assert_exact(layer.weight_fp8.float() * layer.weight_scale_cols.reshape(-1, 1), torch.cat(parts), "weights")
+    for m in (fp8_tensor.DECODE_ROWS, fp8_tensor.DECODE_ROWS + 1):
+        x = torch.randn(m, 256, generator=gen).to(torch.bfloat16)
+        plain = layer(x)  # the fp32 path
+        if device == "cpu":
+            with monkeypatch.context() as forced:
+                _forced_kernels(forced, fp8_tensor)
+                got = layer(x)
+        else:
+            got = layer.to(device)(x.to(device)).cpu()
+            layer.to("cpu")
+        if tiled and m <= fp8_tensor.DECODE_ROWS:
+            xq, s = fp8_tensor.quantize_e4m3(x, "tensor", layer.input_scale)
+            groups = s.reshape(1, 1).expand(m, 2).contiguous()
+            per_tile = [0.002] * (rows[0] // 128) + [0.032] * (rows[1] // 128)  # each tile's part's scale
+            tiles = torch.tensor(per_tile).reshape(-1, 1).expand(-1, 2).contiguous()
+            mirror = block_fp8.block_fp8_gemm_mirror(xq, groups, layer.weight_fp8, tiles, torch.bfloat16)
+            ideal = block_fp8.block_fp8_gemm_ideal(xq, groups, layer.weight_fp8, tiles)
+            assert_lossy(families.BLOCK_FP8_GEMM, got, mirror, ideal, f"block-FP8 GEMM branch, {m} rows")
+        else:
+            step = 2.0 ** (torch.frexp(plain.float())[1].float() - 8)  # one bf16 step at each value
+            assert bool(((got.float() - plain.float()).abs() <= step).all()), f"row-wise branch, {m} rows"
 
 
 # K padded to the block; MXFP4 from DEQUANTIZE_FROM_ROWS rows on takes the dequantize kernel + bf16 GEMM branch,

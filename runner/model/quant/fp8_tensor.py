@@ -14,9 +14,13 @@ different orders, so a token's logits can differ in the last bits between a step
 (as between cuBLAS's own kernels for different M); within a step a token never depends on its neighbours.
 
 A checkpoint stores each part of a fused layer (q/k/v, gate/up) with its own weight scale and input scale. The
-fused layer takes the largest of each, as vLLM does: the parts with a smaller weight scale are re-encoded onto
-it (their dequantized values divided by the largest scale, rounded to E4M3 again: `requantize`), and the
-activations of the one input are quantized with the largest calibrated input scale (no part saturates)."""
+fused layer keeps each part's weight scale on the part's rows (s_w above is then per output column: the row-wise
+GEMM takes it as it is, the block-FP8 GEMM as its 128-row tiles' where every part starts on a tile, else the decode
+rows take the row-wise GEMM too), so its codes are the checkpoint's and its weights the producer's, bit for bit.
+(vLLM re-encodes the parts onto the largest scale instead, moving each re-encoded code by up to half an E4M3 step:
+measured 2.5e-2 of a fused layer's largest output on the ModelOpt export of
+suites/runner/test_quant_modelopt_export.py.) The one input is quantized with the largest calibrated input scale
+(no part saturates; producers calibrate the parts of one input alike)."""
 
 from __future__ import annotations
 
@@ -66,24 +70,24 @@ class Fp8PerTensor(OnlineScheme):
             del layer.input_scale
             check_scales("input_scale", inputs)
         check_scales("weight_scale", scales)
-        top = scales.max()
-        if not bool((scales == top).all()):
-            rows = list(layer.shard_sizes.values())
-            codes = torch.cat([requantize(c, s, top) for c, s in zip(codes.split(rows), scales, strict=True)])
-        self._store(layer, codes, top, None if inputs is None else inputs.max())
+        rows = torch.tensor(list(layer.shard_sizes.values()), device=scales.device)
+        tiled = all(offset % BLOCK == 0 for offset in layer.shard_offsets.values())  # every part starts a tile
+        self._store(layer, codes, scales.repeat_interleave(rows), None if inputs is None else inputs.max(), tiled)
 
     def quantize(self, layer, w: torch.Tensor) -> None:
         q, s = quantize_e4m3(w.contiguous())
-        self._store(layer, q, s)
+        self._store(layer, q, s.reshape(1).expand(q.shape[0]), tiled=True)
 
-    def _store(self, layer, q: torch.Tensor, scale: torch.Tensor, input_scale: torch.Tensor | None = None) -> None:
+    def _store(self, layer, q, row_scales, input_scale=None, tiled: bool = True) -> None:
+        """The codes [N, K] and each output row's weight scale [N]; `tiled`: every part starts on a 128-row tile
+        (so each tile has one scale)."""
         layer.register_buffer("weight_fp8", q.contiguous())
-        layer.register_buffer("weight_scale", scale.reshape(()).to(torch.float32))
-        # Row-wise _scaled_mm takes one scale per output column: the weight's one scale, repeated (contiguous;
-        # cuBLAS refuses a broadcast view).
-        layer.register_buffer("weight_scale_cols", scale.reshape(1, 1).to(torch.float32).repeat(1, q.shape[0]))
-        tiles = (-(-q.shape[0] // BLOCK), max(1, q.shape[1] // BLOCK))  # the block-FP8 GEMM's view of the one scale
-        layer.register_buffer("weight_scale_tiles", scale.reshape(1, 1).to(torch.float32).repeat(*tiles))
+        # [1, N]: row-wise _scaled_mm's scale of each output column (contiguous; cuBLAS refuses a broadcast view)
+        layer.register_buffer("weight_scale_cols", row_scales.to(torch.float32).reshape(1, -1).contiguous())
+        if tiled:  # the block-FP8 GEMM's [N / 128, K / 128] view: each tile's first row's scale
+            cols = max(1, q.shape[1] // BLOCK)
+            firsts = layer.weight_scale_cols[0, ::BLOCK]
+            layer.register_buffer("weight_scale_tiles", firsts.reshape(-1, 1).repeat(1, cols).contiguous())
         if input_scale is not None:
             layer.register_buffer("input_scale", input_scale.reshape(1).to(torch.float32))
 
@@ -94,25 +98,17 @@ class Fp8PerTensor(OnlineScheme):
         else:
             xq, xs = quantize_e4m3(x, "token")
         if uses_kernels(x):
-            if x.shape[0] <= DECODE_ROWS and x.shape[1] % BLOCK == 0:
+            tiles = getattr(layer, "weight_scale_tiles", None)
+            if tiles is not None and x.shape[0] <= DECODE_ROWS and x.shape[1] % BLOCK == 0:
                 from kernels.block_fp8_gemm import block_fp8_gemm
 
                 groups = xs.expand(-1, x.shape[1] // BLOCK).contiguous()  # the token's scale, every group's
-                return block_fp8_gemm(xq, groups, layer.weight_fp8, layer.weight_scale_tiles, x.dtype)
+                return block_fp8_gemm(xq, groups, layer.weight_fp8, tiles, x.dtype)
             return torch._scaled_mm(
                 xq, layer.weight_fp8.t(), scale_a=xs, scale_b=layer.weight_scale_cols, out_dtype=x.dtype
             )
         acc = xq.to(torch.float32) @ layer.weight_fp8.to(torch.float32).T
-        return (acc * (xs * layer.weight_scale)).to(x.dtype)
-
-
-def requantize(codes: torch.Tensor, scale: torch.Tensor, new_scale: torch.Tensor) -> torch.Tensor:
-    """E4M3 codes of scale `scale` re-encoded with the larger `new_scale`: fp32(codes) * scale / new_scale,
-    rounded to E4M3 (the reference quantizer with a static scale)."""
-    from reference.quant.fp8 import quantize_fp8
-
-    values = codes.to(torch.float32) * scale.to(torch.float32)
-    return quantize_fp8(values, granularity="tensor", static_scale=new_scale.reshape(1).to(torch.float32))[0]
+        return (acc * (xs * layer.weight_scale_cols)).to(x.dtype)
 
 
 def quantize_e4m3(t: torch.Tensor, granularity: str = "tensor", static_scale: torch.Tensor | None = None):
