@@ -423,6 +423,14 @@ def test_fp8_parts_off_the_tiles_keep_their_scales_without_tile_scales(tmp_path)
     odd = dataclasses.replace(ALIGNED, num_attention_heads=9, num_key_value_heads=3, hidden_size=576)
     qkv = _load(_write_fp8_static(tmp_path, odd, "compressed-tensors")).model.layers[0].self_attn.qkv_proj
     assert not hasattr(qkv, "weight_scale_tiles") and qkv.weight_scale_cols.shape == (1, qkv.out_features)
+    same = _load(_write_fp8_static(tmp_path / "same", odd, "modelopt", _one_weight_scale))
+    assert hasattr(same.model.layers[0].self_attn.qkv_proj, "weight_scale_tiles")  # one scale: any tile has it
+
+
+def _one_weight_scale(tensors):
+    for name in tensors:
+        if name.endswith(".weight_scale"):
+            tensors[name] = torch.full_like(tensors[name], 0.01)
 
 
 @pytest.mark.parametrize("flavour", ["modelopt", "quark"])

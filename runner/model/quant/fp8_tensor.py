@@ -15,10 +15,10 @@ different orders, so a token's logits can differ in the last bits between a step
 
 A checkpoint stores each part of a fused layer (q/k/v, gate/up) with its own weight scale and input scale. The
 fused layer keeps each part's weight scale on the part's rows (s_w above is then per output column: the row-wise
-GEMM takes it as it is, the block-FP8 GEMM as its 128-row tiles' where every part starts on a tile, else the decode
-rows take the row-wise GEMM too), so its codes are the checkpoint's and its weights the producer's, bit for bit.
-(vLLM re-encodes the parts onto the largest scale instead, moving each re-encoded code by up to half an E4M3 step:
-measured 2.5e-2 of a fused layer's largest output on the ModelOpt export of
+GEMM takes it as it is, the block-FP8 GEMM as its 128-row tiles' where every part starts on a tile (or all share
+one scale), else the decode rows take the row-wise GEMM too), so its codes are the checkpoint's and its weights the
+producer's, bit for bit. (vLLM re-encodes the parts onto the largest scale instead, moving each re-encoded code by
+up to half an E4M3 step: measured 2.5e-2 of a fused layer's largest output on the ModelOpt export of
 suites/runner/test_quant_modelopt_export.py.) The one input is quantized with the largest calibrated input scale
 (no part saturates; producers calibrate the parts of one input alike)."""
 
@@ -71,7 +71,8 @@ class Fp8PerTensor(OnlineScheme):
             check_scales("input_scale", inputs)
         check_scales("weight_scale", scales)
         rows = torch.tensor(list(layer.shard_sizes.values()), device=scales.device)
-        tiled = all(offset % BLOCK == 0 for offset in layer.shard_offsets.values())  # every part starts a tile
+        # one scale per 128-row tile: every part starts on a tile, or the parts share one scale
+        tiled = all(offset % BLOCK == 0 for offset in layer.shard_offsets.values()) or bool((scales == scales[0]).all())
         self._store(layer, codes, scales.repeat_interleave(rows), None if inputs is None else inputs.max(), tiled)
 
     def quantize(self, layer, w: torch.Tensor) -> None:
