@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     import pandas as pd
 
     tables.write(folder / "quant_quality_layers.csv", pd.DataFrame(layers))
-    plot(folder / "quant_quality.png", layers)
+    plot(folder / "quant_quality.png", layers, rows)
     print(f"wrote {folder}/quant_quality.csv, .md, .png, quant_quality_layers.csv", flush=True)
     return 0
 
