@@ -21,21 +21,22 @@ def make_scheme(
     holds the scheme's tensors. `options`: how a producer stores them, where it differs from the scheme's
     defaults: "tensor_names" ({the scheme's tensor name: the producer's}) for any scheme, and the scheme's own
     keyword arguments (nvfp4: "global_scale")."""
-    options = dict(options or {})
-    tensor_names = options.pop("tensor_names", None)
     from runner.model.quant.fp8_block import Fp8Block
     from runner.model.quant.fp8_channel import Fp8PerChannel
     from runner.model.quant.fp8_tensor import Fp8PerTensor
     from runner.model.quant.mxfp4 import Mxfp4W4A16
     from runner.model.quant.nvfp4 import Nvfp4W4A16
 
+    kwargs = dict(options or {})
+    tensor_names = kwargs.pop("tensor_names", None)
+    if kwargs and name != "nvfp4":
+        raise ValueError(f"options: the {name} scheme takes none of {sorted(kwargs)}")
     if name == "fp8_block":
         scheme = Fp8Block(online=online)
     elif name == "mxfp4":
         scheme = Mxfp4W4A16(online=online)
     elif name == "nvfp4":
-        scheme = Nvfp4W4A16(online=online, w13_policy=w13_policy, **options)
-        options = {}
+        scheme = Nvfp4W4A16(online=online, w13_policy=w13_policy, **kwargs)
     elif name == "fp8":
         scheme = Fp8PerTensor(online=online)
     elif name == "fp8_static" and not online:  # checkpoints only: a calibrated input scale per layer
