@@ -87,7 +87,7 @@ def _runner_weight(layer) -> torch.Tensor:
         return dequantize_nvfp4(layer.weight_codes, layer.weight_scales, decode, dtype=torch.float32)[:, :k]
     codes = layer.weight_fp8.to(torch.float32)[:, :k]
     if layer.scheme.name == "fp8_channel":
-        return codes * layer.weight_scale.reshape(-1, 1)
+        return codes * layer.weight_scale_cols.reshape(-1, 1)
     tiles = layer.weight_scale_inv.repeat_interleave(128, 0).repeat_interleave(128, 1)
     return codes * tiles[: codes.shape[0], : codes.shape[1]]
 
@@ -125,7 +125,7 @@ def test_each_layer_returns_the_producers_output(produced):
 
 
 # The buffer holding each scheme's scales, and the dimension of its output rows
-SCALES = {"fp8_channel": ("weight_scale", -1), "fp8_block": ("weight_scale_inv", 0), "mxfp4": ("weight_scales", 0)}
+SCALES = {"fp8_channel": ("weight_scale_cols", -1), "fp8_block": ("weight_scale_inv", 0), "mxfp4": ("weight_scales", 0)}
 SCALES["nvfp4"] = SCALES["mxfp4"]
 
 
@@ -208,7 +208,7 @@ def test_the_cuda_branch_is_the_fp32_path_rounded_once(monkeypatch):
     layer's fp32 path, on bf16 activations: the same products and scales, summed in another order; the bf16
     results at most one bf16 step apart. Outlier rows and columns keep the scales far apart."""
     from runner.model.layers import Linear
-    from runner.model.quant import fp8_channel, make_scheme
+    from runner.model.quant import fp8_tensor, make_scheme
 
     gen = torch.Generator().manual_seed(7)
     layer = Linear(256, {"a": 32, "b": 16}, torch.bfloat16, "cpu", make_scheme("fp8_channel", online=False))
@@ -220,7 +220,7 @@ def test_the_cuda_branch_is_the_fp32_path_rounded_once(monkeypatch):
     layer.process_weights_after_loading()
     x = (torch.randn(5, 256, generator=gen) * torch.logspace(-2, 3, 5).reshape(-1, 1)).to(torch.bfloat16)
     plain = layer(x).float()
-    monkeypatch.setattr(fp8_channel, "uses_kernels", lambda x: True)
+    monkeypatch.setattr(fp8_tensor, "uses_kernels", lambda x: True)
     got = layer(x).float()
     step = 2.0 ** (torch.frexp(plain)[1].float() - 8)  # one bf16 step at each value
     assert bool(((got - plain).abs() <= step).all())

@@ -79,9 +79,16 @@ class Fp8PerTensor(OnlineScheme):
         q, s = quantize_e4m3(w.contiguous())
         self._store(layer, q, s.reshape(1).expand(q.shape[0]), tiled=True)
 
-    def _store(self, layer, q, row_scales, input_scale=None, tiled: bool = True) -> None:
-        """The codes [N, K] and each output row's weight scale [N]; `tiled`: every part starts on a 128-row tile
-        (so each tile has one scale)."""
+    def _store(
+        self,
+        layer,
+        q: torch.Tensor,
+        row_scales: torch.Tensor,
+        input_scale: torch.Tensor | None = None,
+        tiled: bool = True,
+    ) -> None:
+        """The codes [N, K] and each output row's weight scale [N]; `tiled`: each 128-row tile has one scale (the
+        block-FP8 GEMM then takes the decode rows)."""
         layer.register_buffer("weight_fp8", q.contiguous())
         # [1, N]: row-wise _scaled_mm's scale of each output column (contiguous; cuBLAS refuses a broadcast view)
         layer.register_buffer("weight_scale_cols", row_scales.to(torch.float32).reshape(1, -1).contiguous())
