@@ -110,27 +110,12 @@ def with_weights(base, weights):
 
 def dequantized_weights(quantized):
     """(layer name, scheme, its dequantized weight [out, in] in float64) of each online-quantized layer."""
-    from reference.quant.fp8 import dequantize_fp8_blocks
-    from reference.quant.mxfp4 import dequantize_mxfp4
-    from reference.quant.nvfp4 import dequantize_nvfp4
-    from reference.quant.nvfp4_global_scale import DecodeScale
     from runner.model.layers import Linear
-    from runner.model.quant.mxfp4 import interchange_weight
+    from runner.model.quant.dequantized import dequantized_weight
 
     for name, layer in quantized.named_modules():
-        if not isinstance(layer, Linear) or not layer.scheme.online:
-            continue
-        scheme, k = layer.scheme.name, layer.in_features
-        if scheme == "fp8":
-            deq = layer.weight_fp8.double() * layer.weight_scale_cols.double().reshape(-1, 1)
-        elif scheme == "fp8_block":
-            deq = dequantize_fp8_blocks(layer.weight_fp8, layer.weight_scale_inv)
-        elif scheme == "mxfp4":
-            deq = dequantize_mxfp4(*interchange_weight(layer), dtype=torch.float32)
-        else:
-            scale = DecodeScale(layer.weight_scale_2)
-            deq = dequantize_nvfp4(layer.weight_codes, layer.weight_scales, scale, dtype=torch.float32)
-        yield name, scheme, deq.double()[:, :k]
+        if isinstance(layer, Linear) and layer.scheme.online:
+            yield name, layer.scheme.name, dequantized_weight(layer, torch.float64)
 
 
 def layer_sqnr(reference, quantized) -> list[dict]:

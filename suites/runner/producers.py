@@ -14,7 +14,6 @@ from suites.runner.model_driver import greedy
 PROMPTS = [[5, 17, 33, 2, 9, 41], [60, 3, 3, 71], [11, 12, 13, 14, 15, 16, 17, 18, 19]]
 NEW_TOKENS = 8
 LAYERS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
-PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
 def save_base_model(folder: pathlib.Path) -> pathlib.Path:
@@ -35,11 +34,14 @@ def save_base_model(folder: pathlib.Path) -> pathlib.Path:
 
 def pairs(theirs, ours):
     """(runner layer, the producer's modules it fuses, in order) of every decoder linear layer."""
+    from runner.model.llama import LlamaForCausalLM
+
+    fused = LlamaForCausalLM.packed_modules_mapping
     for i in range(len(ours.model.layers)):
         for name in LAYERS:
             owner, leaf = name.split(".")
             modules = getattr(theirs.model.layers[i], owner)
-            parts = [getattr(modules, p) for p in PARTS.get(leaf, (leaf,))]
+            parts = [getattr(modules, p) for p in fused.get(leaf, (leaf,))]
             yield getattr(getattr(ours.model.layers[i], owner), leaf), parts
 
 

@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from kernels.tolerances import assert_exact
 from runner.model import load_model
+from runner.model.quant.dequantized import dequantized_weight
 from suites.runner.conftest import one_thread
 from suites.runner.producers import check_greedy, check_outputs, pairs, save_base_model
 
@@ -72,26 +73,6 @@ def _producer_weight(module) -> torch.Tensor:
     return forward_quantize(module, module.weight.data, "weight", module.quantization_scheme.weights)
 
 
-def _runner_weight(layer) -> torch.Tensor:
-    k = layer.in_features
-    if layer.scheme.name == "mxfp4":
-        from reference.quant.mxfp4 import dequantize_mxfp4
-        from runner.model.quant.mxfp4 import interchange_weight
-
-        return dequantize_mxfp4(*interchange_weight(layer), dtype=torch.float32)[:, :k]
-    if layer.scheme.name == "nvfp4":
-        from reference.quant.nvfp4 import dequantize_nvfp4
-        from reference.quant.nvfp4_global_scale import DecodeScale
-
-        decode = DecodeScale(layer.weight_scale_2)
-        return dequantize_nvfp4(layer.weight_codes, layer.weight_scales, decode, dtype=torch.float32)[:, :k]
-    codes = layer.weight_fp8.to(torch.float32)[:, :k]
-    if layer.scheme.name == "fp8_channel":
-        return codes * layer.weight_scale_cols.reshape(-1, 1)
-    tiles = layer.weight_scale_inv.repeat_interleave(128, 0).repeat_interleave(128, 1)
-    return codes * tiles[: codes.shape[0], : codes.shape[1]]
-
-
 def _pairs(produced):
     return pairs(produced[1], produced[2])
 
@@ -109,7 +90,7 @@ def _check_weights(layer_pairs) -> None:
     for layer, parts in layer_pairs:
         # x + 0.0 is +0 for a -0 x, else x
         want = torch.cat([_producer_weight(p) for p in parts]) + 0.0
-        got = _runner_weight(layer) + 0.0
+        got = dequantized_weight(layer) + 0.0
         if layer.scheme.name == "nvfp4":
             assert torch.allclose(got, want, rtol=2**-22, atol=0), "nvfp4 weight"
         else:
