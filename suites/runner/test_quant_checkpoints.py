@@ -1,11 +1,12 @@
 """Quantized checkpoints in the runner (runner.model.quant.checkpoint_config, the schemes' checkpoint mode).
 
 The checkpoints are written here by each format's published description (checkpoints made by the producers
-themselves: llm-compressor's in test_quant_llmcompressor.py, AMD Quark's MXFP4 export in
+themselves: llm-compressor's, its FP8 preset included, in test_quant_llmcompressor.py, AMD Quark's MXFP4 export in
 test_quant_quark_export.py): an HF fine-grained FP8 checkpoint (128 x 128 `weight_scale_inv`), an AMD Quark MXFP4
-W4A16 one (`weight` uint8 codes, `weight_scale` E8M0, scale mode "even" as Quark's default), a ModelOpt NVFP4 one,
-and FP8 per-tensor ones with static input scales in the layouts of compressed-tensors' FP8 preset (its own
-`quantize` makes the codes; its `fake_quantize` is the oracle), ModelOpt FP8 and Quark FP8.
+W4A16 one (`weight` uint8 codes, `weight_scale` E8M0, scale mode "even" as Quark's default), a ModelOpt NVFP4 one
+(W4A4: its activations fake-quantized), and FP8 per-tensor ones with static input scales in the layouts of
+compressed-tensors' FP8 preset (its own `quantize` makes the codes; its `fake_quantize` is the oracle), ModelOpt
+FP8 and Quark FP8.
 Oracles: the block-FP8 checkpoint gives the logits of the same weights quantized online (same quantizer, same
 tiles); the Quark one the logits of the unquantized model whose weights went through AMD Quark's own MX emulation
 (exactly: W4A16 keeps the activations). Bad checkpoints are refused before any weight is used, naming the tensor
@@ -217,7 +218,7 @@ def _write_modelopt_nvfp4(tmp_path, config: LlamaConfig, up_factor: float = 1.0)
     from reference.quant.nvfp4 import quantize_nvfp4
     from reference.quant.nvfp4_global_scale import DecodeScale, tensor_amax
 
-    tensors = {}
+    tensors, i = {}, 0
     for name, w in dummy_weights(config, seed=5):
         if w.dim() == 2 and ".layers." in name:
             base = name.removesuffix(".weight")
@@ -227,7 +228,7 @@ def _write_modelopt_nvfp4(tmp_path, config: LlamaConfig, up_factor: float = 1.0)
             tensors[f"{base}.weight"] = codes
             tensors[f"{base}.weight_scale"] = scales.view(torch.float8_e4m3fn)
             tensors[f"{base}.weight_scale_2"] = scale.value.reshape(())
-            tensors[f"{base}.input_scale"] = torch.tensor(1.0)
+            tensors[f"{base}.input_scale"], i = _modelopt_input_scale(i), i + 1
         else:
             tensors[name] = w
     save_file(tensors, str(tmp_path / "model.safetensors"))
@@ -240,6 +241,12 @@ def _write_modelopt_nvfp4(tmp_path, config: LlamaConfig, up_factor: float = 1.0)
     }
     (tmp_path / "hf_quant_config.json").write_text(json.dumps(modelopt))
     return str(tmp_path)
+
+
+def _modelopt_input_scale(i: int) -> torch.Tensor:
+    """A calibrated-looking decode input scale (amax / 2688 for activations of amax ~3-8), unequal between the
+    parts of a fused layer: the layer takes the largest."""
+    return torch.tensor(0.0012 * (1 + i % 3))
 
 
 def _nvfp4_parts(layer_name: str, up_factor: float):
@@ -265,7 +272,7 @@ def test_modelopt_nvfp4_gate_up_follows_the_w13_policy(tmp_path, policy):
     with pytest.warns(W13ScaleMismatchWarning) if policy == "use_w1" else silent:
         model = load_model(path, dtype=torch.float32, device="cpu", tokenizer=False, nvfp4_w13_policy=policy)[0]
     gate_up = model.model.layers[0].mlp.gate_up_proj
-    assert gate_up.scheme.name == "nvfp4" and not gate_up.scheme.online
+    assert gate_up.scheme.name == "nvfp4_w4a4" and not gate_up.scheme.online
     p = "model.layers.0.mlp."
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", W13ScaleMismatchWarning)  # the oracle's own warning: seen above
@@ -282,25 +289,37 @@ def test_modelopt_nvfp4_raise_policy_refuses_mismatched_gate_up(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore::reference.quant.nvfp4_fused_w13.W13ScaleMismatchWarning")
-def test_modelopt_nvfp4_checkpoint_is_the_model_of_its_dequantized_weights(tmp_path):
-    """Weight-only: the runner's logits equal those of the unquantized model whose every weight is the
-    dequantized fused NVFP4 tensor (q/k/v parts re-encoded onto their largest global scale)."""
-    from reference.quant.nvfp4 import dequantize_nvfp4
+def test_modelopt_nvfp4_checkpoint_is_the_model_of_its_dequantized_weights_and_fake_quantized_inputs(tmp_path):
+    """W4A4 fake-quantized: the runner's logits equal those of the unquantized model whose every weight is the
+    dequantized fused NVFP4 tensor (q/k/v parts re-encoded onto their largest global scale) and whose every
+    such layer's input goes through the reference NVFP4 quantizer and back under its parts' largest input scale."""
+    from reference.quant.nvfp4 import dequantize_nvfp4, quantize_nvfp4
     from reference.quant.nvfp4_global_scale import DecodeScale
+
+    def fake_quantize(scale):
+        return lambda _, args: (dequantize_nvfp4(*quantize_nvfp4(args[0], scale), scale, dtype=args[0].dtype),)
 
     model = load_model(_write_modelopt_nvfp4(tmp_path, ALIGNED), dtype=torch.float32, device="cpu", tokenizer=False)[0]
     oracle = LlamaForCausalLM(ALIGNED, torch.float32, "cpu")
     oracle.load_weights(dummy_weights(ALIGNED, seed=5))
-    for (_, layer), (_, plain) in zip(model.named_modules(), oracle.named_modules(), strict=True):
-        if getattr(layer, "scheme", None) is not None and layer.scheme.name == "nvfp4":
+    names = [n for n, w in dummy_weights(ALIGNED, seed=5) if w.dim() == 2 and ".layers." in n]
+    input_scales = {n.removesuffix(".weight"): _modelopt_input_scale(i) for i, n in enumerate(names)}
+    fused = LlamaForCausalLM.packed_modules_mapping
+    for (name, layer), (_, plain) in zip(model.named_modules(), oracle.named_modules(), strict=True):
+        if getattr(layer, "scheme", None) is not None and layer.scheme.name == "nvfp4_w4a4":
             w = dequantize_nvfp4(
                 layer.weight_codes, layer.weight_scales, DecodeScale(layer.weight_scale_2), dtype=torch.float32
             )
             plain.weight.data.copy_(w)
+            head, _, leaf = name.rpartition(".")
+            widest = max(input_scales[f"{head}.{part}"] for part in fused.get(leaf, (leaf,)))
+            plain.register_forward_pre_hook(fake_quantize(DecodeScale(widest)))
     tokens, logits = greedy(model, PROMPTS, 6)
     want_tokens, want_logits = greedy(oracle, PROMPTS, 6)
     assert tokens == want_tokens
     assert_exact(logits, want_logits, "logits")
+    qkv = model.model.layers[0].self_attn.qkv_proj  # parts 0.0012, 0.0024, 0.0036
+    assert_exact(qkv.input_global_scale, torch.tensor(0.0036), "widest input scale")
 
 
 # --- FP8 per-tensor with static input scales: compressed-tensors' FP8 preset, ModelOpt FP8, Quark FP8 ----------
@@ -466,6 +485,40 @@ def test_a_bad_fp8_static_tensor_is_refused_by_name(tmp_path, edit, message):
     pytest.importorskip("compressed_tensors")
     with pytest.raises(ValueError, match=message):
         _load(_write_fp8_static(tmp_path, ALIGNED, "compressed-tensors", edit))
+
+
+def _quark_w4a4(mode: str, **inputs) -> dict:
+    spec = {**QUARK_MXFP4["global_quant_config"]["weight"], "is_dynamic": True, "scale_calculation_mode": mode}
+    return {"weight": QUARK_MXFP4["global_quant_config"]["weight"], "input_tensors": {**spec, **inputs}}
+
+
+def test_fp4_activation_configs_map_to_w4a4_schemes_or_are_refused_by_key():
+    """Quark MXFP4 with dynamic MXFP4 inputs is mxfp4_w4a4 in the inputs' scale mode; an input scale mode whose
+    bytes differ from the reference's of that name (Quark's "rceil"), static inputs, or modes that differ
+    between layers are refused naming the key. compressed-tensors' W4A4 FP4 presets map likewise; FP4 weights
+    with 8-bit activations are refused."""
+    config = from_checkpoint({**QUARK_MXFP4, "global_quant_config": _quark_w4a4("floor")})
+    assert config.scheme_of("model.layers.0.mlp.down_proj") == "mxfp4_w4a4"
+    assert config.scheme_options == {"mxfp4_w4a4": {"input_scale_mode": "floor"}}
+    with pytest.raises(ValueError, match=r"global_quant_config.input_tensors: .*'rceil' is not supported"):
+        from_checkpoint({**QUARK_MXFP4, "global_quant_config": _quark_w4a4("rceil")})
+    with pytest.raises(ValueError, match=r"global_quant_config.input_tensors: \('fp4', 'per_group', 32, 'e8m0', False"):
+        from_checkpoint({**QUARK_MXFP4, "global_quant_config": _quark_w4a4("even", is_dynamic=False)})
+    mixed = {**QUARK_MXFP4, "global_quant_config": _quark_w4a4("even")}
+    mixed["layer_quant_config"] = {"*down_proj": _quark_w4a4("ceil")}
+    with pytest.raises(ValueError, match=r"scale_calculation_mode: MXFP4 activation scale modes differ"):
+        from_checkpoint(mixed)
+    pytest.importorskip("compressed_tensors")
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    for preset, scheme in (("MXFP4", "mxfp4_w4a4"), ("NVFP4", "nvfp4_w4a4")):
+        group = preset_name_to_scheme(preset, ["Linear"]).model_dump(mode="json", exclude_none=True)
+        config = from_checkpoint({"quant_method": "compressed-tensors", "config_groups": {"group_0": group}})
+        assert config.scheme_of("model.layers.0.mlp.down_proj") == scheme
+    group = preset_name_to_scheme("MXFP4", ["Linear"]).model_dump(mode="json", exclude_none=True)
+    group["input_activations"] = preset_name_to_scheme("FP8_DYNAMIC", ["Linear"]).model_dump()["input_activations"]
+    with pytest.raises(ValueError, match=r"group_0.input_activations: \('float', 8, 'token', True\) is not supported"):
+        from_checkpoint({"quant_method": "compressed-tensors", "config_groups": {"group_0": group}})
 
 
 def test_fp8_weight_only_and_fp8_kv_cache_configs_are_refused_by_key(tmp_path):

@@ -1,10 +1,16 @@
 """Checkpoints made by llm-compressor itself, loaded by the runner. A tiny transformers Llama goes through the
-library's `oneshot` with its data-free presets (on the CPU), and the library saves the checkpoint compressed:
+library's `oneshot` with its presets (on the CPU; the ones with static activation scales, or FP4 activations, on
+two token sequences of calibration data), and the library saves the checkpoint compressed:
 - FP8_DYNAMIC: E4M3 weights with a scale per output row, activations quantized per token at run time (the
   runner's fp8_channel);
 - FP8_BLOCK: 128 x 128 weight tiles, 1 x 128 activation groups (fp8_block; its scales named `weight_scale`);
 - MXFP4A16 and NVFP4A16: FP4 weights (`weight_packed`) with E8M0 scales per 32, or E4M3 scales per 16 under an
-  encode global scale (`weight_global_scale`); activations unquantized (mxfp4, nvfp4).
+  encode global scale (`weight_global_scale`); activations unquantized (mxfp4, nvfp4);
+- FP8: E4M3 weights with a scale per tensor, activations quantized per tensor with a static scale calibrated on
+  a few sequences (`input_scale`; the runner's fp8 with static input scales);
+- MXFP4 and NVFP4: the same FP4 weights with FP4 activations, MXFP4's scaled per token and 32 columns at run time,
+  NVFP4's per token and 16 columns under a global scale calibrated on a few sequences (`input_global_scale`): the
+  runner fake-quantizes them (mxfp4_w4a4, nvfp4_w4a4).
 
 The oracle is the producer's own fake-quantized model, the one `oneshot` leaves in memory, run in transformers:
 - every linear weight the runner holds, decoded, is the producer's fake-quantized weight (bit for bit up to the
@@ -12,14 +18,16 @@ The oracle is the producer's own fake-quantized model, the one `oneshot` leaves 
 - each quantized layer, given one input, returns what the producer's modules return (the fused q/k/v and gate/up
   layers: their parts' outputs side by side), within fp32 summation order;
 - greedy decoding: the runner's tokens are the producer's until a step where the producer's two best logits are
-  within the preset's bound, and the first step's logits agree within it. For the FP8 presets the bound covers a
-  flipped activation code (dynamic quantization turns the last-bit differences of two fp32 forwards into a
-  different E4M3 code now and then: one activation moves by an E4M3 step); the weight-only presets have no
-  activation to flip.
-Bad tensors are refused naming them, and a scale read from the neighbouring row is caught (negative control)."""
+  within the preset's bound, and the first step's logits agree within it. For the presets that quantize
+  activations the bound covers a flipped activation code (quantization turns the last-bit differences of two
+  fp32 forwards into a different E4M3 or E2M1 code now and then: one activation moves by a step of its format);
+  the weight-only presets have no activation to flip.
+Bad tensors are refused naming them, and a scale read from the neighbouring row is caught (negative control);
+W4A4 layers run weight-only, or with their activations scaled otherwise, are caught too."""
 
 from __future__ import annotations
 
+import copy
 import shutil
 
 import pytest
@@ -33,14 +41,37 @@ from suites.runner.conftest import one_thread
 from suites.runner.producers import check_greedy, check_outputs, pairs, save_base_model
 
 # First-step logits against the producer's, as a fraction of the largest: 5.0e-2 was the worst of 24 models (12
-# seeds x both presets, every position of two 10-12 token sequences, teacher-forced); a model without a flipped
-# activation code agrees within 2.5e-5 (fp32 order).
+# seeds x both dynamic FP8 presets, every position of two 10-12 token sequences, teacher-forced), 2.3e-2 of 12
+# with the static FP8 preset; a model without a flipped activation code agrees within 2.5e-5 (fp32 order).
 FLIP_BOUND = 0.1
+# The same with FP4 activations, whose codes are further apart: NVFP4's worst was 8.4e-2 of 36 models (seeds
+# 0-35; two flipped, the rest within 4.5e-7); MXFP4 agreed exactly in 12 of 12 (its fake-quantized products are
+# exact in fp32, and each layer's input quantization absorbs the last-bit differences before it).
+FP4_FLIP_BOUND = 0.2
 
 
-SCHEMES = {"FP8_DYNAMIC": "fp8_channel", "FP8_BLOCK": "fp8_block", "MXFP4A16": "mxfp4", "NVFP4A16": "nvfp4"}
+SCHEMES = {
+    "FP8_DYNAMIC": "fp8_channel", "FP8_BLOCK": "fp8_block", "MXFP4A16": "mxfp4", "NVFP4A16": "nvfp4",
+    "MXFP4": "mxfp4_w4a4", "NVFP4": "nvfp4_w4a4", "FP8": "fp8",
+}  # fmt: skip
+CALIBRATED = ("MXFP4", "NVFP4", "FP8")  # oneshot runs them on data (static input scales, or dynamic ones alike)
 # The weight-only presets quantize no activation: nothing can flip, their logits agree within fp32 order
-BOUNDS = {"FP8_DYNAMIC": FLIP_BOUND, "FP8_BLOCK": FLIP_BOUND, "MXFP4A16": 1e-5, "NVFP4A16": 1e-5}
+BOUNDS = {"FP8_DYNAMIC": FLIP_BOUND, "FP8_BLOCK": FLIP_BOUND, "FP8": FLIP_BOUND, "MXFP4A16": 1e-5, "NVFP4A16": 1e-5}
+BOUNDS |= {"MXFP4": FP4_FLIP_BOUND, "NVFP4": FP4_FLIP_BOUND}
+CALIBRATION = [[5, 17, 33, 2, 9, 41, 60, 3, 3, 71, 11, 12], [40, 41, 42, 7, 7, 90, 1, 2]]
+
+
+def _calibration():
+    """oneshot's dataset and processor for the presets that calibrate (NVFP4's input global scale): a few
+    token sequences, and a word-level tokenizer over the tiny model's vocabulary (oneshot wants one with data)."""
+    from datasets import Dataset
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(97)}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, "t0")), pad_token="t0")
+    rows = {"input_ids": CALIBRATION, "attention_mask": [[1] * len(c) for c in CALIBRATION]}
+    return {"dataset": Dataset.from_dict(rows), "processor": tokenizer, "num_calibration_samples": len(CALIBRATION)}
 
 
 @pytest.fixture(scope="module", params=list(SCHEMES))
@@ -60,7 +91,8 @@ def produced(request, tmp_path_factory):
         quantized = []
         for _ in range(2):
             model = LlamaForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
-            oneshot(model=model, recipe=QuantizationModifier(targets="Linear", scheme=preset, ignore=["lm_head"]))
+            recipe = QuantizationModifier(targets="Linear", scheme=preset, ignore=["lm_head"])
+            oneshot(model=model, recipe=recipe, **(_calibration() if preset in CALIBRATED else {}))
             quantized.append(model)
         quantized[1].save_pretrained(folder / preset, save_compressed=True)
         ours = load_model(str(folder / preset), dtype=torch.float32, device="cpu", tokenizer=False)[0]
@@ -91,7 +123,7 @@ def _check_weights(layer_pairs) -> None:
         # x + 0.0 is +0 for a -0 x, else x
         want = torch.cat([_producer_weight(p) for p in parts]) + 0.0
         got = dequantized_weight(layer) + 0.0
-        if layer.scheme.name == "nvfp4":
+        if layer.scheme.name.startswith("nvfp4"):
             assert torch.allclose(got, want, rtol=2**-22, atol=0), "nvfp4 weight"
         else:
             assert_exact(got, want, f"{layer.scheme.name} weight")
@@ -107,7 +139,8 @@ def test_each_layer_returns_the_producers_output(produced):
 
 # The buffer holding each scheme's scales, and the dimension of its output rows
 SCALES = {"fp8_channel": ("weight_scale_cols", -1), "fp8_block": ("weight_scale_inv", 0), "mxfp4": ("weight_scales", 0)}
-SCALES["nvfp4"] = SCALES["mxfp4"]
+SCALES["fp8"] = SCALES["fp8_channel"]  # per-tensor: each part's scale on its rows
+SCALES |= {name: SCALES["mxfp4"] for name in ("nvfp4", "mxfp4_w4a4", "nvfp4_w4a4")}
 
 
 def test_a_scale_read_from_the_neighbouring_row_or_tile_is_caught(produced):
@@ -126,6 +159,30 @@ def test_a_scale_read_from_the_neighbouring_row_or_tile_is_caught(produced):
         setattr(layer, name, good)
 
 
+@pytest.mark.parametrize("produced", ["MXFP4", "NVFP4"], indirect=True)
+def test_activations_left_unquantized_or_scaled_otherwise_are_caught(produced):
+    """Negative control for the W4A4 presets: the layer run weight-only (the W4A16 scheme's apply), or with
+    MXFP4 activation scales rounded "floor" / NVFP4's input global scale read as a decode scale: each layer
+    check fails."""
+    layer, parts = next(_pairs(produced))
+    scheme = layer.scheme
+    wrong = {"input_scale_mode": "floor"} if scheme.name == "mxfp4_w4a4" else {"global_scale": "decode"}
+    for planted in (super(type(scheme), scheme).apply, _replaced(scheme, wrong).apply):
+        layer.scheme = copy.copy(scheme)
+        layer.scheme.apply = planted
+        try:
+            with pytest.raises(AssertionError):
+                check_outputs([(layer, parts)])
+        finally:
+            layer.scheme = scheme
+
+
+def _replaced(scheme, fields: dict):
+    twin = copy.copy(scheme)
+    twin.__dict__.update(fields)
+    return twin
+
+
 def test_greedy_decoding_follows_the_producer(produced):
     check_greedy(produced[1], produced[2], BOUNDS[produced[0]])
 
@@ -142,8 +199,8 @@ def _bad_cases(preset: str) -> dict:
     k_scale, up, down = L0 + "self_attn.k_proj.weight_scale", L1 + "mlp.up_proj.", L1 + "mlp.down_proj."
     cases = {
         "scale_shape": (
-            lambda t: t.__setitem__(k_scale, t[k_scale].flatten()),
-            r"'model.layers.0.self_attn.k_proj.weight_scale': shard 'k' must be \[",
+            lambda t: t.__setitem__(k_scale, t[k_scale].flatten().repeat(2)),
+            r"'model.layers.0.self_attn.k_proj.weight_scale': shard 'k' must be (\[|a scalar)",
         ),
         "missing_scale": (
             lambda t: t.pop(L0 + "self_attn.v_proj.weight_scale"),
@@ -158,12 +215,17 @@ def _bad_cases(preset: str) -> dict:
             r"'model.layers.1.mlp.down_proj.weight'.*must be torch.float8_e4m3fn",
         )
         return cases
-    if preset == "MXFP4A16":
+    if preset.startswith("MXFP4"):
         cases["bad_scale"] = (lambda t: _set_first(t, up + "weight_scale", 0xFF), layer + r"weight_scale: E8M0 0xFF")
-    else:
+    elif preset == "NVFP4A16":
         cases["bad_scale"] = (
             lambda t: _set_first(t, up + "weight_global_scale", float("nan")),
             layer + "weight_global_scale: must be finite",
+        )
+    else:  # the activation's global scale
+        cases["bad_scale"] = (
+            lambda t: _set_first(t, up + "input_global_scale", 0.0),
+            layer + "input_global_scale: must be finite and > 0",
         )
     cases["codes_dtype"] = (
         lambda t: t.__setitem__(down + "weight_packed", t[down + "weight_packed"].to(torch.int8)),

@@ -1,15 +1,20 @@
-"""An MXFP4 W4A16 checkpoint made by AMD Quark itself, loaded by the runner. A tiny transformers Llama goes through
-Quark's `ModelQuantizer` (weights FP4 per group of 32, E8M0 scales, scale mode "even", activations unquantized;
-on the CPU) and `export_safetensors` with its defaults (real-quantized, pack method "reorder"); the runner loads
-the folder as an AMD Quark checkpoint (test_quant_checkpoints.py writes one by the format's description).
+"""MXFP4 checkpoints made by AMD Quark itself, loaded by the runner. A tiny transformers Llama goes through
+Quark's `ModelQuantizer` (on the CPU) and `export_safetensors` with its defaults (real-quantized, pack method
+"reorder"); the runner loads the folder as an AMD Quark checkpoint (test_quant_checkpoints.py writes one by the
+format's description). Two configs: weights FP4 per group of 32 with E8M0 scales in scale mode "even" and
+- W4A16: activations unquantized (the runner's mxfp4);
+- W4A4: activations in the same format, scaled at run time (mxfp4_w4a4: fake-quantized in the runner).
 
 The oracle is Quark's own quantized model in memory, run in transformers:
 - every linear weight the runner holds, decoded, is Quark's fake-quantized weight, bit for bit;
-- each layer given one input returns what Quark's modules return, within fp32 summation order (no activation is
-  quantized, so nothing can flip);
-- greedy tokens equal, the first step's logits within that order."""
+- each layer given one input returns what Quark's modules return, within fp32 summation order (W4A4: the
+  activation's codes and scales are Quark's, so the products are the same);
+- greedy tokens equal, the first step's logits within that order (no W4A4 activation code flipped in 12 of 12
+  llm-compressor MXFP4 models: test_quant_llmcompressor.py)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -25,8 +30,8 @@ from suites.runner.producers import check_greedy, check_outputs, pairs, save_bas
 ORDER_BOUND = 1e-5
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+@pytest.fixture(scope="module", params=["W4A16", "W4A4"])
+def exported(request, tmp_path_factory):
     """(Quark's quantized transformers model, the runner's model of the checkpoint Quark exported)."""
     quark = quark_oracle.quark_torch()
     from quark.torch.quantization.config.config import FP4PerGroupSpec, QConfig, QLayerConfig
@@ -37,10 +42,12 @@ def exported(tmp_path_factory):
     spec = FP4PerGroupSpec(
         ch_axis=-1, group_size=32, scale_format="e8m0", scale_calculation_mode="even", is_dynamic=False
     )
+    inputs = dataclasses.replace(spec, is_dynamic=True).to_quantization_spec() if request.param == "W4A4" else None
     config = QConfig(
-        global_quant_config=QLayerConfig(weight=spec.to_quantization_spec()), exclude=["lm_head"]
+        global_quant_config=QLayerConfig(weight=spec.to_quantization_spec(), input_tensors=inputs), exclude=["lm_head"]
     )  # fmt: skip
-    calibration = torch.utils.data.DataLoader([torch.tensor([5, 17, 33, 2])], batch_size=1)  # weights only: unused
+    # static weights and dynamic activations: nothing is calibrated on it
+    calibration = torch.utils.data.DataLoader([torch.tensor([5, 17, 33, 2])], batch_size=1)
     with one_thread():
         # Twice: the export freezes and converts the model it is given; the oracle is a second, identical run
         models = []
@@ -53,7 +60,8 @@ def exported(tmp_path_factory):
 
 
 def test_the_layers_are_mxfp4_and_the_head_is_excluded(exported):
-    assert {layer.scheme.name for layer, _ in pairs(*exported)} == {"mxfp4"}
+    want = "mxfp4_w4a4" if exported[0].model.layers[0].mlp.down_proj._input_quantizer is not None else "mxfp4"
+    assert {layer.scheme.name for layer, _ in pairs(*exported)} == {want}
     assert exported[1].lm_head.scheme.name == "unquantized"
 
 

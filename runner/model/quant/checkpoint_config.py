@@ -9,16 +9,19 @@ Read, by each format's published description:
   preset; the scales are `weight_scale`); per-channel 8-bit float weights with dynamic per-token activations
   (its FP8_DYNAMIC preset) are fp8_channel (`weight`, `weight_scale` [N, 1]); 4-bit float weights in groups of 32
   without activation quantization (MXFP4A16) are mxfp4 (`weight_packed`, E8M0 `weight_scale`), in tensor groups of
-  16 (NVFP4A16) nvfp4 (`weight_packed`, E4M3 `weight_scale`, `weight_global_scale` the encode scale); per-tensor 8-bit
+  16 (NVFP4A16) nvfp4 (`weight_packed`, E4M3 `weight_scale`, `weight_global_scale` the encode scale); with 4-bit
+  float activations (its MXFP4 and NVFP4 presets: dynamic group 32; tensor_group 16 under a calibrated
+  `input_global_scale`, encode) mxfp4_w4a4 and nvfp4_w4a4 (`runner.model.quant.fp4_w4a4`); per-tensor 8-bit
   float weights with static per-tensor activations (its FP8 preset) are fp8_static (`weight`, `weight_scale`,
   `input_scale`), with dynamic per-token activations fp8.
 - AMD Quark (`quant_method` "quark"): `global_quant_config`, `layer_quant_config` (fnmatch patterns on layer
   names, the first match wins), `exclude`. Weight dtype "fp4", per_group 32, scale_format "e8m0", no input
-  quantization: mxfp4 (W4A16); `weight` uint8 [N, K/2] + `weight_scale` uint8 [N, K/32]. Weight "fp8_e4m3"
+  quantization: mxfp4 (W4A16); `weight` uint8 [N, K/2] + `weight_scale` uint8 [N, K/32]; with dynamic input
+  tensors of the same format: mxfp4_w4a4, in the inputs' `scale_calculation_mode`. Weight "fp8_e4m3"
   per_tensor with static per_tensor "fp8_e4m3" input tensors: fp8_static; layers of both kinds may mix.
-- ModelOpt (hf_quant_config.json, {"quantization": {"quant_algo": ..., "exclude_modules": [...]}}): NVFP4 (run
-  weight-only: `weight` uint8, `weight_scale` E4M3 [N, K/16], `weight_scale_2` the decode global scale per
-  part, `input_scale` read and unused); FP8: fp8_static (`weight` E4M3, `weight_scale`, `input_scale` per
+- ModelOpt (hf_quant_config.json, {"quantization": {"quant_algo": ..., "exclude_modules": [...]}}): NVFP4
+  (nvfp4_w4a4: `weight` uint8, `weight_scale` E4M3 [N, K/16], `weight_scale_2` and `input_scale` the decode
+  global scales per part); FP8: fp8_static (`weight` E4M3, `weight_scale`, `input_scale` per
   part). A quantized KV cache (`kv_cache_quant_algo`) is refused by name.
 Anything else is refused with the key that could not be read."""
 
@@ -78,21 +81,36 @@ def _matches(target: str, layer: str) -> bool:
     return target == "Linear" or layer == target or layer.endswith("." + target)
 
 
+def _plain(value):
+    """An enum member's value (compressed-tensors' DynamicType.LOCAL -> "local"); anything else as it is."""
+    return getattr(value, "value", value)
+
+
 def _compressed_tensors_scheme(key: str, w, a) -> str:
     weights = (w.type, w.num_bits, str(getattr(w.strategy, "value", w.strategy)), list(w.block_structure or []))
-    acts = None if a is None else (a.type, a.num_bits, str(getattr(a.strategy, "value", a.strategy)), a.dynamic)
+    acts = None if a is None else (a.type, a.num_bits, str(getattr(a.strategy, "value", a.strategy)), _plain(a.dynamic))
     if weights == ("float", 8, "block", [128, 128]):
         if a is None or not a.dynamic or a.strategy != "group" or a.group_size != 128:
             raise _fail(f"config_groups.{key}.input_activations", "block FP8 needs dynamic group-128 activations")
         return "fp8_block"
-    if weights[:3] == ("float", 4, "group") and w.group_size == 32:  # its MXFP4A16 preset (E8M0 scales)
-        if a is not None:
-            raise _fail(f"config_groups.{key}.input_activations", f"{acts}: MXFP4 runs weight-only (W4A16) here")
-        return "mxfp4"
-    if weights[:3] == ("float", 4, "tensor_group") and w.group_size == 16:  # its NVFP4A16 preset
-        if a is not None:
-            raise _fail(f"config_groups.{key}.input_activations", f"{acts}: NVFP4 runs weight-only (W4A16) here")
-        return "nvfp4"
+    if weights[:3] == ("float", 4, "group") and w.group_size == 32:  # its MXFP4A16 and MXFP4 presets
+        if a is None:
+            return "mxfp4"
+        if acts == ("float", 4, "group", True) and a.group_size == 32:
+            return "mxfp4_w4a4"
+        raise _fail(
+            f"config_groups.{key}.input_activations",
+            f"{acts} is not supported with MXFP4 weights (supported: none, float 4-bit dynamic group 32)",
+        )
+    if weights[:3] == ("float", 4, "tensor_group") and w.group_size == 16:  # its NVFP4A16 and NVFP4 presets
+        if a is None:
+            return "nvfp4"
+        if acts == ("float", 4, "tensor_group", "local") and a.group_size == 16:
+            return "nvfp4_w4a4"
+        raise _fail(
+            f"config_groups.{key}.input_activations",
+            f"{acts} is not supported with NVFP4 weights (supported: none, float 4-bit tensor_group 16 dynamic local)",
+        )
     if weights[:3] == ("float", 8, "channel"):
         if acts != ("float", 8, "token", True):
             raise _fail(
@@ -120,14 +138,16 @@ def _compressed_tensors_scheme(key: str, w, a) -> str:
 
 # How compressed-tensors stores the schemes' tensors where it differs from the schemes' defaults: block-FP8 scales
 # named weight_scale (the same values as HF's weight_scale_inv: dequantized = codes x scale), FP4 codes
-# weight_packed, NVFP4's global scale weight_global_scale in the encode convention (vLLM's, 448 * 6 / amax).
+# weight_packed, NVFP4's global scales weight_global_scale and input_global_scale in the encode convention
+# (vLLM's, 448 * 6 / amax). Its MXFP4 activation scales round "even" (the same bytes as
+# reference.quant.mx_scale's "even" on every activation the suites draw).
+_NVFP4_NAMES = {"weight": "weight_packed", "weight_scale_2": "weight_global_scale"}
 COMPRESSED_TENSORS_OPTIONS = {
     "fp8_block": {"tensor_names": {"weight_scale_inv": "weight_scale"}},
     "mxfp4": {"tensor_names": {"weight": "weight_packed"}},
-    "nvfp4": {
-        "tensor_names": {"weight": "weight_packed", "weight_scale_2": "weight_global_scale"},
-        "global_scale": "encode",
-    },
+    "mxfp4_w4a4": {"tensor_names": {"weight": "weight_packed"}, "input_scale_mode": "even"},
+    "nvfp4": {"tensor_names": _NVFP4_NAMES, "global_scale": "encode"},
+    "nvfp4_w4a4": {"tensor_names": {**_NVFP4_NAMES, "input_scale": "input_global_scale"}, "global_scale": "encode"},
 }
 
 
@@ -152,7 +172,18 @@ def _compressed_tensors(config: Mapping) -> QuantConfig:
     return QuantConfig("compressed-tensors", scheme_of, named_layers=named, scheme_options=COMPRESSED_TENSORS_OPTIONS)
 
 
-def _quark_scheme(spec: Mapping | None, key: str) -> str | None:
+# Quark's MXFP4 scale modes that give reference.quant.mx_scale's bytes under the same name (its fake_quantize_mx
+# against quantize_mxfp4 on the suites' activations; Quark's "rceil" gives "even"'s bytes, so it is refused)
+QUARK_SCALE_MODES = ("even", "floor", "ceil")
+
+
+def _quark_mx_inputs(inputs: Mapping) -> tuple:
+    keys = ("dtype", "qscheme", "group_size", "scale_format", "is_dynamic")
+    return tuple(inputs.get(k) for k in keys)
+
+
+def _quark_scheme(spec: Mapping | None, key: str, modes: dict[str, str]) -> str | None:
+    """The scheme of one Quark layer spec; an MXFP4 W4A4 spec's activation scale mode goes into `modes`."""
     if spec is None:
         return None
     weight, inputs = spec.get("weight"), spec.get("input_tensors")
@@ -163,11 +194,22 @@ def _quark_scheme(spec: Mapping | None, key: str) -> str | None:
         if got == ("fp8_e4m3", "per_tensor", False):
             return "fp8_static"
         raise _fail(f"{key}.input_tensors", f"{got} is not supported with FP8 weights (supported: static per_tensor)")
-    if inputs is not None:
-        raise _fail(f"{key}.input_tensors", "activation quantization is only supported with FP8 per-tensor weights")
     got = (weight.get("dtype"), weight.get("qscheme"), weight.get("group_size"), weight.get("scale_format"))
     if got == ("fp4", "per_group", 32, "e8m0"):
-        return "mxfp4"
+        if inputs is None:
+            return "mxfp4"
+        mode = inputs.get("scale_calculation_mode", "even")
+        if _quark_mx_inputs(inputs) != ("fp4", "per_group", 32, "e8m0", True) or mode not in QUARK_SCALE_MODES:
+            raise _fail(
+                f"{key}.input_tensors",
+                f"{_quark_mx_inputs(inputs)} scale_calculation_mode {mode!r} is not supported with MXFP4 weights "
+                f"(supported: none, or fp4 per_group 32 e8m0 dynamic, scale_calculation_mode one of "
+                f"{', '.join(QUARK_SCALE_MODES)})",
+            )
+        modes[key] = mode
+        return "mxfp4_w4a4"
+    if inputs is not None:
+        raise _fail(f"{key}.input_tensors", "activation quantization is only supported with FP8 and MXFP4 weights")
     raise _fail(
         f"{key}.weight",
         f"{got} is not supported (supported: fp4 per_group 32 e8m0, i.e. MXFP4; fp8_e4m3 per_tensor)",
@@ -175,11 +217,18 @@ def _quark_scheme(spec: Mapping | None, key: str) -> str | None:
 
 
 def _quark(config: Mapping) -> QuantConfig:
-    default = _quark_scheme(config.get("global_quant_config"), "global_quant_config")
+    modes: dict[str, str] = {}
+    default = _quark_scheme(config.get("global_quant_config"), "global_quant_config", modes)
     per_layer = [
-        (pattern, _quark_scheme(spec, f"layer_quant_config.{pattern}"))
+        (pattern, _quark_scheme(spec, f"layer_quant_config.{pattern}", modes))
         for pattern, spec in (config.get("layer_quant_config") or {}).items()
     ]
+    if len(set(modes.values())) > 1:
+        raise _fail(
+            f"{list(modes)[-1]}.input_tensors.scale_calculation_mode",
+            f"MXFP4 activation scale modes differ between layers ({modes}); one mode per checkpoint is supported",
+        )
+    options = {"mxfp4_w4a4": {"input_scale_mode": next(iter(modes.values()))}} if modes else {}
     exclude = tuple(config.get("exclude") or ())
 
     def scheme_of(layer: str) -> str | None:
@@ -188,12 +237,13 @@ def _quark(config: Mapping) -> QuantConfig:
         return next((s for p, s in per_layer if fnmatch.fnmatchcase(layer, p)), default)
 
     named = _explicit([*exclude, *(p for p, _ in per_layer)])
-    return QuantConfig("quark", scheme_of, named_layers=tuple(n for n in named if "." in n))
+    named = tuple(n for n in named if "." in n)
+    return QuantConfig("quark", scheme_of, named_layers=named, scheme_options=options)
 
 
 def _modelopt(config: Mapping) -> QuantConfig:
     algo = config.get("quant_algo")
-    schemes = {"NVFP4": "nvfp4", "FP8": "fp8_static"}
+    schemes = {"NVFP4": "nvfp4_w4a4", "FP8": "fp8_static"}
     if algo not in schemes:
         raise _fail("quant_algo", f"ModelOpt {algo!r} checkpoints are not supported (supported: {sorted(schemes)})")
     if config.get("kv_cache_quant_algo") is not None:

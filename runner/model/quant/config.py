@@ -20,7 +20,8 @@ def make_scheme(
     """A new scheme object: `online` quantizes an unquantized checkpoint while it loads, else the checkpoint
     holds the scheme's tensors. `options`: how a producer stores them, where it differs from the scheme's
     defaults: "tensor_names" ({the scheme's tensor name: the producer's}) for any scheme, and the scheme's own
-    keyword arguments (nvfp4: "global_scale")."""
+    keyword arguments (nvfp4 and nvfp4_w4a4: "global_scale"; mxfp4_w4a4: "input_scale_mode")."""
+    from runner.model.quant.fp4_w4a4 import Mxfp4W4A4, Nvfp4W4A4
     from runner.model.quant.fp8_block import Fp8Block
     from runner.model.quant.fp8_channel import Fp8PerChannel
     from runner.model.quant.fp8_tensor import Fp8PerTensor
@@ -29,7 +30,7 @@ def make_scheme(
 
     kwargs = dict(options or {})
     tensor_names = kwargs.pop("tensor_names", None)
-    if kwargs and name != "nvfp4":
+    if kwargs and name not in ("nvfp4", "nvfp4_w4a4", "mxfp4_w4a4"):
         raise ValueError(f"options: the {name} scheme takes none of {sorted(kwargs)}")
     if name == "fp8_block":
         scheme = Fp8Block(online=online)
@@ -37,6 +38,10 @@ def make_scheme(
         scheme = Mxfp4W4A16(online=online)
     elif name == "nvfp4":
         scheme = Nvfp4W4A16(online=online, w13_policy=w13_policy, **kwargs)
+    elif name == "mxfp4_w4a4" and not online:  # checkpoints only: activations fake-quantized too
+        scheme = Mxfp4W4A4(**kwargs)
+    elif name == "nvfp4_w4a4" and not online:
+        scheme = Nvfp4W4A4(w13_policy=w13_policy, **kwargs)
     elif name == "fp8":
         scheme = Fp8PerTensor(online=online)
     elif name == "fp8_static" and not online:  # checkpoints only: a calibrated input scale per layer

@@ -22,9 +22,9 @@ def dequantized_weight(layer, dtype: torch.dtype = torch.float32) -> torch.Tenso
         deq = layer.weight_fp8.to(dtype) * layer.weight_scale_cols.to(dtype).reshape(-1, 1)
     elif scheme == "fp8_block":
         deq = dequantize_fp8_blocks(layer.weight_fp8, layer.weight_scale_inv)
-    elif scheme == "mxfp4":
+    elif scheme in ("mxfp4", "mxfp4_w4a4"):
         deq = dequantize_mxfp4(*interchange_weight(layer), dtype=torch.float32)
-    elif scheme == "nvfp4":
+    elif scheme in ("nvfp4", "nvfp4_w4a4"):
         decode = DecodeScale(layer.weight_scale_2)
         deq = dequantize_nvfp4(layer.weight_codes, layer.weight_scales, decode, dtype=torch.float32)
     else:

@@ -1,6 +1,7 @@
 """NVFP4 W4A16: E2M1 weight codes with one E4M3 scale per 16 weights along K under one fp32 global scale
-(`reference.quant.nvfp4`), activations unquantized: what an NVFP4 checkpoint becomes on Hopper, which has no
-FP4 tensor cores (vLLM runs such checkpoints weight-only there too). The weights are dequantized to the
+(`reference.quant.nvfp4`), activations unquantized (compressed-tensors' NVFP4A16; the online scheme). Hopper has
+no FP4 tensor cores: a checkpoint that quantizes its activations too runs here with them fake-quantized
+(`runner.model.quant.fp4_w4a4`). The weights are dequantized to the
 activation dtype and multiplied: on CUDA the dequantize kernel then a bf16 GEMM (no fused NVFP4 W4A16 kernel
 yet: two launches and a bf16 weight in flight per call), on the CPU the reference.
 
@@ -29,8 +30,7 @@ class Nvfp4W4A16(OnlineScheme):
             raise ValueError(f"global_scale: must be 'decode' or 'encode', got {global_scale!r}")
         self.online, self.w13_policy = online, w13_policy
         # The checkpoint's global scale convention (reference.quant.nvfp4_global_scale): ModelOpt's weight_scale_2
-        # decodes (with an input_scale beside it); compressed-tensors' weight_global_scale encodes (and a W4A16
-        # checkpoint has no input scale)
+        # decodes; compressed-tensors' weight_global_scale encodes
         self.global_scale = global_scale
 
     def quantize(self, layer, w: torch.Tensor) -> None:
@@ -53,12 +53,9 @@ class Nvfp4W4A16(OnlineScheme):
         codes = layer.new_param((n, k // 2), torch.uint8, exact_dtype=True)
         layer.register_parameter(self.tensor_name("weight"), codes)
         layer.register_parameter("weight_scale", layer.new_param(scales, torch.float8_e4m3fn, exact_dtype=True))
-        parts = len(layer.shard_sizes)
-        # one scalar per checkpoint part: the global scale, and (ModelOpt) the activation scale W4A16 leaves unused
-        global_scales = layer.new_param((parts,), torch.float32, per_shard=True)
+        # one global scale per checkpoint part
+        global_scales = layer.new_param((len(layer.shard_sizes),), torch.float32, per_shard=True)
         layer.register_parameter(self.tensor_name("weight_scale_2"), global_scales)
-        if self.global_scale == "decode":
-            layer.register_parameter("input_scale", layer.new_param((parts,), torch.float32, per_shard=True))
 
     def process_weights_after_loading(self, layer) -> None:
         if self.online:
@@ -66,7 +63,7 @@ class Nvfp4W4A16(OnlineScheme):
         names = [self.tensor_name("weight"), "weight_scale", self.tensor_name("weight_scale_2")]
         codes, scales, global_scales = (getattr(layer, n).data for n in names)
         scales = scales.view(torch.uint8)
-        for name in names + (["input_scale"] if self.global_scale == "decode" else []):
+        for name in names:
             delattr(layer, name)
         check_scales(names[2], global_scales)
         if self.global_scale == "encode":  # fp32(1 / s_enc) per part: EncodeScale.to_decode
