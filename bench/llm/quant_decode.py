@@ -1,6 +1,8 @@
 """The quantized runner on the GPU: `python -m bench.llm.quant_decode` (H200; Llama-3.1-8B's shape, dummy weights).
 
-For bf16 and each online scheme (`LLM(..., quantization=...)`), in one run and one process:
+For bf16 and each online scheme (`LLM(..., quantization=...)`), in one run and one process (and, as
+"mxfp4_w4a4" / "nvfp4_w4a4", a W4A4 FP4 checkpoint's layers: the online FP4 weights run through the checkpoint
+scheme, each layer's input fake-quantized first, `runner.model.quant.fp4_w4a4`):
 - decode: B requests of 32 prompt tokens and 256 greedy output tokens (ignore_eos), B = 1, 8, 32; output tok/s
   of the whole `generate` (decode-dominated: 256 CUDA-graph decode steps against one prefill step);
 - prefill: 8 requests of 2048 prompt tokens, 1 output token: prompt tok/s;
@@ -38,10 +40,29 @@ COLUMNS = (
     *tables.RUN_COLUMNS,
 )
 SCHEMES = (None, "fp8_block", "mxfp4", "fp8")
+# W4A4 checkpoint schemes -> the online scheme whose stored weights they read
+W4A4 = {"mxfp4_w4a4": "mxfp4", "nvfp4_w4a4": "nvfp4"}
+W4A4_INPUT_AMAX = 16.0  # the dummy nvfp4_w4a4 input global scale's amax (a calibrated one is per layer)
 
 
 def _gib(n: int) -> float:
     return n / 2**30
+
+
+def as_w4a4(model, scheme: str) -> int:
+    """Give every linear layer of the online `W4A4[scheme]` scheme the W4A4 checkpoint scheme `scheme` (the same
+    stored weights; nvfp4_w4a4 with a static input global scale of amax W4A4_INPUT_AMAX); returns how many."""
+    from reference.quant.nvfp4_global_scale import DecodeScale
+    from runner.model.layers import Linear
+    from runner.model.quant.fp4_w4a4 import Mxfp4W4A4, Nvfp4W4A4
+
+    layers = [m for m in model.modules() if isinstance(m, Linear) and m.scheme.name == W4A4[scheme]]
+    for layer in layers:
+        layer.scheme = Mxfp4W4A4() if scheme == "mxfp4_w4a4" else Nvfp4W4A4()
+        if scheme == "nvfp4_w4a4":
+            scale = DecodeScale.from_amax(W4A4_INPUT_AMAX).value.to(layer.weight_scale_2.device)
+            layer.register_buffer("input_global_scale", scale)
+    return len(layers)
 
 
 def measure(model_name: str, scheme: str | None, batches: list[int], output_len: int) -> list[dict]:
@@ -52,10 +73,13 @@ def measure(model_name: str, scheme: str | None, batches: list[int], output_len:
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    loaded = load_model(model_name, "dummy", torch.bfloat16, "cuda", tokenizer=False, quantization=scheme)
+    online = W4A4.get(scheme, scheme)
+    loaded = load_model(model_name, "dummy", torch.bfloat16, "cuda", tokenizer=False, quantization=online)
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
     model = loaded[0]
+    if scheme in W4A4:
+        as_w4a4(model, scheme)
     size = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
     cfg = loaded[2]
     gate_up = 2 * cfg.intermediate_size * cfg.hidden_size * 2
@@ -108,7 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="llama-3.1-8b-shape")
     p.add_argument("--batches", default="1,8,32")
     p.add_argument("--output-len", type=int, default=256)
-    p.add_argument("--schemes", default="bf16,fp8_block,mxfp4,fp8")
+    p.add_argument(
+        "--schemes",
+        default="bf16,fp8_block,mxfp4,fp8",
+        help="comma-separated: bf16, online schemes (fp8, fp8_block, mxfp4, nvfp4), mxfp4_w4a4, nvfp4_w4a4",
+    )
     p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("reports"))
     p.add_argument("--name", default="quant_decode", help="report name (a run of some schemes: its own report)")
     args = p.parse_args(argv)
