@@ -36,6 +36,7 @@ FAMILY_MODULES = (
     "bench.quant.fp8",
     "bench.quant.nvfp4",
     "bench.gemm.w4a16_mxfp4",
+    "bench.gemm.w4a16_nvfp4",
     "bench.kv.zeroer",
     "bench.mamba.state_update",
     "bench.mamba.conv1d_update",

@@ -67,6 +67,10 @@ SELECTION = {
         "suites/gemm/test_w4a16_mxfp4_gemm.py::test_named_cases",
         "suites/gemm/test_w4a16_mxfp4_layout.py::test_opcheck",
     ],
+    "w4a16_nvfp4_gemm": [
+        "suites/gemm/test_w4a16_nvfp4_gemm.py::test_named_cases",
+        "suites/gemm/test_w4a16_nvfp4_gemm.py::test_split_k_and_ragged_k_tiles",
+    ],
     "w4a16_mxfp4_fragment_gemv": [
         "suites/gemm/test_w4a16_mxfp4_fragment_gemv.py::test_named_cases",
         "suites/gemm/test_w4a16_mxfp4_fragment_gemv.py::test_launch_shapes",

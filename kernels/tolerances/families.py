@@ -7,6 +7,7 @@ row through these constants, so a renamed family cannot leave one of them checki
 # Lossy kernels, held to the precision-mirroring reference (max/RMS relative error) and the ideal (SQNR).
 BLOCK_FP8_GEMM = "block_fp8_gemm"
 W4A16_MXFP4_GEMM = "w4a16_mxfp4_gemm"
+W4A16_NVFP4_GEMM = "w4a16_nvfp4_gemm"
 PAGED_DECODE = "paged_decode"
 PAGED_PREFILL = "paged_prefill"
 MAMBA_STATE_UPDATE_OUT = "mamba_state_update"  # out, keyed by x's dtype

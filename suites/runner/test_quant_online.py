@@ -350,23 +350,26 @@ def test_fp8_checkpoint_parts_keep_their_scales_on_every_branch(monkeypatch, dev
         ("mxfp4", 128, 1, "fragment"),
         ("mxfp4", 128, 20, "fragment"),
         ("mxfp4", 128, DEQUANTIZE_FROM_ROWS, "fragment"),
+        ("nvfp4", 88, 3, None),
+        ("nvfp4", 96, DEQUANTIZE_FROM_ROWS, None),
     ],
 )
 def test_the_kernel_branch_agrees_with_the_references(monkeypatch, device, scheme, k, rows, layout):
-    """The GPU path of apply (the block-FP8 GEMM with its activation quantizer; for MXFP4 the W4A16 GEMV or GEMM
-    on the layer's layout, or for many rows the dequantize kernel and a bf16 GEMM), run by the interpreter on this
-    tier and by the GPU on a GPU tier, against the same layer's mirror and the float64 product of its dequantized
-    operands."""
+    """The GPU path of apply (the block-FP8 GEMM with its activation quantizer; for MXFP4 and NVFP4 the W4A16
+    GEMV or GEMM on the layer's layout, or for many rows the dequantize kernel and a bf16 GEMM), run by the
+    interpreter on this tier and by the GPU on a GPU tier, against the same layer's mirror and the float64 product
+    of its dequantized operands (NVFP4 from DEQUANTIZE_FROM_ROWS rows: weights rounded to bf16 with the global
+    scale, within the same row of that arithmetic)."""
     from kernels.tolerances import assert_lossy, families
-    from reference.gemm import block_fp8, w4a16_mxfp4
+    from reference.gemm import block_fp8, w4a16_mxfp4, w4a16_nvfp4
     from reference.quant.fp8 import quantize_fp8 as ref_quantize_fp8
-    from runner.model.quant import fp8_block, mxfp4
+    from runner.model.quant import fp8_block, mxfp4, nvfp4
 
     gen = torch.Generator().manual_seed(7)
     w = torch.randn(48, k, generator=gen).to(torch.bfloat16)
     x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
     if device == "cpu":
-        _forced_kernels(monkeypatch, fp8_block if scheme == "fp8_block" else mxfp4)
+        _forced_kernels(monkeypatch, {"fp8_block": fp8_block, "mxfp4": mxfp4, "nvfp4": nvfp4}[scheme])
     if layout is not None:
         monkeypatch.setattr(mxfp4, "weight_layout", lambda *_: layout)
     layer = Linear(k, 48, torch.bfloat16, device, make_scheme(scheme, online=True))
@@ -380,6 +383,11 @@ def test_the_kernel_branch_agrees_with_the_references(monkeypatch, device, schem
         mirror = block_fp8.block_fp8_gemm_mirror(aq, a_s, layer.weight_fp8, layer.weight_scale_inv, torch.bfloat16)
         ideal = block_fp8.block_fp8_gemm_ideal(aq, a_s, layer.weight_fp8, layer.weight_scale_inv)
         family = families.BLOCK_FP8_GEMM
+    elif scheme == "nvfp4":
+        a, scale = zero_pad_columns(x, 16), DecodeScale(layer.weight_scale_2)
+        mirror = w4a16_nvfp4.w4a16_nvfp4_gemm_mirror(a, layer.weight_codes, layer.weight_scales, scale)
+        ideal = w4a16_nvfp4.w4a16_nvfp4_gemm_ideal(a, layer.weight_codes, layer.weight_scales, scale)
+        family = families.W4A16_NVFP4_GEMM
     else:
         a = zero_pad_columns(x, 32)
         codes, scales = mxfp4.interchange_weight(layer)

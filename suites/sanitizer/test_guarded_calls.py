@@ -25,11 +25,13 @@ from kernels import (
     rms_norm,
     w4a16_mxfp4_fragment_gemv,
     w4a16_mxfp4_gemm,
+    w4a16_nvfp4_gemm,
 )
 from kernels.w4a16_mxfp4_layout import prepare_codes
 from reference.quant.fp8 import quantize_fp8 as ref_quantize_fp8
 from reference.quant.fp8 import quantize_fp8_blocks
 from reference.quant.mxfp4 import quantize_mxfp4
+from reference.quant.nvfp4 import quantize_nvfp4
 from reference.quant.nvfp4_global_scale import DecodeScale, EncodeScale, tensor_amax
 from suites.attention.paged_cases import build_fp8, fixed
 from suites.guard_bytes import assert_guarded_call_agrees
@@ -61,6 +63,19 @@ def _nvfp4_quantize(x):
 
 def _nvfp4_dequantize(codes, scales):
     return nvfp4.dequantize_nvfp4(codes, scales, DecodeScale.from_amax(6.0 * 448.0).to(codes.device))
+
+
+_NVFP4_WEIGHTS = DecodeScale.from_amax(8.0)  # amax of _x's values: 3 sigma of 3 and some
+
+
+def _w4a16_nvfp4_inputs(m: int) -> dict[str, torch.Tensor]:
+    """K = 80: five blocks of 16, so the last K tile of two blocks is ragged."""
+    codes, scales = quantize_nvfp4(_x(19, 80, seed=1), _NVFP4_WEIGHTS)
+    return {"x": _x(m, 80, seed=2), "codes": codes, "scales": scales}
+
+
+def _w4a16_nvfp4(x, codes, scales, fault: str = "none"):
+    return w4a16_nvfp4_gemm.launch(x, codes, scales, _NVFP4_WEIGHTS.value.to(x.device), fault=fault)
 
 
 def _block_fp8_inputs() -> dict[str, torch.Tensor]:
@@ -121,6 +136,8 @@ CASES = {
     "w4a16_mxfp4_gemm (dot)": (w4a16_mxfp4_gemm.w4a16_mxfp4_gemm, lambda: _w4a16_inputs(17)),
     "w4a16_mxfp4_gemm_prepared (gemv)": (w4a16_mxfp4_gemm.w4a16_mxfp4_gemm_prepared, lambda: _w4a16_prepared_inputs(1)),
     "w4a16_mxfp4_gemm_prepared (dot)": (w4a16_mxfp4_gemm.w4a16_mxfp4_gemm_prepared, lambda: _w4a16_prepared_inputs(17)),
+    "w4a16_nvfp4_gemm (one row)": (_w4a16_nvfp4, lambda: _w4a16_nvfp4_inputs(1)),
+    "w4a16_nvfp4_gemm (17 rows)": (_w4a16_nvfp4, lambda: _w4a16_nvfp4_inputs(17)),
     "w4a16_mxfp4_fragment_gemv (one group)": (
         w4a16_mxfp4_fragment_gemv.w4a16_mxfp4_fragment_gemv,
         lambda: _fragment_inputs(1),
@@ -164,3 +181,10 @@ def test_negative_control_scale_read_past_the_end_is_caught(m, device):
     faulty = functools.partial(w4a16_mxfp4_gemm.launch, fault="scale_past_end")
     with pytest.raises(AssertionError, match="bytes differ between zeroed and poisoned"):
         assert_guarded_call_agrees(faulty, _w4a16_inputs(m), device)
+
+
+@pytest.mark.parametrize("m", [1, 17])
+def test_negative_control_nvfp4_scale_read_past_the_end_is_caught(m, device):
+    faulty = functools.partial(_w4a16_nvfp4, fault="scale_past_end")
+    with pytest.raises(AssertionError, match="bytes differ between zeroed and poisoned"):
+        assert_guarded_call_agrees(faulty, _w4a16_nvfp4_inputs(m), device)

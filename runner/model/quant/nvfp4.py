@@ -1,9 +1,10 @@
 """NVFP4 W4A16: E2M1 weight codes with one E4M3 scale per 16 weights along K under one fp32 global scale
 (`reference.quant.nvfp4`), activations unquantized (compressed-tensors' NVFP4A16; the online scheme). Hopper has
 no FP4 tensor cores: a checkpoint that quantizes its activations too runs here with them fake-quantized
-(`runner.model.quant.fp4_w4a4`). The weights are dequantized to the
-activation dtype and multiplied: on CUDA the dequantize kernel then a bf16 GEMM (no fused NVFP4 W4A16 kernel
-yet: two launches and a bf16 weight in flight per call), on the CPU the reference.
+(`runner.model.quant.fp4_w4a4`). On CUDA in bf16 the W4A16 GEMM dequantizes the weights in the kernel
+(`kernels.w4a16_nvfp4_gemm`: E2M1 times the block scale, exact in bf16, the global scale on the fp32 sums) below
+DEQUANTIZE_FROM_ROWS rows, and from there on the dequantize kernel writes the bf16 weight for cuBLAS; on the CPU
+the weights are dequantized by the reference and multiplied in the activation dtype.
 
 A fused layer has one global scale (the kernels' contract). A checkpoint quantizes its parts separately (ModelOpt:
 `weight_scale_2`, the decode scale, per part); when they differ, gate/up follow the named w1/w3 policy of
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from reference.quant.nvfp4 import NVFP4_BLOCK_SIZE
 from reference.quant.nvfp4_fused_w13 import DEFAULT_W13_POLICY, NVFP4Tensor, fuse_w13, rescale_block_scales
 from reference.quant.nvfp4_global_scale import DecodeScale, EncodeScale, tensor_amax
+from runner.model.quant.mxfp4 import DEQUANTIZE_FROM_ROWS
 from runner.model.quant.online import OnlineScheme, zero_pad_columns
 from runner.model.quant.scheme import check_scales, uses_kernels
 
@@ -91,6 +93,13 @@ class Nvfp4W4A16(OnlineScheme):
 
     def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
         scale = DecodeScale(layer.weight_scale_2)
+        # DEQUANTIZE_FROM_ROWS is the MXFP4 W4A16 GEMM's crossover, measured on the H200; the NVFP4 kernel runs the
+        # same tile shapes over the same K loop, its own crossover not measured yet.
+        if uses_kernels(x) and x.shape[0] < DEQUANTIZE_FROM_ROWS:
+            from kernels.w4a16_nvfp4_gemm import w4a16_nvfp4_gemm
+
+            x = zero_pad_columns(x, NVFP4_BLOCK_SIZE)
+            return w4a16_nvfp4_gemm(x, layer.weight_codes, layer.weight_scales, scale)
         if uses_kernels(x):
             from kernels.nvfp4 import dequantize_nvfp4
         else:
