@@ -37,37 +37,13 @@ import torch
 from reference.formats.e2m1 import decode_e2m1
 from reference.formats.e8m0 import decode_e8m0
 from reference.formats.nibbles import unpack_nibbles
+from reference.gemm.w4a16_operands import check_w4a16_operands
 from reference.quant.mxfp4 import MX_BLOCK_SIZE, dequantize_mxfp4
-
-X_DTYPES = (torch.bfloat16,)
 
 
 def check_w4a16_args(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
     """Raise TypeError/ValueError naming the bad argument. Shared with the kernel launcher."""
-    for name, t in (("x", x), ("codes", codes), ("scales", scales)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
-    if x.dtype not in X_DTYPES:
-        raise TypeError(f"x: dtype must be one of {X_DTYPES}, got {x.dtype}")
-    for name, t in (("codes", codes), ("scales", scales)):
-        if t.dtype != torch.uint8:
-            raise TypeError(f"{name}: dtype must be torch.uint8, got {t.dtype}")
-    if x.dim() != 2:
-        raise ValueError(f"x: must be 2-D [M, K], got shape {tuple(x.shape)}")
-    if codes.dim() != 2 or scales.dim() != 2:
-        raise ValueError(
-            f"codes and scales: must be 2-D [N, K//2] and [N, K//32], got {tuple(codes.shape)} "
-            f"and {tuple(scales.shape)}"
-        )
-    k = x.shape[1]
-    if k % MX_BLOCK_SIZE:
-        raise ValueError(f"x: K = {k} is not a multiple of the MXFP4 block size {MX_BLOCK_SIZE}")
-    if codes.shape[1] * 2 != k:
-        raise ValueError(f"codes: shape {tuple(codes.shape)} does not match K = {k} (need [N, {k // 2}])")
-    if scales.shape != (codes.shape[0], k // MX_BLOCK_SIZE):
-        raise ValueError(
-            f"scales: shape {tuple(scales.shape)}, need [N, K//32] = [{codes.shape[0]}, {k // MX_BLOCK_SIZE}]"
-        )
+    check_w4a16_operands(x, codes, scales, MX_BLOCK_SIZE, "MXFP4")
 
 
 def w4a16_mxfp4_gemm_mirror(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:

@@ -36,10 +36,9 @@ import torch
 from reference.formats.e2m1 import decode_e2m1
 from reference.formats.e4m3 import decode_e4m3
 from reference.formats.nibbles import unpack_nibbles
+from reference.gemm.w4a16_operands import check_w4a16_operands
 from reference.quant.nvfp4 import NVFP4_BLOCK_SIZE
 from reference.quant.nvfp4_global_scale import GlobalScale, decode_value
-
-X_DTYPES = (torch.bfloat16,)
 
 
 def check_w4a16_nvfp4_args(
@@ -47,30 +46,7 @@ def check_w4a16_nvfp4_args(
 ) -> torch.Tensor:
     """Raise TypeError/ValueError naming the bad argument; returns s_dec (0-dim fp32, on the scale's device).
     Shared with the kernel launcher."""
-    for name, t in (("x", x), ("codes", codes), ("scales", scales)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
-    if x.dtype not in X_DTYPES:
-        raise TypeError(f"x: dtype must be one of {X_DTYPES}, got {x.dtype}")
-    for name, t in (("codes", codes), ("scales", scales)):
-        if t.dtype != torch.uint8:
-            raise TypeError(f"{name}: dtype must be torch.uint8, got {t.dtype}")
-    if x.dim() != 2:
-        raise ValueError(f"x: must be 2-D [M, K], got shape {tuple(x.shape)}")
-    if codes.dim() != 2 or scales.dim() != 2:
-        raise ValueError(
-            f"codes and scales: must be 2-D [N, K//2] and [N, K//16], got {tuple(codes.shape)} and "
-            f"{tuple(scales.shape)}"
-        )
-    k = x.shape[1]
-    if k % NVFP4_BLOCK_SIZE:
-        raise ValueError(f"x: K = {k} is not a multiple of the NVFP4 block size {NVFP4_BLOCK_SIZE}")
-    if codes.shape[1] * 2 != k:
-        raise ValueError(f"codes: shape {tuple(codes.shape)} does not match K = {k} (need [N, {k // 2}])")
-    if scales.shape != (codes.shape[0], k // NVFP4_BLOCK_SIZE):
-        raise ValueError(
-            f"scales: shape {tuple(scales.shape)}, need [N, K//16] = [{codes.shape[0]}, {k // NVFP4_BLOCK_SIZE}]"
-        )
+    check_w4a16_operands(x, codes, scales, NVFP4_BLOCK_SIZE, "NVFP4")
     return decode_value(global_scale)
 
 

@@ -76,3 +76,25 @@ def greedy(
         for o, t in zip(outputs, logits.argmax(-1).tolist(), strict=True):
             o.append(t)
     return outputs, first
+
+
+def eager_and_graph_tokens(model, config: LlamaConfig, device, prompts: list[list[int]], max_tokens: int = 12):
+    """{enforce_eager: greedy token ids of each prompt} from the engine (`runner.LLM`) on a loaded bf16 model,
+    decoded eagerly (True) and through CUDA graphs (False): what the GPU tests compare."""
+    from runner import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    tokens = {}
+    for eager in (True, False):
+        llm = LLM(
+            device=device,
+            loaded=(model, None, config),
+            dtype=torch.bfloat16,
+            max_num_seqs=8,
+            max_model_len=128,
+            num_kv_blocks=64,
+            enforce_eager=eager,
+        )
+        tokens[eager] = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        llm.close()
+    return tokens

@@ -31,7 +31,7 @@ from runner.model.quant.online import zero_pad_columns
 from runner.model.quant.tp_shards import check_tp_split
 from runner.model.weights import dummy_weights
 from suites.runner import quark_oracle
-from suites.runner.model_driver import greedy
+from suites.runner.model_driver import eager_and_graph_tokens, greedy
 from suites.runner.tiny_llama import TINY
 
 PROMPTS = [[5, 17, 33, 2, 9, 41], [60, 3, 3, 71]]
@@ -258,7 +258,6 @@ def test_mxfp4_bytes_equal_torchao_on_every_weight_of_the_embedded_model(smollm2
 def test_gpu_graph_decode_gives_the_eager_tokens_and_tracks_bf16(device, scheme):
     """On the GPU each scheme runs its kernels (torch._scaled_mm, the block-FP8 GEMM, the W4A16 GEMM): decode
     through CUDA graphs gives the tokens of enforce_eager, and the logits stay near the bf16 model's."""
-    from runner import LLM, SamplingParams
     from suites.runner import tiny_llama
 
     config = tiny_llama.SMALL_GPU
@@ -269,20 +268,7 @@ def test_gpu_graph_decode_gives_the_eager_tokens_and_tracks_bf16(device, scheme)
     _, ref = greedy(tiny_llama.model(config, device, torch.bfloat16), PROMPTS, 1, device=device)
     sqnr = _sqnr_db(logits.cpu(), ref.cpu())
     assert sqnr > (10 if scheme.endswith("fp4") else 18), f"{scheme}: logits SQNR {sqnr:.1f} dB vs bf16"
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    tokens = {}
-    for eager in (True, False):
-        llm = LLM(
-            device=device,
-            loaded=(model, None, config),
-            dtype=torch.bfloat16,
-            max_num_seqs=8,
-            max_model_len=128,
-            num_kv_blocks=64,
-            enforce_eager=eager,
-        )
-        tokens[eager] = [o.token_ids for o in llm.generate(PROMPTS * 3, params, use_tqdm=False)]
-        llm.close()
+    tokens = eager_and_graph_tokens(model, config, device, PROMPTS * 3)
     assert tokens[True] == tokens[False]
 
 

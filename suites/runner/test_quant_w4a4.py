@@ -17,7 +17,7 @@ from runner.model.llama import LlamaForCausalLM
 from runner.model.quant import fp4_w4a4
 from runner.model.quant.config import QuantConfig
 from runner.model.weights import dummy_weights
-from suites.runner.model_driver import greedy
+from suites.runner.model_driver import eager_and_graph_tokens, greedy
 
 pytestmark = pytest.mark.filterwarnings("ignore::reference.quant.nvfp4_fused_w13.W13ScaleMismatchWarning")
 SCHEMES = ("mxfp4_w4a4", "nvfp4_w4a4")
@@ -100,23 +100,8 @@ def test_a_w4a4_model_is_its_w4a16_model_with_fake_quantized_inputs(scheme):
 @pytest.mark.gpu_only(reason="runs the FP4 quantize, dequantize and W4A16 kernels, eagerly and through CUDA graphs")
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_gpu_graph_decode_gives_the_eager_tokens(device, scheme):
-    from runner import LLM, SamplingParams
     from suites.runner import tiny_llama
 
     config = tiny_llama.SMALL_GPU
-    model = w4a4_model(config, scheme, device, torch.bfloat16)
-    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
-    tokens = {}
-    for eager in (True, False):
-        llm = LLM(
-            device=device,
-            loaded=(model, None, config),
-            dtype=torch.bfloat16,
-            max_num_seqs=8,
-            max_model_len=128,
-            num_kv_blocks=64,
-            enforce_eager=eager,
-        )
-        tokens[eager] = [o.token_ids for o in llm.generate(PROMPTS * 3, params, use_tqdm=False)]
-        llm.close()
+    tokens = eager_and_graph_tokens(w4a4_model(config, scheme, device, torch.bfloat16), config, device, PROMPTS * 3)
     assert tokens[True] == tokens[False]
