@@ -157,6 +157,16 @@ def test_a_bad_tensor_is_refused_by_name(tmp_path, quantization, edit, message):
             r"quantization_config.global_quant_config.weight: \('int4'",
         ),
         ({**QUARK_MXFP4, "exclude": ["model.layers.9.mlp.down_proj"]}, r"layer 'model.layers.9.mlp.down_proj'"),
+        (
+            {
+                **QUARK_MXFP4,
+                "global_quant_config": {
+                    "weight": {"dtype": "fp8_e4m3", "qscheme": "per_channel", "ch_axis": 0},
+                    "input_tensors": {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False},
+                },
+            },
+            r"global_quant_config.input_tensors: .* not supported with per-channel FP8 weights",
+        ),
         ({"quantization": {"quant_algo": "INT4_AWQ"}}, r"ModelOpt .INT4_AWQ. checkpoints are not supported"),
     ],
 )
@@ -499,7 +509,7 @@ def test_fp4_activation_configs_map_to_w4a4_schemes_or_are_refused_by_key():
     with 8-bit activations are refused."""
     config = from_checkpoint({**QUARK_MXFP4, "global_quant_config": _quark_w4a4("floor")})
     assert config.scheme_of("model.layers.0.mlp.down_proj") == "mxfp4_w4a4"
-    assert config.scheme_options == {"mxfp4_w4a4": {"input_scale_mode": "floor"}}
+    assert config.scheme_options["mxfp4_w4a4"] == {"input_scale_mode": "floor"}
     with pytest.raises(ValueError, match=r"global_quant_config.input_tensors: .*'rceil' is not supported"):
         from_checkpoint({**QUARK_MXFP4, "global_quant_config": _quark_w4a4("rceil")})
     with pytest.raises(ValueError, match=r"global_quant_config.input_tensors: \('fp4', 'per_group', 32, 'e8m0', False"):

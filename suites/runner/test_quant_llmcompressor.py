@@ -38,17 +38,14 @@ from kernels.tolerances import assert_exact
 from runner.model import load_model
 from runner.model.quant.dequantized import dequantized_weight
 from suites.runner.conftest import one_thread
-from suites.runner.producers import check_greedy, check_outputs, pairs, save_base_model
-
-# First-step logits against the producer's, as a fraction of the largest: 5.0e-2 was the worst of 24 models (12
-# seeds x both dynamic FP8 presets, every position of two 10-12 token sequences, teacher-forced), 2.3e-2 of 12
-# with the static FP8 preset; a model without a flipped activation code agrees within 2.5e-5 (fp32 order).
-FLIP_BOUND = 0.1
-# The same with FP4 activations, whose codes are further apart: NVFP4's worst was 8.4e-2 of 36 models (seeds
-# 0-35; two flipped, the rest within 4.5e-7); MXFP4 agreed exactly in 12 of 12 (its fake-quantized products are
-# exact in fp32, and each layer's input quantization absorbs the last-bit differences before it).
-FP4_FLIP_BOUND = 0.2
-
+from suites.runner.producers import (
+    FLIP_BOUND,
+    FP4_FLIP_BOUND,
+    check_greedy,
+    check_outputs,
+    pairs,
+    save_base_model,
+)
 
 SCHEMES = {
     "FP8_DYNAMIC": "fp8_channel", "FP8_BLOCK": "fp8_block", "MXFP4A16": "mxfp4", "NVFP4A16": "nvfp4",

@@ -18,10 +18,9 @@ import torch
 
 from runner.model import load_model
 from suites.runner.conftest import one_thread
-from suites.runner.producers import check_greedy, check_outputs, pairs, save_base_model
+from suites.runner.producers import FLIP_BOUND, check_greedy, check_outputs, pairs, save_base_model
 
 ORDER_BOUND = 1e-5  # fp32 summation order: 1.7e-7 measured
-FLIP_BOUND = 0.1  # suites/runner/test_quant_llmcompressor.py: a flipped E4M3 activation code, 5.0e-2 measured there
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,9 @@ Read, by each format's published description:
 - AMD Quark (`quant_method` "quark"): `global_quant_config`, `layer_quant_config` (fnmatch patterns on layer
   names, the first match wins), `exclude`. Weight dtype "fp4", per_group 32, scale_format "e8m0", no input
   quantization: mxfp4 (W4A16); `weight` uint8 [N, K/2] + `weight_scale` uint8 [N, K/32]; with dynamic input
-  tensors of the same format: mxfp4_w4a4, in the inputs' `scale_calculation_mode`. Weight "fp8_e4m3"
+  tensors of the same format: mxfp4_w4a4, in the inputs' `scale_calculation_mode`. Weight "fp8_e4m3" per_channel
+  (axis 0) with dynamic "fp8_e4m3" per_channel inputs along axis 1 (per token; its PTPC scheme): fp8_channel
+  (`weight_scale` [N]). Weight "fp8_e4m3"
   per_tensor with static per_tensor "fp8_e4m3" input tensors: fp8_static; layers of both kinds may mix.
 - ModelOpt (hf_quant_config.json, {"quantization": {"quant_algo": ..., "exclude_modules": [...]}}): NVFP4
   (nvfp4_w4a4: `weight` uint8, `weight_scale` E4M3 [N, K/16], `weight_scale_2` and `input_scale` the decode
@@ -194,6 +196,16 @@ def _quark_scheme(spec: Mapping | None, key: str, modes: dict[str, str]) -> str 
         if got == ("fp8_e4m3", "per_tensor", False):
             return "fp8_static"
         raise _fail(f"{key}.input_tensors", f"{got} is not supported with FP8 weights (supported: static per_tensor)")
+    if weight.get("dtype") == "fp8_e4m3" and weight.get("qscheme") == "per_channel" and weight.get("ch_axis") == 0:
+        # its PTPC scheme: per-channel weights, activations per token at run time (per_channel along axis 1)
+        got = None if inputs is None else tuple(inputs.get(k) for k in ("dtype", "qscheme", "ch_axis", "is_dynamic"))
+        if got == ("fp8_e4m3", "per_channel", 1, True):
+            return "fp8_channel"
+        raise _fail(
+            f"{key}.input_tensors",
+            f"{got} is not supported with per-channel FP8 weights (supported: fp8_e4m3 per_channel axis 1 dynamic, "
+            "per token)",
+        )
     got = (weight.get("dtype"), weight.get("qscheme"), weight.get("group_size"), weight.get("scale_format"))
     if got == ("fp4", "per_group", 32, "e8m0"):
         if inputs is None:
@@ -228,7 +240,10 @@ def _quark(config: Mapping) -> QuantConfig:
             f"{list(modes)[-1]}.input_tensors.scale_calculation_mode",
             f"MXFP4 activation scale modes differ between layers ({modes}); one mode per checkpoint is supported",
         )
-    options = {"mxfp4_w4a4": {"input_scale_mode": next(iter(modes.values()))}} if modes else {}
+    # its per-channel scales are vectors [N]
+    options = {"fp8_channel": {"scale_shape": "vector"}}
+    if modes:
+        options["mxfp4_w4a4"] = {"input_scale_mode": next(iter(modes.values()))}
     exclude = tuple(config.get("exclude") or ())
 
     def scheme_of(layer: str) -> str | None:

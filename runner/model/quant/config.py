@@ -20,7 +20,8 @@ def make_scheme(
     """A new scheme object: `online` quantizes an unquantized checkpoint while it loads, else the checkpoint
     holds the scheme's tensors. `options`: how a producer stores them, where it differs from the scheme's
     defaults: "tensor_names" ({the scheme's tensor name: the producer's}) for any scheme, and the scheme's own
-    keyword arguments (nvfp4 and nvfp4_w4a4: "global_scale"; mxfp4_w4a4: "input_scale_mode")."""
+    keyword arguments (nvfp4 and nvfp4_w4a4: "global_scale"; mxfp4_w4a4: "input_scale_mode"; fp8_channel:
+    "scale_shape")."""
     from runner.model.quant.fp4_w4a4 import Mxfp4W4A4, Nvfp4W4A4
     from runner.model.quant.fp8_block import Fp8Block
     from runner.model.quant.fp8_channel import Fp8PerChannel
@@ -30,7 +31,7 @@ def make_scheme(
 
     kwargs = dict(options or {})
     tensor_names = kwargs.pop("tensor_names", None)
-    if kwargs and name not in ("nvfp4", "nvfp4_w4a4", "mxfp4_w4a4"):
+    if kwargs and name not in ("nvfp4", "nvfp4_w4a4", "mxfp4_w4a4", "fp8_channel"):
         raise ValueError(f"options: the {name} scheme takes none of {sorted(kwargs)}")
     if name == "fp8_block":
         scheme = Fp8Block(online=online)
@@ -47,7 +48,7 @@ def make_scheme(
     elif name == "fp8_static" and not online:  # checkpoints only: a calibrated input scale per layer
         scheme = Fp8PerTensor(online=False, static_input=True)
     elif name == "fp8_channel" and not online:  # checkpoints only: a scale per output row
-        scheme = Fp8PerChannel()
+        scheme = Fp8PerChannel(**kwargs)
     else:
         raise ValueError(f"quantization: scheme {name!r} is not supported {'online' if online else 'in a checkpoint'}")
     if tensor_names:
