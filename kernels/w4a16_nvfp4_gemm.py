@@ -34,7 +34,7 @@ from kernels.split_k import launch_split, sum_splits
 from kernels.w4a16_mxfp4_gemm import _signed_nibble
 from reference.gemm.w4a16_nvfp4 import check_w4a16_nvfp4_args
 from reference.quant.nvfp4 import NVFP4_BLOCK_SIZE
-from reference.quant.nvfp4_global_scale import GlobalScale
+from reference.quant.nvfp4_global_scale import DecodeScale, GlobalScale, decode_value
 
 TWO_126 = tl.constexpr(8.507059173023462e37)
 
@@ -147,8 +147,6 @@ def launch(
 ) -> torch.Tensor:
     """Validate, allocate and launch on the decode scale (a 0-dim fp32 tensor on x's device). `config` overrides
     the table (launch sweeps); `fault` plants a named bug (negative controls only)."""
-    from reference.quant.nvfp4_global_scale import DecodeScale
-
     check_w4a16_nvfp4_args(x, codes, scales, DecodeScale(decode_scale))
     check_device(x=x, codes=codes, scales=scales, decode_scale=decode_scale)
     for name, t in (("x", x), ("codes", codes), ("scales", scales)):
@@ -183,8 +181,6 @@ def _gemm_op(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, decode_
 
 @_gemm_op.register_fake
 def _(x, codes, scales, decode_scale):
-    from reference.quant.nvfp4_global_scale import DecodeScale
-
     check_w4a16_nvfp4_args(x, codes, scales, DecodeScale(decode_scale))
     return x.new_empty(x.shape[0], codes.shape[0], dtype=torch.bfloat16)
 
@@ -193,5 +189,5 @@ def w4a16_nvfp4_gemm(
     x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, global_scale: GlobalScale
 ) -> torch.Tensor:
     """Kernel twin of `reference.gemm.w4a16_nvfp4.w4a16_nvfp4_gemm_mirror` (bf16 [M, N])."""
-    decode = check_w4a16_nvfp4_args(x, codes, scales, global_scale)
-    return torch.ops.touchstone.w4a16_nvfp4_gemm(x, codes, scales, decode)
+    # the op validates the operands at its boundary; here only the scale's convention is resolved
+    return torch.ops.touchstone.w4a16_nvfp4_gemm(x, codes, scales, decode_value(global_scale))
