@@ -23,6 +23,7 @@ from bench import tables
 from bench.environment import collect, timestamp
 from bench.roofs import measure_memcpy
 from bench.timing import bench
+from kernels.tolerances import LossyBound, lossy_metrics, tolerance_verdict
 
 UNITS = {"gbps": "GB/s", "tflops": "TFLOP/s"}
 
@@ -116,6 +117,28 @@ def timed_or_none(fn: Callable[[], object], config: str, cuda_graph: bool = Fals
     except Exception as err:  # a config the GPU cannot run: report, go on
         failed(config, err)
         return None
+
+
+def checked_ms(
+    fn: Callable[[], torch.Tensor], want: torch.Tensor, bound: LossyBound, config: str
+) -> tuple[float, str] | None:
+    """(ms, verdict): fn()'s output checked against `want` (as mirror and ideal) within the lossy `bound`
+    (kernels.tolerances' verdict), then fn timed as a CUDA-graph replay (time_ms); None after a FAILED line for
+    `config` where fn raises (a config that does not compile or fit is a line, not the end of the sweep)."""
+    try:
+        verdict = tolerance_verdict(lossy_metrics(fn(), want, want), bound)
+        return time_ms(fn, cuda_graph=True), verdict
+    except Exception as err:  # a config the GPU cannot run: report, go on
+        failed(config, err)
+        return None
+
+
+def best(label: str, results: list[tuple[float, object]], ratios: Callable[[float], dict[str, float]]) -> None:
+    """The sweep's BEST line for `label`: the fastest of `results` ((ms, config) pairs), with ratios(ms)."""
+    if results:
+        ms, config = min(results)
+        shown = ", ".join(f"{value:.3f}x {name}" for name, value in ratios(ms).items())
+        print(f"BEST {label}: {config} {ms * 1e3:.1f} us, {shown}", flush=True)
 
 
 def failed(config: str, err: BaseException) -> None:

@@ -320,6 +320,16 @@ def _blocked_weights(
         scale = tl.load(scales_ptr + scale_offsets, mask=n_mask[:, None] & (block < n_blocks)[None, :], other=127)
     pairs = tl.broadcast_to(_scale_pairs(scale.to(tl.uint32))[:, :, None], [n.shape[0], GROUPS, 4])
     pairs = tl.reshape(pairs, [n.shape[0], WORDS])
+    return _packed_word_weights(codes, pairs, FAULT == 2)
+
+
+@triton.jit
+def _packed_word_weights(codes, pairs, SWAP_NIBBLES: tl.constexpr):
+    """int32 code words [rows, WORDS] (8 E2M1 codes each) and their int32 bf16x2 scale pairs -> the weights,
+    bf16 [rows, WORDS * 8], each word's eight in `_in_word_k_order` (`_PACKED_DECODE_ASM`, exact).
+    SWAP_NIBBLES plants the swapped-nibble bug of the suites' negative controls."""
+    rows: tl.constexpr = codes.shape[0]
+    WORDS: tl.constexpr = codes.shape[1]
     lo0, lo1, hi0, hi1 = tl.inline_asm_elementwise(
         _PACKED_DECODE_ASM,
         "=r,=r,=r,=r,r,r",
@@ -328,13 +338,11 @@ def _blocked_weights(
         is_pure=True,
         pack=1,
     )
-    if FAULT == 2:
+    if SWAP_NIBBLES:
         lo0, lo1, hi0, hi1 = hi0, hi1, lo0, lo1
-    regs = tl.reshape(tl.join(tl.join(lo0, lo1), tl.join(hi0, hi1)), [n.shape[0], WORDS * 4]).to(
-        tl.uint32, bitcast=True
-    )
+    regs = tl.reshape(tl.join(tl.join(lo0, lo1), tl.join(hi0, hi1)), [rows, WORDS * 4]).to(tl.uint32, bitcast=True)
     halves = tl.join((regs & 0xFFFF).to(tl.uint16), (regs >> 16).to(tl.uint16))
-    return tl.reshape(halves, [n.shape[0], WORDS * 8]).to(tl.bfloat16, bitcast=True)
+    return tl.reshape(halves, [rows, WORDS * 8]).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit

@@ -33,9 +33,9 @@ import sys
 import torch
 
 from bench.gemm.w4a16_mxfp4 import random_weights
-from bench.launch_sweep import dims, failed, gpu_args, line, memcpy_gbps, note, parser, time_ms
+from bench.launch_sweep import best, checked_ms, dims, gpu_args, line, memcpy_gbps, note, parser, time_ms
 from kernels import w4a16_mxfp4_gemm as kernel
-from kernels.tolerances import families, lossy_bound, lossy_metrics
+from kernels.tolerances import families, lossy_bound
 from kernels.w4a16_mxfp4_layout import prepare_codes
 from reference.gemm.w4a16_mxfp4 import w4a16_mxfp4_gemm_mirror
 from reference.quant.mxfp4 import dequantize_mxfp4
@@ -125,29 +125,22 @@ def sweep_m(
     )
     table = w4a16_mxfp4_fragment_gemm.launch_config(m, n) if fragment else kernel.launch_config(m, n, x.device)
     results = []
+
+    def ratios(ms: float) -> dict[str, float]:
+        return {"bf16": matmul / ms, "memcpy": weight_bytes / ms / 1e6 / memcpy}
+
     for config in fragment_configs(m) if fragment else candidates(m, model):
         if only and config[0] != only:
             continue
-        try:
-            got = run(config)
-            metrics = lossy_metrics(got, want, want)
-            ok = metrics.max_rel <= bound.max_rel and metrics.rms_rel <= bound.rms_rel
-            ms = time_ms(lambda config=config: run(config), cuda_graph=True)
-        except Exception as err:  # a config that does not compile or fit is a line, not the end of the sweep
-            failed(f"{shape} {config}", err)
+        checked = checked_ms(lambda config=config: run(config), want, bound, f"{shape} {config}")
+        if checked is None:
             continue
+        ms, verdict = checked
         gbps = weight_bytes / ms / 1e6
         results.append((ms, config))
-        verdict = "ok" if ok else f"MISMATCH {metrics}"
         label = " table" if config == tuple(table) else ""
-        line(f"{shape} {config}{label}", ms, {"bf16": matmul / ms, "memcpy": gbps / memcpy}, verdict, gbps=gbps)
-    if results:
-        ms, config = min(results)
-        print(
-            f"BEST {shape}: {config} {ms * 1e3:.1f} us, {matmul / ms:.2f}x bf16 matmul, "
-            f"{weight_bytes / ms / 1e6 / memcpy:.3f}x memcpy",
-            flush=True,
-        )
+        line(f"{shape} {config}{label}", ms, ratios(ms), verdict, gbps=gbps)
+    best(shape, results, ratios)
 
 
 def main(argv: list[str] | None = None) -> int:

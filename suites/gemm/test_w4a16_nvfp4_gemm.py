@@ -281,6 +281,36 @@ def test_kernel_rejects_a_k_dim_it_cannot_read(device):
         kernel.w4a16_nvfp4_gemm(x, codes, scales, on(device, DecodeScale(1.0)))
 
 
+@pytest.mark.gpu_only(reason="the packed decode is PTX (NVIDIA sm_90+); the interpreter runs the fp32 decode")
+@pytest.mark.parametrize(("m", "n", "k", "config"), [(1, 40, 112, None), (20, 24, 112, (16, 16, 2, 2, 4, 1)),
+                                                     (64, 300, 1024, None), (5, 33, 8192, None)])  # fmt: skip
+def test_packed_and_fp32_decodes_give_the_same_bytes(m, n, k, config, device):
+    """The packed decode (bf16x2 PTX on int32 words, x permuted to the words' order) against the fp32 decode of the
+    same launch: every output bit equal, a NaN scale byte and ragged K tiles included."""
+    _, codes, scales, scale = quantized_weights(n, k, m + k, 4.0)
+    scales[n // 2, 0] = 0x7F
+    x = activations(m, k, m + k + 1).to(device)
+    args = (x, codes.to(device), scales.to(device), scale.value.to(device))
+    assert kernel.packed_decode(args[1])
+    packed = kernel.launch(*args, config=config, packed=True)
+    assert_exact(packed.cpu(), kernel.launch(*args, config=config, packed=False).cpu(), "packed vs fp32 decode")
+    assert packed[:, n // 2].isnan().all()
+
+
+def test_packed_decode_is_refused_where_it_cannot_run(device):
+    """packed=True on codes that are not whole int32 words a row (or off NVIDIA sm_90+) is refused, naming it."""
+    _, codes, scales, scale = quantized_weights(8, 32, 3, 2.0)
+    shifted = torch.zeros(8, 18, dtype=torch.uint8)
+    shifted[:, 2:] = codes
+    x = activations(2, 32, 4)
+    args = (x.to(device), shifted.to(device)[:, 2:], scales.to(device), scale.value.to(device))
+    assert not kernel.packed_decode(args[1])
+    with pytest.raises(ValueError, match="packed=True"):
+        kernel.launch(*args, packed=True)
+    got = kernel.launch(*args)  # the fp32 decode, in place
+    assert_exact(got.cpu(), kernel.launch(*args, packed=False).cpu(), "default vs fp32 decode")
+
+
 # Negative controls: bugs planted in the real kernel that the lossy check against the mirror must catch; spread 4
 # makes neighbouring blocks' scales differ, and a global scale of 2**-3 makes its omission visible.
 def faulty(fault: str):
@@ -305,22 +335,27 @@ from triton.compiler import ASTSource, compile
 from kernels import w4a16_nvfp4_gemm as kernel
 
 names = ("M", "N", "n_blocks", "tiles_per_split", "x_row_stride", "codes_row_stride", "scales_row_stride")
-pointers = {"x_ptr": "*bf16", "codes_ptr": "*u8", "scales_ptr": "*u8", "decode_ptr": "*fp32"}
-for i, (_, block_n, block_m, groups, _, warps, stages) in enumerate(kernel._GPU_CONFIGS):
-    out_fp32 = i % 2 == 1
-    constants = dict(BLOCK_N=block_n, BLOCK_M=block_m, GROUPS=groups, EVEN_K=i > 0, OUT_FP32=out_fp32, FAULT=0)
-    signature = {**pointers, "out_ptr": "*fp32" if out_fp32 else "*bf16", **dict.fromkeys(names, "i32")}
-    signature |= {"out_row_stride": "i32", "out_split_stride": "i32", **dict.fromkeys(constants, "constexpr")}
-    source = ASTSource(fn=kernel._w4a16_nvfp4_kernel, signature=signature, constexprs=constants)
-    compiled = compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
-    print(i, "wgmma" in compiled.asm["ptx"], len(compiled.asm["cubin"]) > 0)
+for packed in (False, True):
+    pointers = {"x_ptr": "*bf16", "codes_ptr": "*i32" if packed else "*u8", "scales_ptr": "*u8", "decode_ptr": "*fp32"}
+    for i, (_, block_n, block_m, groups, _, warps, stages) in enumerate(kernel._GPU_CONFIGS):
+        out_fp32 = i % 2 == 1
+        constants = dict(
+            BLOCK_N=block_n, BLOCK_M=block_m, GROUPS=groups, EVEN_K=i > 0, OUT_FP32=out_fp32, FAULT=0, PACKED=packed
+        )
+        signature = {**pointers, "out_ptr": "*fp32" if out_fp32 else "*bf16", **dict.fromkeys(names, "i32")}
+        signature |= {"out_row_stride": "i32", "out_split_stride": "i32", **dict.fromkeys(constants, "constexpr")}
+        source = ASTSource(fn=kernel._w4a16_nvfp4_kernel, signature=signature, constexprs=constants)
+        options = {"num_warps": warps, "num_stages": stages}
+        compiled = compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+        print(packed, i, "wgmma" in compiled.asm["ptx"], len(compiled.asm["cubin"]) > 0)
 """
 
 
 def test_every_gpu_config_compiles_for_sm90():
-    """Each launch-table row (the first in its ragged-K form) through Triton's compiler for sm_90, no GPU needed:
-    the interpreter runs kernels Python-side and misses what only the compiler rejects (a non-constexpr global, a
-    layout the MMA cannot take). Each compiles to wgmma and a cubin."""
+    """Each launch-table row (the first in its ragged-K form), in both decodes, through Triton's compiler for sm_90,
+    no GPU needed: the interpreter runs kernels Python-side and misses what only the compiler rejects (a
+    non-constexpr global, a layout the MMA cannot take, PTX that ptxas refuses). Each compiles to wgmma and a
+    cubin."""
     import os
     import subprocess
     import sys
@@ -328,4 +363,5 @@ def test_every_gpu_config_compiles_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90], env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stdout.split("\n")[:-1] == [f"{i} True True" for i in range(len(kernel._GPU_CONFIGS))]
+    rows = range(len(kernel._GPU_CONFIGS))
+    assert run.stdout.split("\n")[:-1] == [f"{p} {i} True True" for p in (False, True) for i in rows]

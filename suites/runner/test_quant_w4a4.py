@@ -43,11 +43,13 @@ def _activation(dtype: torch.dtype) -> torch.Tensor:
     ],
     ids=["mxfp4_even", "mxfp4_floor", "nvfp4_encode", "nvfp4_decode"],
 )
-def test_the_kernel_branch_gives_the_references_bytes(monkeypatch, fake_quantize, argument, dtype):
+def test_the_kernel_branch_gives_the_references_bytes(monkeypatch, fake_quantize, argument, dtype, device):
     x = _activation(dtype)
-    want = fake_quantize(x, argument)
+    want = fake_quantize(x, argument)  # the references' branch: a CPU tensor
     monkeypatch.setattr(fp4_w4a4, "uses_kernels", lambda x: True)
-    got = fake_quantize(x, argument)
+    if isinstance(argument, (EncodeScale, DecodeScale)):
+        argument = type(argument)(argument.value.to(device))
+    got = fake_quantize(x.to(device), argument).cpu()
     assert_exact(got, want, "fake-quantized activation")
     assert got.dtype == dtype and not torch.equal(got, x)  # something was quantized
 

@@ -2,8 +2,8 @@
 (`reference.quant.nvfp4`), activations unquantized (compressed-tensors' NVFP4A16; the online scheme). Hopper has
 no FP4 tensor cores: a checkpoint that quantizes its activations too runs here with them fake-quantized
 (`runner.model.quant.fp4_w4a4`). On CUDA in bf16 the W4A16 GEMM dequantizes the weights in the kernel
-(`kernels.w4a16_nvfp4_gemm`: E2M1 times the block scale, exact in bf16, the global scale on the fp32 sums) below
-DEQUANTIZE_FROM_ROWS rows, and from there on the dequantize kernel writes the bf16 weight for cuBLAS; on the CPU
+(`kernels.w4a16_nvfp4_gemm`: E2M1 times the block scale, exact in bf16, the global scale on the fp32 sums) up to
+KERNEL_ROWS rows, and above them the dequantize kernel writes the bf16 weight for cuBLAS; on the CPU
 the weights are dequantized by the reference and multiplied in the activation dtype.
 
 A fused layer has one global scale (the kernels' contract). A checkpoint quantizes its parts separately (ModelOpt:
@@ -19,9 +19,14 @@ import torch.nn.functional as F
 from reference.quant.nvfp4 import NVFP4_BLOCK_SIZE
 from reference.quant.nvfp4_fused_w13 import DEFAULT_W13_POLICY, NVFP4Tensor, fuse_w13, rescale_block_scales
 from reference.quant.nvfp4_global_scale import DecodeScale, EncodeScale, tensor_amax
-from runner.model.quant.mxfp4 import DEQUANTIZE_FROM_ROWS
 from runner.model.quant.online import OnlineScheme, zero_pad_columns
 from runner.model.quant.scheme import check_scales, uses_kernels
+
+# The W4A16 GEMM up to this many rows, dequantize-then-matmul above. H200, the kernel's table config over
+# dequantize-then-matmul, CUDA-graph replays (`python -m bench.gemm.w4a16_nvfp4_launch_sweep --table-only --m 64 96
+# 128 --shapes 6144x4096,28672x4096,4096x14336,8192x8192`: Llama-3.1-8B's projections and the square shape):
+# M = 64 1.28-1.88x; M = 96 0.63-1.04x and M = 128 0.60-1.17x (4096x14336 and 6144x4096 lose from 96 rows on).
+KERNEL_ROWS = 64
 
 
 class Nvfp4W4A16(OnlineScheme):
@@ -93,9 +98,7 @@ class Nvfp4W4A16(OnlineScheme):
 
     def apply(self, layer, x: torch.Tensor) -> torch.Tensor:
         scale = DecodeScale(layer.weight_scale_2)
-        # DEQUANTIZE_FROM_ROWS is the MXFP4 W4A16 GEMM's crossover, measured on the H200; the NVFP4 kernel runs the
-        # same tile shapes over the same K loop, its own crossover not measured yet.
-        if uses_kernels(x) and x.shape[0] < DEQUANTIZE_FROM_ROWS:
+        if uses_kernels(x) and x.shape[0] <= KERNEL_ROWS:
             from kernels.w4a16_nvfp4_gemm import w4a16_nvfp4_gemm
 
             x = zero_pad_columns(x, NVFP4_BLOCK_SIZE)
