@@ -104,8 +104,25 @@ class Nvfp4W4A16(OnlineScheme):
             x = zero_pad_columns(x, NVFP4_BLOCK_SIZE)
             return w4a16_nvfp4_gemm(x, layer.weight_codes, layer.weight_scales, scale)
         if uses_kernels(x):
-            from kernels.nvfp4 import dequantize_nvfp4
-        else:
-            from reference.quant.nvfp4 import dequantize_nvfp4
+            return _dequantize_then_matmul(layer, x)
+        from reference.quant.nvfp4 import dequantize_nvfp4
+
         w = dequantize_nvfp4(layer.weight_codes, layer.weight_scales, scale, dtype=x.dtype)
         return F.linear(x, w[:, : x.shape[1]])
+
+
+def _dequantize_then_matmul(layer, x: torch.Tensor) -> torch.Tensor:
+    """The kernel branch above KERNEL_ROWS in the W4A16 GEMM's own arithmetic (the mirror's): the weights
+    dequantized without the global scale (E2M1 times E4M3, exact in bf16), fp32 sums of the exact products, times
+    the global scale in fp32, one rounding. Rounding the weights times the global scale to bf16 instead put a
+    request's logits a bf16 step or more away from the kernel's whenever its batch, or a CUDA graph's padding,
+    crossed KERNEL_ROWS: greedy tokens of the same prompts then differed between eager and graph decode."""
+    from kernels.nvfp4 import dequantize_nvfp4
+
+    unit = DecodeScale(torch.ones((), dtype=torch.float32, device=x.device))
+    w = dequantize_nvfp4(layer.weight_codes, layer.weight_scales, unit, dtype=torch.bfloat16)[:, : x.shape[1]]
+    if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
+        sums = torch.mm(x, w.T.to(x.dtype), out_dtype=torch.float32)  # cuBLAS: fp32 accumulation and output
+    else:  # fp32 activations, or the interpreter's CPU tensors: the same exact products summed in fp32
+        sums = torch.mm(x.float(), w.float().T)
+    return (sums * layer.weight_scale_2).to(x.dtype)
