@@ -17,7 +17,7 @@ interleaved back into K order for one dot with x read in K order. Rows past N an
 (zero weights). Split-K (`kernels.split_k`) for the tall-K, few-row shapes of decode.
 
 On NVIDIA sm_90 and later the weights are decoded by packed integer and bf16x2 instructions instead
-(`_blocked_nvfp4_weights`, the MXFP4 GEMM's `_PACKED_DECODE_ASM`): the codes read as int32 words (two a block
+(`_blocked_nvfp4_weights`, through the MXFP4 GEMM's `_packed_word_weights`): the codes read as int32 words (two a block
 row), each word's eight codes four bf16x2 registers of E2M1 value times 2**-126, times 2**126 and the block's
 E4M3 scale as a bf16x2 pair (E2M1 times E4M3 has at most 6 significant bits and lies in 2**-10 .. 2688, so
 every product is exact in bf16), and x's K tile permuted to the words' order (`_in_word_k_order`). Both decodes
