@@ -3,8 +3,9 @@
 no FP4 tensor cores: a checkpoint that quantizes its activations too runs here with them fake-quantized
 (`runner.model.quant.fp4_w4a4`). On CUDA in bf16 the W4A16 GEMM dequantizes the weights in the kernel
 (`kernels.w4a16_nvfp4_gemm`: E2M1 times the block scale, exact in bf16, the global scale on the fp32 sums) up to
-KERNEL_ROWS rows, and above them the dequantize kernel writes the bf16 weight for cuBLAS; on the CPU
-the weights are dequantized by the reference and multiplied in the activation dtype.
+KERNEL_ROWS rows, and above them in the same arithmetic: the dequantize kernel writes the block-scaled weight (no
+global scale) for cuBLAS with fp32 output, scaled and rounded once; on the CPU the weights are dequantized by the
+reference and multiplied in the activation dtype.
 
 A fused layer has one global scale (the kernels' contract). A checkpoint quantizes its parts separately (ModelOpt:
 `weight_scale_2`, the decode scale, per part); when they differ, gate/up follow the named w1/w3 policy of
@@ -113,16 +114,17 @@ class Nvfp4W4A16(OnlineScheme):
 
 def _dequantize_then_matmul(layer, x: torch.Tensor) -> torch.Tensor:
     """The kernel branch above KERNEL_ROWS in the W4A16 GEMM's own arithmetic (the mirror's): the weights
-    dequantized without the global scale (E2M1 times E4M3, exact in bf16), fp32 sums of the exact products, times
-    the global scale in fp32, one rounding. Rounding the weights times the global scale to bf16 instead put a
-    request's logits a bf16 step or more away from the kernel's whenever its batch, or a CUDA graph's padding,
-    crossed KERNEL_ROWS: greedy tokens of the same prompts then differed between eager and graph decode."""
+    dequantized without the global scale (E2M1 times E4M3: at most 6 significant bits in 2**-10 .. 2688, exact in
+    bf16, fp16 and fp32), fp32 sums of the exact products, times the global scale in fp32, one rounding. Rounding
+    the weights times the global scale to bf16 instead put 45 % of a layer's outputs off the kernel's for the same
+    rows (suites/runner/test_quant_online.py), so a request's logits depended on whether its batch, or a CUDA
+    graph's padding, crossed KERNEL_ROWS."""
     from kernels.nvfp4 import dequantize_nvfp4
 
+    half = x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)  # cuBLAS: fp32 accumulation and output
     unit = DecodeScale(torch.ones((), dtype=torch.float32, device=x.device))
-    w = dequantize_nvfp4(layer.weight_codes, layer.weight_scales, unit, dtype=torch.bfloat16)[:, : x.shape[1]]
-    if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
-        sums = torch.mm(x, w.T.to(x.dtype), out_dtype=torch.float32)  # cuBLAS: fp32 accumulation and output
-    else:  # fp32 activations, or the interpreter's CPU tensors: the same exact products summed in fp32
-        sums = torch.mm(x.float(), w.float().T)
+    w = dequantize_nvfp4(layer.weight_codes, layer.weight_scales, unit, dtype=x.dtype if half else torch.float32)
+    w = w[:, : x.shape[1]]
+    # fp32 activations, or the interpreter's CPU tensors: the same exact products summed in fp32
+    sums = torch.mm(x, w.T, out_dtype=torch.float32) if half else torch.mm(x.float(), w.T)
     return (sums * layer.weight_scale_2).to(x.dtype)
