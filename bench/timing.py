@@ -2,9 +2,10 @@
 timing path of the registry's benches and the launch sweeps, and the one quantile function of every report.
 
 GPU (CUDA, ROCm, XPU): `triton.testing.do_bench`, which times every repetition with device events and
-zeroes a 256 MB buffer before each one (cold L2; H200 L2 is 50 MB). It is called with return_mode="all" so
-that the sample count is known; the quantiles are then the same linear interpolation do_bench applies when
-asked for quantiles=[0.2, 0.5, 0.8]. A CUDA-graph timing (`cuda_graph=True`) captures one call into a graph
+flushes L2 with a 256 MB buffer before each one (cold L2; H200 L2 is 50 MB); the flush here reads that buffer
+where do_bench's own zeroes it (`clean_flush` says why). It is called with return_mode="all" so that the sample
+count is known; the quantiles are then the same linear interpolation do_bench applies when asked for
+quantiles=[0.2, 0.5, 0.8]. A CUDA-graph timing (`cuda_graph=True`) captures one call into a graph
 and times its replays the same way; `triton.testing.do_bench_cudagraph` does not fit here: it replays many
 calls back to back with no L2 flush between them (a decode GEMM's 34 MiB of weights would stay in the 50 MB
 L2 and time faster than HBM allows) and returns 10 samples.
@@ -17,6 +18,7 @@ also pays for compilation and autotuning).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -76,12 +78,50 @@ def _one_call_ms(fn: Callable[[], object], torch_device: str) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def bench_gpu(fn: Callable[[], object], torch_device: str, warmup_ms: float, rep_ms: float) -> Timing:
+def clean_flush(cache: object) -> None:
+    """L2 flushed by reading do_bench's 256 MB buffer: the timed call finds none of its data in L2, and only
+    clean lines. Why not do_bench's own flush (`zero_flush`): it leaves L2 full of dirty lines, and the timed call
+    pays their write-back to HBM as its reads evict them, which a decode step does not (the kernels before a GEMV
+    mostly read weights). H200, p50 of CUDA-graph replays, zeroed against read (`python -m bench.read_floor`
+    prints both): a lone read of 37.7 MB took 17.1 against 13.7 us, of 53.0 MB 21.4 against 16.4 us, of 185 MB
+    53.1 against 44.3 us (then at the 1 GiB memcpy rate); the 1 GiB memcpy itself 795 against 791 us."""
+    cache.sum()
+
+
+def zero_flush(cache: object) -> None:
+    """do_bench's own L2 flush: the buffer zeroed."""
+    cache.zero_()
+
+
+FLUSHES = {"read": clean_flush, "zero": zero_flush}
+
+
+@contextlib.contextmanager
+def _flushing(flush: str):
+    """do_bench's L2 flush replaced by FLUSHES[flush] for the duration: the active driver's `clear_cache`, the one
+    hook do_bench flushes through."""
+    from unittest import mock
+
+    import triton
+
+    try:
+        driver = triton.runtime.driver.active
+    except RuntimeError:  # no GPU driver: do_bench cannot run here either (the harness's tests fake it)
+        yield
+        return
+    with mock.patch.object(driver, "clear_cache", FLUSHES[flush]):
+        yield
+
+
+def bench_gpu(
+    fn: Callable[[], object], torch_device: str, warmup_ms: float, rep_ms: float, flush: str = "read"
+) -> Timing:
     from triton.testing import do_bench  # GPU only; importing triton on CPU-only hosts is not needed
 
     estimate = _one_call_ms(fn, torch_device)
     rep = max(rep_ms, MIN_SAMPLES * estimate * 1.2)
-    times = do_bench(fn, warmup=warmup_ms, rep=rep, return_mode="all")
+    with _flushing(flush):
+        times = do_bench(fn, warmup=warmup_ms, rep=rep, return_mode="all")
     synchronize(torch_device)
     return summarize(times)
 
@@ -135,8 +175,10 @@ def bench(
     warmup_ms: float | None = None,
     rep_ms: float | None = None,
     cuda_graph: bool = False,
+    flush: str = "read",
 ) -> Timing:
-    """Time `fn` on `torch_device` ('cuda' for CUDA and ROCm, 'xpu', 'cpu'); `cuda_graph` times a replay."""
+    """Time `fn` on `torch_device` ('cuda' for CUDA and ROCm, 'xpu', 'cpu'); `cuda_graph` times a replay; `flush`:
+    how L2 is flushed before each repetition on a GPU (FLUSHES)."""
     if torch_device == "cpu":
         return bench_cpu(fn, warmup_ms or CPU_WARMUP_MS, rep_ms or CPU_REP_MS)
     note = ""
@@ -146,5 +188,5 @@ def bench(
         except Exception as err:  # not capturable (a host sync, an unsupported op): time it eagerly, say so
             synchronize(torch_device)
             note = f"timed without a CUDA graph ({type(err).__name__}: {str(err).splitlines()[0][:120]})"
-    timing = bench_gpu(fn, torch_device, warmup_ms or GPU_WARMUP_MS, rep_ms or GPU_REP_MS)
+    timing = bench_gpu(fn, torch_device, warmup_ms or GPU_WARMUP_MS, rep_ms or GPU_REP_MS, flush)
     return dataclasses.replace(timing, note=note)

@@ -331,6 +331,35 @@ def test_gpu_timing_goes_through_do_bench(monkeypatch):
     assert calls == [(25, 100, "all")]
 
 
+def test_gpu_timing_flushes_l2_by_reading_not_zeroing(monkeypatch):
+    """do_bench flushes L2 through the active driver's clear_cache, which zeroes its buffer; the harness reads the
+    buffer instead (a zeroing flush leaves dirty lines whose write-back the timed call pays), and puts the
+    driver's own back afterwards. A buffer of ones stays ones under the harness's flush, and is zeroed when
+    do_bench's own is asked for."""
+    import triton
+    import triton.testing
+
+    class Driver:
+        def clear_cache(self, cache):
+            cache.zero_()
+
+    driver = Driver()
+    monkeypatch.setattr(triton.runtime.driver, "_active", driver)
+    flushed = []
+
+    def fake_do_bench(fn, warmup, rep, return_mode):
+        cache = torch.ones(8, dtype=torch.int32)
+        triton.runtime.driver.active.clear_cache(cache)
+        flushed.append(cache)
+        return [1.0] * 5
+
+    monkeypatch.setattr(triton.testing, "do_bench", fake_do_bench)
+    bench(lambda: None, "fake", warmup_ms=1, rep_ms=1)
+    bench(lambda: None, "fake", warmup_ms=1, rep_ms=1, flush="zero")
+    assert flushed[0].eq(1).all() and flushed[1].eq(0).all()
+    assert "clear_cache" not in vars(driver)  # the driver's own method again
+
+
 def test_cuda_graph_timing_falls_back_and_says_so(monkeypatch):
     import triton.testing
 
