@@ -302,8 +302,6 @@ def _block_fp8_gemm_wgmma_kernel(
             [4, 1],
             [CONSUMER_REGS, PRODUCER_REGS],
         )  # fmt: skip
-        for s in gl.static_range(STAGES):
-            mbarrier.invalidate(empty.index(s))
     else:
         c_smem = a_bufs  # never used without c_desc
         if c_desc is not None:
@@ -316,8 +314,6 @@ def _block_fp8_gemm_wgmma_kernel(
             _fill(a_desc, b_desc, a_bufs, b_bufs, ready, s, s, k_blocks, first_tile, (0, 0, False), STAGES)
         _walk(pipe, sc, c_desc, c_smem, c_ptr, M, N, k_blocks, stride_cm, 0, BLOCK_M, num_warps, BLOCK_M, BLOCK_N,
               GROUP_M, STAGES, FAULT, WS)  # fmt: skip
-    for s in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(s))
 
 
 def runs_on(device: torch.device) -> bool:
