@@ -130,7 +130,7 @@ def op_markdown(frame: pd.DataFrame, view: View) -> str:
     parts = [f"# {op} ({_unique(frame, 'dtype')}) on {_unique(frame, 'device')}", ""]
     parts += [
         f"Measured against the same-run **{roof_name}** roof: **{roofs}**. Bytes per call = compulsory "
-        "bytes read + written; p50 of the timed samples (cold L2 on GPUs).",
+        "bytes read + written; p50 of the timed samples (cold L2 on GPUs: docs/bench.md, Timing).",
         "",
     ]
     parts += [f"- {line}" for line in headline(frame, view)] + [""]

@@ -16,8 +16,8 @@ one to read. Implementations:
 Correctness: lossy against the mirror (kernels.tolerances row "w4a16_mxfp4_gemm").
 
 Timing: every impl is timed as a CUDA-graph replay (`cuda_graph=True`; bench.timing.graphed says why: the
-op's host cost, ~50 us through torch.ops at M = 1 on the H200, exceeds the ~20 us kernel), with do_bench
-zeroing 256 MB between repetitions, so the 34 MiB of weights come from HBM, not the 50 MB L2.
+op's host cost, ~50 us through torch.ops at M = 1 on the H200, exceeds the ~20 us kernel), with L2 flushed by a
+256 MB read between repetitions (bench.timing), so the 34 MiB of weights come from HBM, not the 50 MB L2.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ across split-K 1..16 and narrow tiles, so a shape with few N tiles still fills t
 This is how `_GPU_CONFIGS` in kernels/w4a16_mxfp4_gemm.py is chosen (its comment says which rows are measured
 and which are guesses). Every config is checked against the mirror reference (lossy bound of the suites)
 before it is timed. Each time is the p50 of bench.timing over a CUDA-graph replay of one launch (the kernel(s)
-alone: no Python dispatch), with do_bench's 256 MB L2 flush before every repetition, so the 34 MiB of weights
+alone: no Python dispatch), with bench.timing's 256 MB L2 flush before every repetition, so the 34 MiB of weights
 stream from HBM; "dispatch" is the same op called eagerly through torch.ops.
 Lines: M, config (kernel BLOCK_N BLOCK_M GROUPS SPLIT_K warps stages), us, x bf16 matmul, weight GB/s,
 x memcpy, check.

@@ -15,7 +15,8 @@ bf16-matmul column is the one to read. Implementations:
 Correctness: lossy against the mirror (kernels.tolerances row "w4a16_nvfp4_gemm").
 
 Timing: CUDA-graph replays (`cuda_graph=True`, as the MXFP4 GEMM's bench and for its reason: the op's host cost
-exceeds a decode-sized kernel), do_bench zeroing 256 MB between repetitions, so the weights come from HBM.
+exceeds a decode-sized kernel), L2 flushed by a 256 MB read between repetitions (bench.timing), so the weights
+come from HBM.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ This is how `_GPU_CONFIGS` in kernels/w4a16_nvfp4_gemm.py is chosen, and where t
 calling the kernel (`runner.model.quant.nvfp4.KERNEL_ROWS`: the M from which dequantize-then-matmul wins;
 `--table-only` times only the table's config, at the M and shapes given, for that crossover). Every config is checked
 against the mirror reference (the lossy row "w4a16_nvfp4_gemm") before it is timed. Each time is the p50 of
-bench.timing over a CUDA-graph replay of one launch (do_bench's 256 MB L2 flush before every repetition, so the
+bench.timing over a CUDA-graph replay of one launch (bench.timing's 256 MB L2 flush before every repetition, so the
 weights stream from HBM). Lines: M, config (BLOCK_N BLOCK_M GROUPS SPLIT_K warps stages), us, x bf16 matmul,
 x dequantize-matmul, weight GB/s, x memcpy, check. The configs run the decode the op takes (the packed PTX on
 sm_90+); the table's config also runs the fp32 decode ("fp32-decode"), the packed decode's control.
