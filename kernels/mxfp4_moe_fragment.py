@@ -56,7 +56,9 @@ FAULTS = ("none", "gate_up_swapped", "neighbour_expert", "mx_scale_past_end", *m
 # second GEMV alone is 2.6 % faster with (2, 1, 1, 1), but a one-off layer timing with that pair took 89.0 us
 # against 85.5 (alone and after the first GEMV under PDL the configs rank differently).
 # At 1 token the layer is bound by its two GEMVs' single waves: a lone kernel that only reads the layer's 53.0 MB
-# takes 21.1 us, 0.60x the 1 GiB copy's rate (`python -m bench.read_floor`, beside each token count in the sweep).
+# takes 21.1 us, 0.60x the 1 GiB copy's rate (`python -m bench.read_floor`, beside each token count in the sweep),
+# timed with do_bench's zeroing L2 flush; with the harness's read flush (bench.timing.clean_flush) 16.4 us. These
+# configs were chosen under the zeroing flush.
 CONFIGS = (  # (most assignments, first GEMV's config, second GEMV's)
     (4, (4, 1, 1, 1), (4, 2, 1, 1)),
     (16, (4, 2, 1, 1), (4, 2, 1, 1)),
