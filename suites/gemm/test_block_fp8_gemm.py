@@ -389,6 +389,70 @@ NEGATIVE_DATA = {
 WGMMA_SMALL = Config(block_m=64, block_n=128, group_m=1, persistent=True, num_warps=4, num_stages=2, wgmma=True)
 
 
+# Run in a process of its own: under TRITON_INTERPRET=1 (the CPU tier) the jit decorators give interpreter
+# functions, which the compiler cannot take.
+_COMPILE_WGMMA_FOR_SM90 = """
+from triton.backends.compiler import GPUTarget
+from triton.compiler import compile
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from kernels import block_fp8_gemm as gemm
+from kernels import block_fp8_gemm_wgmma as kernel
+
+SM90_SHARED = 232448  # bytes of shared memory a CTA may take on sm_90 (H100, H200)
+GL = {"fp8e4nv": gl.float8e4nv, "bf16": gl.bfloat16, "fp32": gl.float32}
+
+
+def desc(dtype, shape):
+    layout = gl.NVMMASharedLayout.get_default_for(shape, GL[dtype])
+    return f"tensordesc<{dtype}[{shape[0]}, {shape[1]}],{layout!r}>"
+
+
+for cfg in (gemm.WGMMA_WS_CONFIG, gemm.WGMMA_CONFIG):
+    ws = cfg.warp_specialize
+    for out, size in (("bf16", 2), ("fp32", 4)):
+        for tma_store in (True, False):
+            fit = (SM90_SHARED - cfg.block_m * cfg.block_n * size - kernel._BARRIER_BYTES) // (
+                (cfg.block_m + cfg.block_n) * kernel.BLOCK_K
+            )
+            c_rows = cfg.block_m // 2 if ws else cfg.block_m
+            signature = {
+                "a_desc": desc("fp8e4nv", [cfg.block_m, kernel.BLOCK_K]),
+                "b_desc": desc("fp8e4nv", [cfg.block_n, kernel.BLOCK_K]),
+                "c_desc": desc(out, [c_rows, cfg.block_n]) if tma_store else "constexpr",
+                "c_ptr": "*" + out, "as_ptr": "*fp32", "bs_ptr": "*fp32",
+            }
+            signature |= dict.fromkeys(("M", "N", "k_blocks", "stride_cm", "stride_asm", "stride_ask", "stride_bsn",
+                                        "stride_bsk"), "i32")
+            warps = 4 if ws else cfg.num_warps
+            constants = dict(GROUP_M=cfg.group_m, STAGES=kernel.stage_count(cfg.num_stages, 64, fit, ws), FAULT=0,
+                             WS=ws, CONSUMER_REGS=kernel.CONSUMER_REGS, num_warps=warps)
+            if not tma_store:
+                constants["c_desc"] = None
+            signature |= dict.fromkeys(constants, "constexpr")
+            source = GluonASTSource(fn=kernel._block_fp8_gemm_wgmma_kernel, signature=signature, constexprs=constants)
+            options = {"num_warps": warps} | ({"maxnreg": kernel.WS_MAXNREG} if ws else {})
+            compiled = compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+            print(ws, out, tma_store, "wgmma" in compiled.asm["ptx"], len(compiled.asm["cubin"]) > 0)
+"""
+
+
+def test_wgmma_kernel_compiles_for_sm90():
+    """The Gluon GEMM's two launch-table rows (warp-specialized for M > 64 on sm_90, all warps in one partition),
+    with bf16 and fp32 C, stored through TMA and from registers, through Triton's compiler for sm_90 with no GPU:
+    Gluon does not run in the interpreter, so without this a change that breaks its compilation shows only on a
+    GPU. Each compiles to wgmma and a cubin."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _COMPILE_WGMMA_FOR_SM90], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+    want = [f"{ws} {out} {tma} True True" for ws in (True, False) for out in ("bf16", "fp32") for tma in (True, False)]
+    assert run.stdout.split("\n")[:-1] == want
+
+
 @pytest.mark.parametrize("path", ["tiled", "gemv", "wgmma", "wgmma_ws"])
 @pytest.mark.parametrize("data", sorted(NEGATIVE_DATA))
 @pytest.mark.parametrize("fault", ["weight_scale_next_k_block", "weight_scale_next_n_block"])
