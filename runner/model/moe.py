@@ -11,8 +11,12 @@ stacked in `w2` [E, H, I]: the layout of
 `weight_loader` copies it into its slice, with the shard id (expert, "w1" | "w2" | "w3").
 On CUDA in bf16/fp16 the experts run as `kernels.fused_moe` (through its launcher, as the runner's other
 kernels: runner.model.attention); elsewhere as `reference.moe.experts.fused_moe_mirror` (on the input's device:
-fp32 GEMMs, a fp32 sum over the k experts). With online MXFP4 (`quantization="mxfp4"`) the experts are quantized
-after loading (`quantize_experts`) and stored by `store_experts` in the layout the device reads: on CUDA in bf16
+fp32 GEMMs, a fp32 sum over the k experts). With online MXFP4 (`quantization="mxfp4"`) each expert is quantized
+as its last matrix arrives (`quantize_experts`): a load holds the quantized experts and the unquantized matrices of
+the experts still arriving (one, in a checkpoint that keeps an expert's tensors together, as safetensors' sorted
+names do), never the layer's unquantized experts; the `w13` and `w2` parameters stay shapes without storage (the
+meta device) that the loader names. Once all are in, `store_experts` stores them in the layout the device reads: on
+CUDA in bf16
 where the packed PTX runs (NVIDIA sm_90+) and H and the padded I are multiples of 64, the fragment layout
 (`kernels.mxfp4_fragment_layout`), run as `kernels.mxfp4_moe_fragment` (tensor-core GEMVs at decode, the bf16 layer
 on the decoded experts at prefill); elsewhere codes and scales, run as `kernels.mxfp4_moe` on CUDA in bf16,
@@ -45,16 +49,21 @@ class SparseMoE(nn.Module):
         self, hidden: int, inter: int, experts: int, top_k: int, renormalize: bool, dtype: torch.dtype, device,
         mxfp4: bool = False,
     ) -> None:  # fmt: skip
-        """mxfp4: quantize the experts to MXFP4 once they are loaded (`process_weights_after_loading`)."""
+        """mxfp4: quantize each expert to MXFP4 as it is loaded (module doc)."""
         super().__init__()
         self.hidden, self.inter, self.num_experts, self.top_k = hidden, inter, experts, top_k
         self.renormalize, self.mxfp4 = renormalize, mxfp4
+        self.dtype, self.device = dtype, torch.device(device)
         if mxfp4:
             check_mxfp4_hidden(hidden)
         self.gate = nn.Module()  # HF's name: `block_sparse_moe.gate.weight`, the router
         self.gate.weight = self._param((experts, hidden), dtype, device)
-        self.w13 = self._param((experts, 2 * inter, hidden), dtype, device, experts=True)
-        self.w2 = self._param((experts, hidden, inter), dtype, device, experts=True)
+        experts_device = "meta" if mxfp4 else device
+        self.w13 = self._param((experts, 2 * inter, hidden), dtype, experts_device, experts=True)
+        self.w2 = self._param((experts, hidden, inter), dtype, experts_device, experts=True)
+        self.staged: dict[int, dict[str, torch.Tensor]] = {}  # online MXFP4: an arriving expert's matrices by part
+        self.quantized: dict[str, torch.Tensor] | None = None  # online MXFP4: the experts quantized so far
+        self.quantized_experts: set[int] = set()
 
     def _param(self, shape, dtype, device, experts: bool = False) -> nn.Parameter:
         p = nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
@@ -77,17 +86,40 @@ class SparseMoE(nn.Module):
         target = param.data[expert, rows]
         if tuple(tensor.shape) != tuple(target.shape):
             raise ValueError(f"expert {expert} {part} must be {list(target.shape)}, got {list(tensor.shape)}")
-        target.copy_(tensor)
+        if self.mxfp4:
+            self._stage(expert, part, tensor)
+        else:
+            target.copy_(tensor)
+
+    def _stage(self, expert: int, part: str, tensor: torch.Tensor) -> None:
+        """Online MXFP4: keep the expert's matrix until its three are in, then quantize the expert (`quantize_experts`
+        of its gate rows then up rows, and its w2) into its slot of `quantized` and drop them."""
+        parts = self.staged.setdefault(expert, {})
+        if part in parts or expert in self.quantized_experts:
+            raise ValueError(f"expert {expert} {part} given twice")
+        parts[part] = tensor.to(device=self.device, dtype=self.dtype, copy=True)
+        if len(parts) < 3:
+            return
+        del self.staged[expert]
+        w13 = torch.cat([parts.pop("w1"), parts.pop("w3")])[None]
+        one = quantize_experts(w13, parts.pop("w2")[None], interleaved=False)
+        if self.quantized is None:
+            self.quantized = {name: t.new_empty((self.num_experts, *t.shape[1:])) for name, t in one.items()}
+        for name, t in one.items():
+            self.quantized[name][expert] = t[0]
+        self.quantized_experts.add(expert)
 
     def process_weights_after_loading(self) -> None:
-        """MXFP4 experts, online: `quantize_experts` of the loaded w13 / w2 (gate rows then up rows). The
-        unquantized parameters are dropped."""
+        """MXFP4 experts, online: the experts quantized as they arrived, stored (`store_experts`) in the layout the
+        device reads; the parameters without storage are dropped. RuntimeError naming the experts not all in."""
         if not self.mxfp4 or hasattr(self, "expert_layout"):
             return
-        quantized = quantize_experts(self.w13.data, self.w2.data, interleaved=False)
-        dtype = self.w13.dtype
+        if len(self.quantized_experts) < self.num_experts:
+            missing = sorted(set(range(self.num_experts)) - self.quantized_experts)
+            raise RuntimeError(f"process_weights_after_loading: experts {missing[:8]} not (all) loaded")
+        quantized, self.quantized = self.quantized, None
         del self.w13, self.w2
-        store_experts(self, quantized, dtype)
+        store_experts(self, quantized, self.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = softmax_topk(F.linear(x, self.gate.weight), self.top_k, renormalize=self.renormalize)

@@ -37,9 +37,14 @@ def test_fragment_experts_run_within_the_row(device, tokens):
     g = torch.Generator(device=device).manual_seed(tokens)
     hidden, inter, experts = 128, 64, 8
     moe = SparseMoE(hidden, inter, experts, 2, True, torch.bfloat16, device, mxfp4=True)
-    for p, fan_in in ((moe.gate.weight, hidden), (moe.w13, hidden), (moe.w2, inter)):
-        p.data.copy_(torch.randn(p.shape, device=device, generator=g) * fan_in**-0.5)
-    quantized = quantize_experts(moe.w13.data, moe.w2.data, interleaved=False)
+    moe.gate.weight.data.copy_(torch.randn(moe.gate.weight.shape, device=device, generator=g) * hidden**-0.5)
+    w13 = (torch.randn(experts, 2 * inter, hidden, device=device, generator=g) * hidden**-0.5).to(torch.bfloat16)
+    w2 = (torch.randn(experts, hidden, inter, device=device, generator=g) * inter**-0.5).to(torch.bfloat16)
+    for e in range(experts):  # through the loader, an expert at a time, as a checkpoint gives them
+        moe.weight_loader(moe.w13, w13[e, :inter], (e, "w1"))
+        moe.weight_loader(moe.w13, w13[e, inter:], (e, "w3"))
+        moe.weight_loader(moe.w2, w2[e], (e, "w2"))
+    quantized = quantize_experts(w13, w2, interleaved=False)
     moe.process_weights_after_loading()
     assert moe.expert_layout == "fragment" and moe.w13_words.dtype == torch.int32
     x = torch.randn(tokens, hidden, device=device, generator=g).to(torch.bfloat16)

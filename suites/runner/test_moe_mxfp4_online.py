@@ -70,6 +70,47 @@ def test_online_mxfp4_experts_equal_the_fake_quantized_model(checkpoints):
         assert_agree(families.LLAMA_ORDERS, got, want, "first-step logits")
 
 
+def test_a_moe_load_holds_one_unquantized_expert_at_a_time(checkpoints):
+    """Each expert is quantized as its last matrix arrives: while the checkpoint streams in (safetensors' key order,
+    an expert's matrices together), at most one expert's unquantized matrices are held in the whole model, and the
+    experts' parameters have no storage (the meta device); a layer's experts all staged at once would be the
+    unquantized layer the online load must not hold."""
+    from runner.model.llama import LlamaForCausalLM
+    from runner.model.moe import SparseMoE
+    from runner.model.quant import online_config
+    from runner.model.weights import read_hf_config, safetensors_weights
+
+    path, _ = checkpoints
+    model = LlamaForCausalLM(read_hf_config(path), torch.float32, "cpu", online_config("mxfp4"))
+    layers = [m for m in model.modules() if isinstance(m, SparseMoE)]
+    assert len(layers) == 2 and all(m.w13.is_meta and m.w2.is_meta for m in layers)
+    most = 0
+
+    def watched():
+        nonlocal most
+        for item in safetensors_weights(path):
+            yield item
+            most = max(most, sum(len(m.staged) for m in layers))
+
+    model.load_weights(watched())
+    assert most == 1 and all(not m.staged and m.quantized is None for m in layers)
+    assert all(m.w13_codes.shape == (4, 128, 32) and not hasattr(m, "w13") for m in layers)
+
+
+def test_an_expert_left_unloaded_is_named():
+    from runner.model.moe import SparseMoE
+
+    moe = SparseMoE(64, 32, 3, 1, True, torch.float32, "cpu", mxfp4=True)
+    for e in (0, 2):
+        for part, shape in (("w1", (32, 64)), ("w3", (32, 64)), ("w2", (64, 32))):
+            moe.weight_loader(moe.w13 if part != "w2" else moe.w2, torch.randn(shape), (e, part))
+    moe.weight_loader(moe.w13, torch.randn(32, 64), (1, "w1"))
+    with pytest.raises(RuntimeError, match=r"experts \[1\] not \(all\) loaded"):
+        moe.process_weights_after_loading()
+    with pytest.raises(ValueError, match="expert 0 w2 given twice"):
+        moe.weight_loader(moe.w2, torch.randn(64, 32), (0, "w2"))
+
+
 def test_negative_control_unquantized_experts_are_caught(checkpoints, tmp_path):
     """The oracle sees the experts: with only the attention projections fake-quantized, the logits disagree."""
     from safetensors.torch import load_file, save_file
