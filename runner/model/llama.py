@@ -40,8 +40,9 @@ STACKED_PARAMS = (
 
 
 def _scheme(quant, prefix: str):
-    """The quantization scheme of the layer named `prefix` (None: unquantized)."""
-    return None if quant is None else quant.scheme_for(prefix, LlamaForCausalLM.packed_modules_mapping)
+    """The quantization scheme of the layer named `prefix` (None: unquantized); `quant` is the config the model
+    made for itself (`QuantConfig.for_model`), which holds the model class's fused-layer mapping."""
+    return None if quant is None else quant.scheme_for(prefix)
 
 
 class LlamaAttention(nn.Module):
@@ -168,7 +169,8 @@ class LlamaModel(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     # fused layer -> the checkpoint layers it is made of, in row order. Read-only: a subclass that adds entries
-    # builds its own ({**LlamaForCausalLM.packed_modules_mapping, ...}), so no two models share a mutable one.
+    # builds its own ({**LlamaForCausalLM.packed_modules_mapping, ...}), so no two models share a mutable one;
+    # the quantization config gets a copy of the class's (`QuantConfig.for_model`), its own entries on top.
     packed_modules_mapping = MappingProxyType(
         {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
     )
@@ -178,6 +180,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         if not isinstance(config, LlamaConfig):
             raise TypeError(f"config: must be a LlamaConfig, got {type(config).__name__}")
+        quant = None if quant is None else quant.for_model(type(self).packed_modules_mapping)
         self.config, self.dtype, self.quant = config, dtype, quant
         self.model = LlamaModel(config, dtype, device, quant)
         self.lm_head = (

@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -171,6 +173,35 @@ def test_fused_parts_with_different_schemes_are_refused():
     only_q = QuantConfig("fp8", lambda name: None if name.endswith("q_proj") else "fp8", online=True)
     with pytest.raises(ValueError, match=r"qkv_proj.*different schemes.*q_proj.*unquantized"):
         LlamaForCausalLM(TINY, torch.float32, "cpu", only_q)
+
+
+def test_the_model_class_packed_mapping_reaches_the_config_as_a_copy():
+    """The config a model is built with gets the model class's fused-layer mapping, copied (`for_model`): a
+    subclass that fuses more layers has its mapping used (its fused layer's parts with different schemes are
+    refused, by name), the base class and the config passed in keep theirs, and no mapping can be changed in
+    place."""
+    from types import MappingProxyType
+
+    class OutFused(LlamaForCausalLM):  # o_proj made of two checkpoint layers (a mapping entry the base lacks)
+        packed_modules_mapping = MappingProxyType(
+            {**LlamaForCausalLM.packed_modules_mapping, "o_proj": ("o_proj_a", "o_proj_b")}
+        )
+
+    split = QuantConfig("test", lambda name: None if name.endswith("o_proj_b") else "fp8", online=True)
+    LlamaForCausalLM(TINY, torch.float32, "cpu", split)  # the base class has no such fused layer
+    with pytest.raises(ValueError, match=r"o_proj.*different schemes.*o_proj_a.*fp8.*o_proj_b.*unquantized"):
+        OutFused(TINY, torch.float32, "cpu", split)
+    model = LlamaForCausalLM(TINY, torch.float32, "cpu", online_config("fp8"))
+    assert dict(model.quant.packed_modules_mapping) == dict(LlamaForCausalLM.packed_modules_mapping)
+    assert "o_proj" not in LlamaForCausalLM.packed_modules_mapping and not split.packed_modules_mapping
+    extended = dataclasses.replace(split, packed_modules_mapping=MappingProxyType({"lm_head": ("lm_head",)}))
+    merged = extended.for_model(OutFused.packed_modules_mapping).packed_modules_mapping
+    assert (
+        set(merged) == {"qkv_proj", "gate_up_proj", "o_proj", "lm_head"}
+        and "lm_head" not in OutFused.packed_modules_mapping
+    )
+    with pytest.raises(TypeError):
+        merged["qkv_proj"] = ("q_proj",)
 
 
 def test_an_unknown_quantization_is_named():

@@ -1,13 +1,16 @@
 """Which scheme each linear layer of a model gets. Model-independent: a `QuantConfig` maps checkpoint layer
 names (HF's, e.g. "model.layers.0.self_attn.q_proj") to a scheme name; the model class declares how its fused
-layers are made of checkpoint layers (`packed_modules_mapping`), and `scheme_for` answers for a fused layer
-only when all its parts agree. The parsers of producers' configs (runner.model.quant.checkpoint_config) and
+layers are made of checkpoint layers (`packed_modules_mapping`), which the model gives the config it is built
+with (`for_model`: a new read-only copy, the config's own entries on top, so that neither the class's mapping
+nor another model's config is changed), and `scheme_for` answers for a fused layer only when all its parts
+agree. The parsers of producers' configs (runner.model.quant.checkpoint_config) and
 `online_config` build one."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 
 from runner.model.quant.scheme import LinearScheme
 
@@ -66,14 +69,25 @@ class QuantConfig:
     # scheme name -> `make_scheme` options, where a producer stores a scheme's tensors otherwise (compressed-
     # tensors: block-FP8 scales "weight_scale", FP4 codes "weight_packed", NVFP4 encode global scales)
     scheme_options: Mapping[str, Mapping[str, object]] = dataclasses.field(default_factory=dict)
+    # fused layer -> the checkpoint layers it is made of: the config's own entries until `for_model`, then the
+    # model's with those on top
+    packed_modules_mapping: Mapping[str, tuple[str, ...]] = dataclasses.field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
-    def scheme_for(self, prefix: str, packed_modules_mapping: Mapping[str, tuple[str, ...]]) -> LinearScheme:
-        """The scheme of the layer named `prefix` in the model (a fused one by its parts' names); ValueError
-        naming the parts when they disagree."""
+    def for_model(self, packed_modules_mapping: Mapping[str, tuple[str, ...]]) -> QuantConfig:
+        """This config for a model whose class declares `packed_modules_mapping`: a new config holding a read-only
+        copy of it with this config's entries on top; this config and the mapping given are left as they were."""
+        merged = {**packed_modules_mapping, **self.packed_modules_mapping}
+        return dataclasses.replace(self, packed_modules_mapping=MappingProxyType(merged))
+
+    def scheme_for(self, prefix: str) -> LinearScheme:
+        """The scheme of the layer named `prefix` in the model (a fused one by its parts' names, from
+        `packed_modules_mapping`); ValueError naming the parts when they disagree."""
         from runner.model.quant.unquantized import Unquantized
 
         head, _, leaf = prefix.rpartition(".")
-        parts = [f"{head}.{p}" if head else p for p in packed_modules_mapping.get(leaf, (leaf,))]
+        parts = [f"{head}.{p}" if head else p for p in self.packed_modules_mapping.get(leaf, (leaf,))]
         schemes = {p: self.scheme_of(p) for p in parts}
         if len(set(schemes.values())) > 1:
             named = {p: s or "unquantized" for p, s in schemes.items()}
