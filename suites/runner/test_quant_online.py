@@ -24,7 +24,7 @@ from kernels.tolerances import assert_exact
 from reference.quant.fp8 import quantize_fp8, quantize_fp8_blocks
 from reference.quant.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from reference.quant.nvfp4 import quantize_nvfp4
-from reference.quant.nvfp4_global_scale import DecodeScale, tensor_amax
+from reference.quant.nvfp4_global_scale import DecodeScale, EncodeScale, tensor_amax
 from runner.model.layers import Linear
 from runner.model.llama import LlamaForCausalLM
 from runner.model.quant import ONLINE_SCHEMES, QuantConfig, make_scheme, online_config
@@ -209,31 +209,35 @@ def test_an_unknown_quantization_is_named():
         online_config("int3")
 
 
-def _quantized(scheme: str, w: torch.Tensor) -> list[torch.Tensor]:
+def _quantized(scheme: str, w: torch.Tensor, whole: torch.Tensor) -> list[torch.Tensor]:
+    """`w` (the whole weight or a rank's shard of `whole`) quantized as a rank would: NVFP4 under the whole
+    tensor's global scale, which every rank is given."""
     if scheme == "fp8_block":
         return list(quantize_fp8_blocks(w))
     if scheme == "mxfp4":
         return list(quantize_mxfp4(w, scale_mode="floor"))
+    if scheme == "nvfp4":
+        return list(quantize_nvfp4(w, EncodeScale.from_amax(tensor_amax(whole))))
     raise AssertionError(scheme)
 
 
 @settings(max_examples=25, deadline=None)
 @given(
-    scheme=st.sampled_from(["fp8_block", "mxfp4"]),
+    scheme=st.sampled_from(["fp8_block", "mxfp4", "nvfp4"]),
     dim=st.sampled_from([0, 1]),
     parts=st.sampled_from([1, 2, 4]),
     blocks=st.integers(1, 3),
     seed=st.integers(0, 2**16),
 )
 def test_a_quantized_shard_is_the_shard_of_the_quantized_weight(scheme, dim, parts, blocks, seed):
-    row_block, col_block = {"fp8_block": (128, 128), "mxfp4": (1, 32)}[scheme]
+    row_block, col_block = {"fp8_block": (128, 128), "mxfp4": (1, 32), "nvfp4": (1, 16)}[scheme]
     shape = [row_block * 3, col_block * 2]
     shape[dim] = (row_block, col_block)[dim] * blocks * parts
     w = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
     size = check_tp_split(scheme, tuple(shape), dim, parts)
-    whole = _quantized(scheme, w)
+    whole = _quantized(scheme, w, w)
     for r in range(parts):
-        mine = _quantized(scheme, w.narrow(dim, r * size, size).contiguous())
+        mine = _quantized(scheme, w.narrow(dim, r * size, size).contiguous(), w)
         for got, full in zip(mine, whole, strict=True):
             # codes span the weight's columns (2 a byte for MXFP4), scales one per block along each dim
             per = full.shape[dim] // parts
@@ -250,6 +254,17 @@ def test_fp8_tensor_shards_need_the_whole_tensors_scale():
     assert not torch.equal(own.view(torch.uint8), q[4:].view(torch.uint8)), "a shard's own scale differs"
 
 
+def test_nvfp4_shards_need_the_whole_tensors_global_scale():
+    w = torch.randn(8, 64, generator=torch.Generator().manual_seed(2))
+    w[0, 0] = 40.0  # the amax sits in shard 0
+    codes, scales = quantize_nvfp4(w, EncodeScale.from_amax(tensor_amax(w)))
+    given_ = quantize_nvfp4(w[4:], EncodeScale.from_amax(tensor_amax(w)))
+    own = quantize_nvfp4(w[4:], EncodeScale.from_amax(tensor_amax(w[4:])))
+    assert_exact(given_[0], codes[4:], "codes under the whole tensor's global scale")
+    assert_exact(given_[1], scales[4:], "block scales under the whole tensor's global scale")
+    assert not torch.equal(own[1], scales[4:]), "a shard's own global scale gives other block scales"
+
+
 @pytest.mark.parametrize(
     ("scheme", "shape", "dim", "parts", "message"),
     [
@@ -257,6 +272,7 @@ def test_fp8_tensor_shards_need_the_whole_tensors_scale():
         ("fp8_block", (384, 256), 0, 2, "spans 128 along dim 0; shards of 192"),
         ("mxfp4", (8, 96), 1, 2, "spans 32 along dim 1; shards of 48"),
         ("mxfp4", (8, 96), 1, 5, "does not split into 5 equal shards"),
+        ("nvfp4", (8, 96), 1, 4, "spans 16 along dim 1; shards of 24"),
     ],
 )
 def test_a_split_that_cuts_a_block_is_refused(scheme, shape, dim, parts, message):
