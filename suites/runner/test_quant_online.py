@@ -522,10 +522,14 @@ def test_fp8_scaled_mm_branch_equals_the_fp32_path(monkeypatch, device):
     assert ulps <= 1, f"scaled_mm on {device} vs the fp32 path: {ulps} bf16 ulps apart"
 
 
-def test_mxfp4_even_mode_equals_amd_quarks_quantizer_on_every_weight_of_the_embedded_model(smollm2):
+def test_mxfp4_even_mode_bytes_equal_amd_quarks_quantizer_on_every_weight_of_the_embedded_model(smollm2):
     """AMD Quark's MX emulation (`fake_quantize_mx`, scale mode "even", its default) against the online MXFP4
-    load in the same mode: the dequantized weights are equal on every decoder linear weight. Equal values with
-    the same block amax mean equal scale bytes and equal codes up to the sign of zero (normalized here)."""
+    load in the same mode, on every decoder linear weight: the bytes are equal. The scale bytes are Quark's own
+    block scales (its `even_round`, as log2 + 127), the codes Quark's values divided by them, encoded, with -0 as
+    +0 (the online load's choice); and the dequantized weights are equal."""
+    from reference.formats.e2m1 import encode_e2m1
+    from reference.formats.nibbles import pack_nibbles
+
     fake_quantize_mx = quark_oracle.fake_quantize_mx()
     model, _, config = smollm2
     checked = 0
@@ -538,6 +542,11 @@ def test_mxfp4_even_mode_equals_amd_quarks_quantizer_on_every_weight_of_the_embe
         ours = dequantize_mxfp4(layer.weight_codes, layer.weight_scales, dtype=torch.float32)
         theirs = fake_quantize_mx(w, axis=-1, block_size=32, scale_calculation_mode="even", mx_element_dtype="fp4")
         assert_exact(ours, theirs, name)
+        scale_bytes = quark_oracle.mx_scale_bytes(w)
+        assert_exact(layer.weight_scales, scale_bytes, f"{name}: scale bytes")
+        steps = torch.exp2(scale_bytes.float() - 127).unsqueeze(-1)
+        codes = pack_nibbles(encode_e2m1(theirs.unflatten(-1, (-1, 32)) / steps).flatten(-2))
+        assert_exact(layer.weight_codes, positive_zeros(codes), f"{name}: codes")
         checked += 1
     assert checked == 4 * config.num_hidden_layers
 
