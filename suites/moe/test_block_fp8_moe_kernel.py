@@ -2,9 +2,10 @@
 LOSSY row against `block_fp8_moe_mirror` and above its SQNR floor against `block_fp8_moe_ideal`, over hypothesis
 draws of experts, top-k, tokens (0, 1, odd, more than E x block), skew (every token on one expert), expert-parallel
 maps and hidden/intermediate sizes (multiples of the 128-wide blocks, as the format requires); opcheck; CUDA-graph
-replay; named bad arguments; negative controls on both paths (the grouped GEMM, and the decode GEMV of
-`kernels.moe_gemv`): a weight scale read from the neighbouring K block, gate and up swapped, the neighbouring
-expert's weights. Values are drawn at unit scale (randn activations, weights scaled by
+replay; named bad arguments; inputs followed by guard bytes and allocations from zeroed or poisoned memory giving
+the same bytes (with a scale read one past the end as its control); negative controls on both paths (the grouped
+GEMM, and the decode GEMV of `kernels.moe_gemv`): a weight scale read from the neighbouring K block, gate and up
+swapped, the neighbouring expert's weights. Values are drawn at unit scale (randn activations, weights scaled by
 1 / sqrt(fan-in)), where a gate/up swap costs ~30 dB, not the ~17 dB of small-scale MoE test draws."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 from kernels.tolerances import assert_lossy, families
 from reference.moe import quantized as ref
 from reference.quant.fp8 import quantize_fp8_blocks
+from suites.guard_bytes import assert_guarded_call_agrees
 from suites.moe.routing_draws import decode_routing, draw_routing, drop_one, local_experts, on
 
 kernel = pytest.importorskip("kernels.block_fp8_moe")
@@ -116,6 +118,38 @@ def test_decode_path_within_the_row_and_beside_the_grouped_gemm(device, expert_m
     grouped = kernel.launch(*placed, tiles=tiles).cpu()
     mirror, ideal = ref.block_fp8_moe_mirror(*args), ref.block_fp8_moe_ideal(*args)
     assert_lossy(families.BLOCK_FP8_MOE, grouped, mirror, ideal, "block_fp8_moe")
+
+
+@pytest.mark.parametrize("path", ["gemv", "grouped"])
+def test_zeroed_and_poisoned_surroundings_give_the_same_bytes(device, path):
+    """Every input followed by guard bytes (the E4M3 weights and their fp32 block scales included) and the free
+    memory the op allocates from (quantized activations, workspaces, output) filled, once with zeros and once with
+    poison (NaN / 0xFF): the same output bytes, every guard byte intact (suites.guard_bytes), on the decode GEMV and
+    on the grouped GEMM (forced by `tiles`). A scale read past the last block would pick up NaN."""
+    from kernels.moe_gemm import choose_tiles, fp8_tiles
+
+    x, w13, s13, w2, s2, weights, ids, activation, _ = _decode()
+    tiles = None if path == "gemv" else fp8_tiles(*choose_tiles(torch.device(device), 6, 8, 256, 128))
+    inputs = dict(x=x, w13=w13, w13_scales=s13, w2=w2, w2_scales=s2, topk_weights=weights, topk_ids=ids)
+    assert_guarded_call_agrees(lambda **a: kernel.launch(**a, activation=activation, tiles=tiles), inputs, device)
+
+
+@pytest.mark.parametrize("path", ["gemv", "grouped"])
+def test_negative_control_a_scale_read_past_the_end_is_caught(device, path):
+    """The same check on a call whose w2 scales are read one element later (a view of the guarded buffer shifted by
+    one fp32: its last block's scale is the first guard word): the poisoned run differs."""
+    from kernels.moe_gemm import choose_tiles, fp8_tiles
+
+    x, w13, s13, w2, s2, weights, ids, activation, _ = _decode()
+    tiles = None if path == "gemv" else fp8_tiles(*choose_tiles(torch.device(device), 6, 8, 256, 128))
+    inputs = dict(x=x, w13=w13, w13_scales=s13, w2=w2, w2_scales=s2, topk_weights=weights, topk_ids=ids)
+
+    def late(w2_scales, **a):
+        shifted = w2_scales.as_strided(w2_scales.shape, w2_scales.stride(), w2_scales.storage_offset() + 1)
+        return kernel.launch(**a, w2_scales=shifted, activation=activation, tiles=tiles)
+
+    with pytest.raises(AssertionError, match="differ between zeroed and poisoned"):
+        assert_guarded_call_agrees(late, inputs, device)
 
 
 @pytest.mark.parametrize("path", ["gemv", "grouped"])

@@ -3,7 +3,8 @@ the alignment bit-exact with `reference.moe.align` and passing its contract chec
 "fused_moe" LOSSY row against `fused_moe_mirror` and above its SQNR floor against `fused_moe_ideal`, over
 hypothesis draws of experts, top-k, tokens (0, 1, odd, more than E x block), hidden and intermediate sizes that
 are no multiples of the tiles, skew (every token on one expert, empty experts), expert-parallel maps, both
-activations with biases; opcheck of both ops; negative controls: planted bugs in both kernels."""
+activations with biases; opcheck of both ops; inputs followed by guard bytes and allocations from zeroed or
+poisoned memory giving the same bytes; negative controls: planted bugs in both kernels."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from kernels._boundary import runs_interpreted
 from kernels.tolerances import assert_lossy, families, lossy_metrics
 from reference.moe import experts as ref
 from reference.moe.align import Alignment, align_block_size, check_alignment
-from suites.guard_bytes import poisoned_allocations
+from suites.guard_bytes import assert_guarded_call_agrees, poisoned_allocations
 from suites.moe.routing_draws import drop_one
 
 align = pytest.importorskip("kernels.moe_align")
@@ -119,6 +120,23 @@ def test_alignment_named_case_bytes(device):
 def test_fixed_layer_within_the_row(device):
     """A fixed 33-token, 8-expert, top-2 layer (the sanitizer tier's case for the grouped GEMM)."""
     _check(_skewed(device), device)
+
+
+@pytest.mark.parametrize("tokens", [3, 33])
+@pytest.mark.parametrize("bias", [False, True], ids=["silu", "swiglu_oai"])
+def test_zeroed_and_poisoned_surroundings_give_the_same_bytes(device, tokens, bias):
+    """Every input followed by guard bytes and the free memory the op allocates from (its workspaces and output)
+    filled, once with zeros and once with poison (NaN / 0xFF): the same output bytes, every guard byte intact
+    (suites.guard_bytes). Hidden 40 and intermediate 24 are off every tile, so a tile's masked edge reading past a
+    weight's end would pick up poison."""
+    p = dict(_skewed(device), bias=bias, activation="swiglu_oai" if bias else "silu")
+    p.update(tokens=tokens, ids=p["ids"][:tokens], weights=p["weights"][:tokens])
+    host, _ = _tensors(p, device)
+    x, w13, w2, weights, ids, activation, b13, b2, _ = host
+    inputs = dict(x=x, w13=w13, w2=w2, topk_weights=weights, topk_ids=ids)
+    if bias:
+        inputs.update(w13_bias=b13, w2_bias=b2)
+    assert_guarded_call_agrees(lambda **a: fused.launch(**a, activation=activation), inputs, device)
 
 
 def test_another_ranks_experts_add_nothing(device):
