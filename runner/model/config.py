@@ -116,6 +116,12 @@ class LlamaConfig:
         keeps so checkpoint names map one to one."""
         return "block_sparse_moe" if self.model_type == "mixtral" else "mlp"
 
+    @property
+    def expert_part_names(self) -> tuple[str, str, str]:
+        """HF's names of an expert's gate, up and down matrices (Mixtral w1, w3, w2; Qwen3-MoE gate_proj, up_proj,
+        down_proj), as a checkpoint's quantization config names them."""
+        return ("w1", "w3", "w2") if self.model_type == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+
     def is_sparse_layer(self, layer: int) -> bool:
         """Whether decoder layer `layer` has the sparse MLP (HF's Qwen3-MoE rule; Mixtral: every layer)."""
         return (

@@ -26,7 +26,7 @@ from torch import nn
 from runner.model.attention import AttentionBatch, paged_attention
 from runner.model.config import LlamaConfig
 from runner.model.layers import Embedding, GateUpLinear, Linear, QKVLinear, RMSNorm, RotaryEmbedding, SiluAndMul
-from runner.model.moe import EXPERT_PART, EXPERT_TENSOR, SparseMoE
+from runner.model.moe import EXPERT_PART, EXPERT_TENSOR, SparseMoE, expert_param
 from runner.model.quant.activation import Fp8Groups, wants_fp8_groups
 
 # (fused parameter's name part, checkpoint name part, shard id)
@@ -104,6 +104,34 @@ class LlamaMLP(nn.Module):
         return self.down_proj(self.act(h, wants_fp8_groups(self.down_proj, h, h.shape[-1] // 2)))
 
 
+def _expert_scheme(quant, mlp: str, config: LlamaConfig):
+    """The scheme of a sparse layer's experts (`mlp`: the layer's MLP prefix): None (unquantized), online MXFP4, or a
+    checkpoint's block FP8 (every expert's parts alike); ValueError naming what is not implemented."""
+    if quant is None:
+        return None
+    if quant.online:
+        if quant.name != "mxfp4":
+            raise ValueError(
+                f"quantization: {quant.name} MoE experts are not implemented; experts take online 'mxfp4' "
+                "or stay unquantized"
+            )
+        return quant.scheme_for(f"{mlp}.experts.0.{config.expert_part_names[0]}")
+    names = [f"{mlp}.experts.{e}.{part}" for e in range(config.num_local_experts) for part in config.expert_part_names]
+    found: dict[str | None, str] = {}
+    for name in names:
+        found.setdefault(quant.scheme_of(name), name)
+    if len(found) > 1:
+        named = {layer: scheme or "unquantized" for scheme, layer in found.items()}
+        raise ValueError(f"quantization: the experts of {mlp!r} have different schemes: {named}")
+    scheme = next(iter(found))
+    if scheme not in (None, "fp8_block"):
+        raise ValueError(
+            f"quantization: {scheme} MoE experts in a checkpoint are not implemented ({mlp!r}); block FP8 "
+            "(fp8_block) experts are, and unquantized ones"
+        )
+    return None if scheme is None else quant.scheme_for(names[0])
+
+
 class LlamaDecoderLayer(nn.Module):
     def __init__(
         self, config: LlamaConfig, dtype: torch.dtype, device, quant=None, prefix: str = "", index: int = 0
@@ -113,11 +141,8 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = LlamaAttention(config, dtype, device, quant, f"{prefix}.self_attn")
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         if config.is_sparse_layer(index):
-            if quant is not None and not (quant.online and quant.name == "mxfp4"):
-                raise ValueError(
-                    f"quantization: {quant.name} MoE experts are not implemented; experts take online 'mxfp4' "
-                    "or stay unquantized"
-                )
+            experts = _expert_scheme(quant, f"{prefix}.{config.sparse_mlp_name}", config)
+            fp8_block = experts is not None and not experts.online
             moe = SparseMoE(
                 config.hidden_size,
                 config.expert_intermediate_size,
@@ -126,7 +151,8 @@ class LlamaDecoderLayer(nn.Module):
                 config.norm_topk_prob,
                 dtype,
                 device,
-                mxfp4=quant is not None,
+                mxfp4=experts is not None and experts.online,
+                fp8_block_scale=experts.tensor_name("weight_scale_inv") if fp8_block else None,
             )
             self.mlp_name = config.sparse_mlp_name
             setattr(self, self.mlp_name, moe)
@@ -236,9 +262,10 @@ class LlamaForCausalLM(nn.Module):
                 continue  # recomputed from the config / the tied embedding
             target, shard = name, None
             if expert := EXPERT_TENSOR.match(name):
-                prefix, e, part = expert.groups()
+                prefix, e, part, tensor_name = expert.groups()
                 part = EXPERT_PART[part]
-                target, shard = f"{prefix}.{'w2' if part == 'w2' else 'w13'}", (int(e), part)
+                target = f"{prefix}.{expert_param('w2' if part == 'w2' else 'w13', tensor_name)}"
+                shard = (int(e), part)
             else:
                 for fused, part, shard_id in STACKED_PARAMS:
                     if part in name:

@@ -21,6 +21,12 @@ where the packed PTX runs (NVIDIA sm_90+) and H and the padded I are multiples o
 (`kernels.mxfp4_fragment_layout`), run as `kernels.mxfp4_moe_fragment` (tensor-core GEMVs at decode, the bf16 layer
 on the decoded experts at prefill); elsewhere codes and scales, run as `kernels.mxfp4_moe` on CUDA in bf16,
 `reference.moe.quantized.mxfp4_moe_mirror` otherwise.
+
+A block-FP8 checkpoint's experts (HF fine-grained FP8: each matrix E4M3 with an fp32 scale per 128 x 128 tile,
+`weight_scale_inv`; compressed-tensors names it `weight_scale`) load as they are into w13 / w2 and their tile scales
+(w1's tiles then w3's: I must fill whole tiles, and H and I are the GEMMs' K, whole blocks) and run as
+`kernels.block_fp8_moe` on CUDA in bf16/fp16 (activations quantized per token and 128-wide group inside the op),
+`reference.moe.quantized.block_fp8_moe_mirror` elsewhere.
 """
 
 from __future__ import annotations
@@ -31,61 +37,87 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from reference.gemm.block_fp8 import BLOCK as FP8_BLOCK
 from reference.moe import experts as moe_reference
-from reference.moe.quantized import mxfp4_moe_mirror
+from reference.moe.quantized import block_fp8_moe_mirror, mxfp4_moe_mirror
 from reference.moe.routing import softmax_topk
 from reference.quant.mxfp4 import MX_BLOCK_SIZE
 from runner.model.quant.mxfp4 import quantize_weight
 from runner.model.quant.scheme import kernels_run_on
 
-# checkpoint name of one expert's matrix -> (module prefix, expert, part): Mixtral's w1/w2/w3, Qwen3-MoE's
-# gate_proj/down_proj/up_proj (EXPERT_PART gives the part as w1/w2/w3)
-EXPERT_TENSOR = re.compile(r"^(.*)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight$")
+# checkpoint name of one expert's matrix or its block scales -> (module prefix, expert, part, tensor): Mixtral's
+# w1/w2/w3, Qwen3-MoE's gate_proj/down_proj/up_proj (EXPERT_PART gives the part as w1/w2/w3); the tensor is
+# "weight" or a block-FP8 checkpoint's scale name (`expert_param` gives the parameter it loads into)
+EXPERT_TENSOR = re.compile(
+    r"^(.*)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.(weight|weight_scale_inv|weight_scale)$"
+)
 EXPERT_PART = {"w1": "w1", "w2": "w2", "w3": "w3", "gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
+
+
+def expert_param(matrix: str, tensor: str) -> str:
+    """The SparseMoE parameter a checkpoint's expert tensor loads into: `matrix` "w13" or "w2", `tensor` "weight"
+    (the matrix itself) or a block-FP8 scale name (w13_weight_scale_inv, ...)."""
+    return matrix if tensor == "weight" else f"{matrix}_{tensor}"
 
 
 class SparseMoE(nn.Module):
     def __init__(
         self, hidden: int, inter: int, experts: int, top_k: int, renormalize: bool, dtype: torch.dtype, device,
-        mxfp4: bool = False,
+        mxfp4: bool = False, fp8_block_scale: str | None = None,
     ) -> None:  # fmt: skip
-        """mxfp4: quantize each expert to MXFP4 as it is loaded (module doc)."""
+        """mxfp4: quantize each expert to MXFP4 as it is loaded; fp8_block_scale: the experts are a block-FP8
+        checkpoint's, whose tile scales it names (module doc)."""
         super().__init__()
         self.hidden, self.inter, self.num_experts, self.top_k = hidden, inter, experts, top_k
         self.renormalize, self.mxfp4 = renormalize, mxfp4
         self.dtype, self.device = dtype, torch.device(device)
+        self.fp8_scales: tuple[str, str] | None = None  # block FP8: the w13 and w2 scale parameters' names
         if mxfp4:
             check_mxfp4_hidden(hidden)
         self.gate = nn.Module()  # HF's name: `block_sparse_moe.gate.weight`, the router
         self.gate.weight = self._param((experts, hidden), dtype, device)
         experts_device = "meta" if mxfp4 else device
-        self.w13 = self._param((experts, 2 * inter, hidden), dtype, experts_device, experts=True)
-        self.w2 = self._param((experts, hidden, inter), dtype, experts_device, experts=True)
+        codes = torch.float8_e4m3fn if fp8_block_scale else dtype
+        self.w13 = self._param((experts, 2 * inter, hidden), codes, experts_device, ("w1", "w3"))
+        self.w2 = self._param((experts, hidden, inter), codes, experts_device, ("w2",))
+        if fp8_block_scale:
+            check_fp8_block_sizes(hidden, inter)
+            self.fp8_scales = (expert_param("w13", fp8_block_scale), expert_param("w2", fp8_block_scale))
+            tiles = (experts, 2 * inter // FP8_BLOCK, hidden // FP8_BLOCK)
+            setattr(self, self.fp8_scales[0], self._param(tiles, torch.float32, device, ("w1", "w3")))
+            tiles = (experts, hidden // FP8_BLOCK, inter // FP8_BLOCK)
+            setattr(self, self.fp8_scales[1], self._param(tiles, torch.float32, device, ("w2",)))
         self.staged: dict[int, dict[str, torch.Tensor]] = {}  # online MXFP4: an arriving expert's matrices by part
         self.quantized: dict[str, torch.Tensor] | None = None  # online MXFP4: the experts quantized so far
         self.quantized_experts: set[int] = set()
 
-    def _param(self, shape, dtype, device, experts: bool = False) -> nn.Parameter:
+    def _param(self, shape, dtype, device, parts: tuple[str, ...] = ()) -> nn.Parameter:
+        """A parameter filled by `weight_loader`; `parts`: an expert parameter's parts (w1 and w3 stacked in its
+        rows, or w2), whose shard ids load_weights must see before it is complete."""
         p = nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
         p.weight_loader = self.weight_loader
-        if experts:  # the shard ids load_weights must see before the parameter is complete
-            parts = ("w1", "w3") if shape[1] == 2 * self.inter else ("w2",)
+        if parts:
             p.expert_shards = [(e, part) for e in range(self.num_experts) for part in parts]
         return p
 
     def weight_loader(self, param: nn.Parameter, tensor: torch.Tensor, shard_id=None) -> None:
-        if shard_id is None:
+        if shard_id is None:  # the router
             if tuple(tensor.shape) != tuple(param.shape):
                 raise ValueError(f"checkpoint tensor must be {list(param.shape)}, got {list(tensor.shape)}")
+            if tensor.dtype.itemsize == 1:
+                raise ValueError(f"the router loads unquantized, got {tensor.dtype}")
             param.data.copy_(tensor)
             return
         expert, part = shard_id
         if not 0 <= expert < self.num_experts:
             raise ValueError(f"expert {expert} does not exist: this layer has {self.num_experts}")
-        rows = {"w1": slice(0, self.inter), "w3": slice(self.inter, 2 * self.inter)}.get(part, slice(None))
+        half = param.shape[1] // 2  # w13's rows (or its tile rows): w1's, then w3's
+        rows = {"w1": slice(0, half), "w3": slice(half, 2 * half)}.get(part, slice(None))
         target = param.data[expert, rows]
         if tuple(tensor.shape) != tuple(target.shape):
             raise ValueError(f"expert {expert} {part} must be {list(target.shape)}, got {list(tensor.shape)}")
+        if self.fp8_scales and tensor.dtype != param.dtype:  # block-FP8 codes and scales are taken as they are
+            raise ValueError(f"expert {expert} {part} must be {param.dtype} (block FP8), got {tensor.dtype}")
         if self.mxfp4:
             self._stage(expert, part, tensor)
         else:
@@ -125,7 +157,32 @@ class SparseMoE(nn.Module):
         weights, ids = softmax_topk(F.linear(x, self.gate.weight), self.top_k, renormalize=self.renormalize)
         if self.mxfp4:
             return run_experts(x, weights, ids, *stored_experts(self))
+        if self.fp8_scales:
+            w13_scales, w2_scales = (getattr(self, name) for name in self.fp8_scales)
+            return run_block_fp8_experts(x, weights, ids, self.w13, w13_scales, self.w2, w2_scales)
         return run_experts(x, weights, ids, self.w13, self.w2)
+
+
+def check_fp8_block_sizes(hidden: int, inter: int) -> None:
+    """Block-FP8 experts: H and I are the two GEMMs' K, in whole 128-wide blocks, and w13's up rows start on a
+    tile (I fills whole tiles)."""
+    if hidden % FP8_BLOCK or inter % FP8_BLOCK:
+        raise ValueError(
+            f"quantization: block-FP8 experts need hidden_size and the experts' intermediate size multiples of "
+            f"{FP8_BLOCK}, got {hidden} and {inter}"
+        )
+
+
+def run_block_fp8_experts(x, topk_weights, topk_ids, w13, w13_scales, w2, w2_scales) -> torch.Tensor:
+    """Block-FP8 experts (E4M3 codes and their tile scales) on x [T, H]: `kernels.block_fp8_moe` on CUDA in
+    bf16/fp16, `reference.moe.quantized.block_fp8_moe_mirror` elsewhere (the same arithmetic class: activations
+    quantized per token and 128-wide group, fp32 block sums, one rounding)."""
+    args = (x, w13, w13_scales, w2, w2_scales, topk_weights, topk_ids, "silu")
+    if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16):
+        from kernels.block_fp8_moe import launch as block_fp8_moe
+
+        return block_fp8_moe(*args)
+    return block_fp8_moe_mirror(*args)
 
 
 def check_mxfp4_hidden(hidden: int) -> None:
