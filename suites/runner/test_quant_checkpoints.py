@@ -20,13 +20,14 @@ import warnings
 
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from kernels.tolerances import assert_exact
 from reference.quant.fp8 import quantize_fp8_blocks
 from reference.quant.mxfp4 import quantize_mxfp4
 from runner.model import load_model
 from runner.model.config import LlamaConfig
+from runner.model.layers import Linear
 from runner.model.llama import LlamaForCausalLM
 from runner.model.quant import online_config
 from runner.model.quant.checkpoint_config import from_checkpoint
@@ -35,6 +36,7 @@ from suites.runner import quark_oracle, tiny_llama
 from suites.runner.model_driver import greedy
 
 ALIGNED = tiny_llama.ALIGNED_128
+DOWN0, DOWN9 = "model.layers.0.mlp.down_proj", "model.layers.9.mlp.down_proj"
 PROMPTS = [[5, 17, 33, 2, 9, 41], [60, 3, 3, 71]]
 HF_FP8 = {"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}
 QUARK_MXFP4 = {
@@ -167,7 +169,30 @@ def test_a_bad_tensor_is_refused_by_name(tmp_path, quantization, edit, message):
             },
             r"global_quant_config.input_tensors: .* not supported with per-channel FP8 weights",
         ),
-        ({"quantization": {"quant_algo": "INT4_AWQ"}}, r"ModelOpt .INT4_AWQ. checkpoints are not supported"),
+        ({"quantization": {"quant_algo": "INT4_AWQ"}}, r"quant_algo: ModelOpt .INT4_AWQ. is not supported"),
+        ({"quantization": {"quant_algo": "MIXED_PRECISION"}}, r"quantized_layers: MIXED_PRECISION needs"),
+        (
+            {
+                "quantization": {
+                    "quant_algo": "MIXED_PRECISION",
+                    "quantized_layers": {DOWN0: {"quant_algo": "W4A8_AWQ"}},
+                }
+            },
+            rf"quantized_layers.{DOWN0}.quant_algo: ModelOpt 'W4A8_AWQ' is not supported",
+        ),
+        (
+            {
+                "quantization": {
+                    "quant_algo": "MIXED_PRECISION",
+                    "quantized_layers": {DOWN0: {"quant_algo": "NVFP4", "group_size": 32}},
+                }
+            },
+            rf"quantized_layers.{DOWN0}.group_size: NVFP4 blocks are 16 wide",
+        ),
+        (
+            {"quantization": {"quant_algo": "MIXED_PRECISION", "quantized_layers": {DOWN9: {"quant_algo": "FP8"}}}},
+            rf"the config names layer '{DOWN9}', which this model does not have",
+        ),
     ],
 )
 def test_a_bad_config_is_refused_by_key(tmp_path, quantization, message):
@@ -391,6 +416,63 @@ def _write_fp8_static(tmp_path, config: LlamaConfig, flavour: str, edit=None) ->
         (tmp_path / "hf_quant_config.json").write_text(json.dumps(modelopt))
     (tmp_path / "config.json").write_text(json.dumps(hf))
     return str(tmp_path)
+
+
+def test_modelopt_mixed_precision_gives_each_layer_its_algorithm(tmp_path):
+    """A ModelOpt MIXED_PRECISION checkpoint (`quantized_layers`: the attention projections NVFP4, the MLPs FP8, one
+    down projection left out, so unquantized), its tensors taken from the uniform NVFP4 and FP8 checkpoints of the
+    same weights: every layer has the scheme its entry names, and on a random input each decoder linear gives
+    exactly what the same layer of the uniform model (or the unquantized one) gives."""
+    (tmp_path / "nvfp4").mkdir()
+    nvfp4 = _write_modelopt_nvfp4(tmp_path / "nvfp4", ALIGNED)
+    fp8 = _write_fp8_static(tmp_path / "fp8", ALIGNED, "modelopt")
+    plain = dict(dummy_weights(ALIGNED, seed=5))
+    uniform = {"nvfp4": load_file(f"{nvfp4}/model.safetensors"), "fp8": load_file(f"{fp8}/model.safetensors")}
+
+    def algo(layer: str) -> str | None:
+        return None if layer == DOWN0 else "nvfp4" if ".self_attn." in layer else "fp8"
+
+    layers = sorted({n.removesuffix(".weight") for n, w in plain.items() if w.dim() == 2 and ".layers." in n})
+    tensors = {n: t for n, t in plain.items() if n.removesuffix(".weight") not in layers}
+    for layer in layers:
+        source = uniform[algo(layer)] if algo(layer) else {f"{layer}.weight": plain[f"{layer}.weight"]}
+        tensors |= {n: t for n, t in source.items() if n.startswith(f"{layer}.")}
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    save_file(tensors, str(mixed / "model.safetensors"))
+    (mixed / "config.json").write_text((tmp_path / "fp8" / "config.json").read_text())
+    entries = {
+        layer: {"quant_algo": "NVFP4", "group_size": 16} if algo(layer) == "nvfp4" else {"quant_algo": "FP8"}
+        for layer in layers
+        if algo(layer)
+    }
+    modelopt = {
+        "quantization": {"quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": None, "quantized_layers": entries}
+    }
+    (mixed / "hf_quant_config.json").write_text(json.dumps(modelopt))
+    model = _load(str(mixed))
+    references = {"nvfp4": _load(nvfp4), "fp8": _load(fp8), None: _load_plain()}
+    want_scheme = {"nvfp4": "nvfp4_w4a4", "fp8": "fp8", None: "unquantized"}
+    x = torch.randn(3, ALIGNED.hidden_size, generator=torch.Generator().manual_seed(4))
+    checked = 0
+    for name, layer in model.named_modules():
+        if ".layers." not in name or not isinstance(layer, Linear):
+            continue
+        head, _, leaf = name.rpartition(".")
+        part = {"qkv_proj": "q_proj", "gate_up_proj": "gate_proj"}.get(leaf, leaf)
+        kind = algo(f"{head}.{part}")
+        assert layer.scheme.name == want_scheme[kind], name
+        twin = references[kind].get_submodule(name)
+        inputs = x if layer.in_features == x.shape[1] else torch.randn(3, layer.in_features)
+        assert_exact(layer(inputs), twin(inputs), name)
+        checked += 1
+    assert checked == 4 * ALIGNED.num_hidden_layers
+
+
+def _load_plain():
+    model = LlamaForCausalLM(ALIGNED, torch.float32, "cpu")
+    model.load_weights(dummy_weights(ALIGNED, seed=5))
+    return model
 
 
 def test_fp8_static_checkpoint_is_compressed_tensors_fake_quantized_model(tmp_path):

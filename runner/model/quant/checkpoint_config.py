@@ -24,7 +24,9 @@ Read, by each format's published description:
 - ModelOpt (hf_quant_config.json, {"quantization": {"quant_algo": ..., "exclude_modules": [...]}}): NVFP4
   (nvfp4_w4a4: `weight` uint8, `weight_scale` E4M3 [N, K/16], `weight_scale_2` and `input_scale` the decode
   global scales per part); FP8: fp8_static (`weight` E4M3, `weight_scale`, `input_scale` per
-  part). A quantized KV cache (`kv_cache_quant_algo`) is refused by name.
+  part); MIXED_PRECISION: `quantized_layers` ({layer: {"quant_algo": "FP8" | "NVFP4", "group_size": 16}}) gives
+  each listed layer its scheme, the others stay unquantized. A quantized KV cache (`kv_cache_quant_algo`) is
+  refused by name.
 Anything else is refused with the key that could not be read."""
 
 from __future__ import annotations
@@ -256,16 +258,32 @@ def _quark(config: Mapping) -> QuantConfig:
     return QuantConfig("quark", scheme_of, named_layers=named, scheme_options=options)
 
 
+_MODELOPT_SCHEMES = {"NVFP4": "nvfp4_w4a4", "FP8": "fp8_static"}
+
+
+def _modelopt_scheme(key: str, spec: Mapping) -> str:
+    """The scheme of a ModelOpt quant_algo (at `key`: the config, or one layer of a mixed-precision config)."""
+    algo = spec.get("quant_algo")
+    if algo not in _MODELOPT_SCHEMES:
+        raise _fail(f"{key}quant_algo", f"ModelOpt {algo!r} is not supported (supported: {sorted(_MODELOPT_SCHEMES)})")
+    if algo == "NVFP4" and spec.get("group_size", 16) != 16:
+        raise _fail(f"{key}group_size", f"NVFP4 blocks are 16 wide, got {spec.get('group_size')!r}")
+    return _MODELOPT_SCHEMES[algo]
+
+
 def _modelopt(config: Mapping) -> QuantConfig:
-    algo = config.get("quant_algo")
-    schemes = {"NVFP4": "nvfp4_w4a4", "FP8": "fp8_static"}
-    if algo not in schemes:
-        raise _fail("quant_algo", f"ModelOpt {algo!r} checkpoints are not supported (supported: {sorted(schemes)})")
     if config.get("kv_cache_quant_algo") is not None:
         raise _fail("kv_cache_quant_algo", f"a quantized KV cache ({config['kv_cache_quant_algo']!r}) is not supported")
-    if algo == "NVFP4" and config.get("group_size", 16) != 16:
-        raise _fail("group_size", f"NVFP4 blocks are 16 wide, got {config.get('group_size')!r}")
-    exclude, scheme = tuple(config.get("exclude_modules") or ()), schemes[algo]
+    if config.get("quant_algo") == "MIXED_PRECISION":
+        layers = config.get("quantized_layers")
+        if not isinstance(layers, Mapping) or not layers:
+            raise _fail("quantized_layers", f"MIXED_PRECISION needs its layers' algorithms, got {layers!r}")
+        per_layer = {
+            name: _modelopt_scheme(f"quantized_layers.{name}.", spec if isinstance(spec, Mapping) else {})
+            for name, spec in layers.items()
+        }
+        return QuantConfig("modelopt", per_layer.get, named_layers=tuple(per_layer))
+    exclude, scheme = tuple(config.get("exclude_modules") or ()), _modelopt_scheme("", config)
 
     def scheme_of(layer: str) -> str | None:
         return None if any(fnmatch.fnmatchcase(layer, p) for p in exclude) else scheme
