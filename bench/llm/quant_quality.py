@@ -287,6 +287,11 @@ def main(argv: list[str] | None = None) -> int:
             "fp8 and fp8_block quantize activations to E4M3 too (per token; per 1 x 128 group); their 'weights only' "
             "rows run the same dequantized weights with fp32 activations. mxfp4 and nvfp4 run weight-only (W4A16); "
             "beside them, the torchao-emulated model's perplexity.",
+            "nvfp4's differing weights are blocks whose exact E4M3 scale is a tie (common for bf16-valued weights), "
+            "which two fp32 orders round to neighbouring codes: the runner's amax * (s_enc / 6) (vLLM's and "
+            "flashinfer's order, reference.quant.nvfp4) and torchao's (amax / 6) / s_dec. In layer 0's down_proj, "
+            "224 blocks, e.g. amax 0.5390625 under a tensor amax of 2.875: 84.0000076 -> 88 against exactly 84 -> 80 "
+            "(ties to even).",
         ],
     )
     import pandas as pd
