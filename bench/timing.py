@@ -82,9 +82,10 @@ def clean_flush(cache: object) -> None:
     """L2 flushed by reading do_bench's 256 MB buffer: the timed call finds none of its data in L2, and only
     clean lines. Why not do_bench's own flush (`zero_flush`): it leaves L2 full of dirty lines, and the timed call
     pays their write-back to HBM as its reads evict them, which a decode step does not (the kernels before a GEMV
-    mostly read weights). H200, p50 of CUDA-graph replays, zeroed against read (`python -m bench.read_floor`
+    mostly read weights). H200, p50 of CUDA-graph replays, zeroed against read (`python -m bench.read_floor` now
     prints both): a lone read of 37.7 MB took 17.1 against 13.7 us, of 53.0 MB 21.4 against 16.4 us, of 185 MB
-    53.1 against 44.3 us (then at the 1 GiB memcpy rate); the 1 GiB memcpy itself 795 against 791 us."""
+    53.1 against 44.3 us (4.18 TB/s after the read; the H200 reports' 1 GiB memcpy roof is 4.22); a 1 GiB copy
+    795 against 791 us (an A/B at f186571 that timed `bench.read_floor`'s kernel under each flush)."""
     cache.sum()
 
 
