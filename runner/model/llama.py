@@ -104,6 +104,11 @@ class LlamaMLP(nn.Module):
         return self.down_proj(self.act(h, wants_fp8_groups(self.down_proj, h, h.shape[-1] // 2)))
 
 
+# the scale tensor of a checkpoint's quantized experts, by scheme (the scheme's own name for it, which a producer
+# may rename: `tensor_name`)
+CHECKPOINT_SCALE = {"fp8_block": "weight_scale_inv", "mxfp4": "weight_scale"}
+
+
 def _expert_scheme(quant, mlp: str, config: LlamaConfig):
     """The scheme of a sparse layer's experts (`mlp`: the layer's MLP prefix): None (unquantized), online MXFP4, or a
     checkpoint's block FP8 (every expert's parts alike); ValueError naming what is not implemented."""
@@ -124,12 +129,20 @@ def _expert_scheme(quant, mlp: str, config: LlamaConfig):
         named = {layer: scheme or "unquantized" for scheme, layer in found.items()}
         raise ValueError(f"quantization: the experts of {mlp!r} have different schemes: {named}")
     scheme = next(iter(found))
-    if scheme not in (None, "fp8_block"):
+    if scheme is not None and scheme not in CHECKPOINT_SCALE:
         raise ValueError(
             f"quantization: {scheme} MoE experts in a checkpoint are not implemented ({mlp!r}); block FP8 "
-            "(fp8_block) experts are, and unquantized ones"
+            "(fp8_block) and MXFP4 W4A16 (mxfp4) experts are, and unquantized ones"
         )
-    return None if scheme is None else quant.scheme_for(names[0])
+    if scheme is None:
+        return None
+    experts = quant.scheme_for(names[0])
+    if experts.tensor_name("weight") != "weight":
+        raise ValueError(
+            f"quantization: {scheme} MoE experts stored as {experts.tensor_name('weight')!r} are not implemented "
+            f"({mlp!r}); their codes load from 'weight'"
+        )
+    return experts
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -142,7 +155,9 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         if config.is_sparse_layer(index):
             experts = _expert_scheme(quant, f"{prefix}.{config.sparse_mlp_name}", config)
-            fp8_block = experts is not None and not experts.online
+            checkpoint = None
+            if experts is not None and not experts.online:
+                checkpoint = (experts.name, experts.tensor_name(CHECKPOINT_SCALE[experts.name]))
             moe = SparseMoE(
                 config.hidden_size,
                 config.expert_intermediate_size,
@@ -152,7 +167,7 @@ class LlamaDecoderLayer(nn.Module):
                 dtype,
                 device,
                 mxfp4=experts is not None and experts.online,
-                fp8_block_scale=experts.tensor_name("weight_scale_inv") if fp8_block else None,
+                checkpoint=checkpoint,
             )
             self.mlp_name = config.sparse_mlp_name
             setattr(self, self.mlp_name, moe)

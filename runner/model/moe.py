@@ -26,7 +26,9 @@ A block-FP8 checkpoint's experts (HF fine-grained FP8: each matrix E4M3 with an 
 `weight_scale_inv`; compressed-tensors names it `weight_scale`) load as they are into w13 / w2 and their tile scales
 (w1's tiles then w3's: I must fill whole tiles, and H and I are the GEMMs' K, whole blocks) and run as
 `kernels.block_fp8_moe` on CUDA in bf16/fp16 (activations quantized per token and 128-wide group inside the op),
-`reference.moe.quantized.block_fp8_moe_mirror` elsewhere.
+`reference.moe.quantized.block_fp8_moe_mirror` elsewhere. An MXFP4 checkpoint's experts (AMD Quark's W4A16 layout:
+`weight` uint8 codes [N, K / 2], E8M0 `weight_scale` [N, K / 32]; I a multiple of 32) load as they are (-0 codes
+stored as +0, a 0xFF scale refused) and are stored and run as the online MXFP4 experts are.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from reference.moe import experts as moe_reference
 from reference.moe.quantized import block_fp8_moe_mirror, mxfp4_moe_mirror
 from reference.moe.routing import softmax_topk
 from reference.quant.mxfp4 import MX_BLOCK_SIZE
-from runner.model.quant.mxfp4 import quantize_weight
+from runner.model.quant.mxfp4 import positive_zeros, quantize_weight
 from runner.model.quant.scheme import kernels_run_on
 
 # checkpoint name of one expert's matrix or its block scales -> (module prefix, expert, part, tensor): Mixtral's
@@ -63,30 +65,41 @@ def expert_param(matrix: str, tensor: str) -> str:
 class SparseMoE(nn.Module):
     def __init__(
         self, hidden: int, inter: int, experts: int, top_k: int, renormalize: bool, dtype: torch.dtype, device,
-        mxfp4: bool = False, fp8_block_scale: str | None = None,
+        mxfp4: bool = False, checkpoint: tuple[str, str] | None = None,
     ) -> None:  # fmt: skip
-        """mxfp4: quantize each expert to MXFP4 as it is loaded; fp8_block_scale: the experts are a block-FP8
-        checkpoint's, whose tile scales it names (module doc)."""
+        """mxfp4: quantize each expert to MXFP4 as it is loaded (online); checkpoint: (scheme, scale tensor name) of a
+        quantized checkpoint's experts, "fp8_block" or "mxfp4" (module doc)."""
         super().__init__()
         self.hidden, self.inter, self.num_experts, self.top_k = hidden, inter, experts, top_k
-        self.renormalize, self.mxfp4 = renormalize, mxfp4
+        self.renormalize, self.online_mxfp4 = renormalize, mxfp4
         self.dtype, self.device = dtype, torch.device(device)
-        self.fp8_scales: tuple[str, str] | None = None  # block FP8: the w13 and w2 scale parameters' names
-        if mxfp4:
+        self.checkpoint = checkpoint[0] if checkpoint else None
+        self.mxfp4 = mxfp4 or self.checkpoint == "mxfp4"  # the experts run as MXFP4 once loaded
+        self.scale_params: tuple[str, str] | None = None  # a checkpoint's w13 and w2 scale parameters' names
+        if self.mxfp4:
             check_mxfp4_hidden(hidden)
         self.gate = nn.Module()  # HF's name: `block_sparse_moe.gate.weight`, the router
         self.gate.weight = self._param((experts, hidden), dtype, device)
         experts_device = "meta" if mxfp4 else device
-        codes = torch.float8_e4m3fn if fp8_block_scale else dtype
-        self.w13 = self._param((experts, 2 * inter, hidden), codes, experts_device, ("w1", "w3"))
-        self.w2 = self._param((experts, hidden, inter), codes, experts_device, ("w2",))
-        if fp8_block_scale:
+        shapes = ((experts, 2 * inter, hidden), (experts, hidden, inter))
+        codes, scale_shapes, scale_dtype = dtype, None, None
+        if self.checkpoint == "fp8_block":
             check_fp8_block_sizes(hidden, inter)
-            self.fp8_scales = (expert_param("w13", fp8_block_scale), expert_param("w2", fp8_block_scale))
-            tiles = (experts, 2 * inter // FP8_BLOCK, hidden // FP8_BLOCK)
-            setattr(self, self.fp8_scales[0], self._param(tiles, torch.float32, device, ("w1", "w3")))
-            tiles = (experts, hidden // FP8_BLOCK, inter // FP8_BLOCK)
-            setattr(self, self.fp8_scales[1], self._param(tiles, torch.float32, device, ("w2",)))
+            codes, scale_dtype = torch.float8_e4m3fn, torch.float32
+            scale_shapes = tuple((e, -(-n // FP8_BLOCK), k // FP8_BLOCK) for e, n, k in shapes)
+        elif self.checkpoint == "mxfp4":
+            check_mxfp4_inter(inter)
+            codes, scale_dtype = torch.uint8, torch.uint8
+            scale_shapes = tuple((e, n, k // MX_BLOCK_SIZE) for e, n, k in shapes)
+            shapes = tuple((e, n, k // 2) for e, n, k in shapes)
+        elif self.checkpoint is not None:
+            raise ValueError(f"checkpoint: experts of scheme {self.checkpoint!r} are not implemented")
+        self.w13 = self._param(shapes[0], codes, experts_device, ("w1", "w3"))
+        self.w2 = self._param(shapes[1], codes, experts_device, ("w2",))
+        if checkpoint:
+            self.scale_params = (expert_param("w13", checkpoint[1]), expert_param("w2", checkpoint[1]))
+            setattr(self, self.scale_params[0], self._param(scale_shapes[0], scale_dtype, device, ("w1", "w3")))
+            setattr(self, self.scale_params[1], self._param(scale_shapes[1], scale_dtype, device, ("w2",)))
         self.staged: dict[int, dict[str, torch.Tensor]] = {}  # online MXFP4: an arriving expert's matrices by part
         self.quantized: dict[str, torch.Tensor] | None = None  # online MXFP4: the experts quantized so far
         self.quantized_experts: set[int] = set()
@@ -116,9 +129,9 @@ class SparseMoE(nn.Module):
         target = param.data[expert, rows]
         if tuple(tensor.shape) != tuple(target.shape):
             raise ValueError(f"expert {expert} {part} must be {list(target.shape)}, got {list(tensor.shape)}")
-        if self.fp8_scales and tensor.dtype != param.dtype:  # block-FP8 codes and scales are taken as they are
-            raise ValueError(f"expert {expert} {part} must be {param.dtype} (block FP8), got {tensor.dtype}")
-        if self.mxfp4:
+        if self.checkpoint and tensor.dtype != param.dtype:  # a checkpoint's codes and scales are taken as they are
+            raise ValueError(f"expert {expert} {part} must be {param.dtype} ({self.checkpoint}), got {tensor.dtype}")
+        if self.online_mxfp4:
             self._stage(expert, part, tensor)
         else:
             target.copy_(tensor)
@@ -143,8 +156,22 @@ class SparseMoE(nn.Module):
 
     def process_weights_after_loading(self) -> None:
         """MXFP4 experts, online: the experts quantized as they arrived, stored (`store_experts`) in the layout the
-        device reads; the parameters without storage are dropped. RuntimeError naming the experts not all in."""
-        if not self.mxfp4 or hasattr(self, "expert_layout"):
+        device reads; the parameters without storage are dropped. RuntimeError naming the experts not all in. An MXFP4
+        checkpoint's experts: stored the same way (-0 codes as +0; ValueError naming an E8M0 0xFF scale)."""
+        if hasattr(self, "expert_layout"):
+            return
+        if self.checkpoint == "mxfp4":
+            scales = [getattr(self, name).data for name in self.scale_params]
+            for name, s in zip(self.scale_params, scales, strict=True):
+                if bool((s == 0xFF).any()):  # E8M0's one NaN: every weight of its block would be NaN
+                    raise ValueError(f"{name}: E8M0 0xFF (NaN) at {[int(i) for i in (s == 0xFF).nonzero()[0]]}")
+            codes = (positive_zeros(self.w13.data), positive_zeros(self.w2.data))
+            for name in ("w13", "w2", *self.scale_params):
+                delattr(self, name)
+            quantized = dict(zip(("w13_codes", "w2_codes", "w13_scales", "w2_scales"), (*codes, *scales), strict=True))
+            store_experts(self, quantized, self.dtype)
+            return
+        if not self.online_mxfp4:
             return
         if len(self.quantized_experts) < self.num_experts:
             missing = sorted(set(range(self.num_experts)) - self.quantized_experts)
@@ -157,10 +184,20 @@ class SparseMoE(nn.Module):
         weights, ids = softmax_topk(F.linear(x, self.gate.weight), self.top_k, renormalize=self.renormalize)
         if self.mxfp4:
             return run_experts(x, weights, ids, *stored_experts(self))
-        if self.fp8_scales:
-            w13_scales, w2_scales = (getattr(self, name) for name in self.fp8_scales)
+        if self.checkpoint == "fp8_block":
+            w13_scales, w2_scales = (getattr(self, name) for name in self.scale_params)
             return run_block_fp8_experts(x, weights, ids, self.w13, w13_scales, self.w2, w2_scales)
         return run_experts(x, weights, ids, self.w13, self.w2)
+
+
+def check_mxfp4_inter(inter: int) -> None:
+    """An MXFP4 checkpoint's experts: the intermediate size is w2's K, in whole 32-wide blocks (online MXFP4 pads it;
+    a checkpoint's codes are taken as they are)."""
+    if inter % MX_BLOCK_SIZE:
+        raise ValueError(
+            f"quantization: mxfp4 checkpoint experts need the intermediate size a multiple of {MX_BLOCK_SIZE}, "
+            f"got {inter}"
+        )
 
 
 def check_fp8_block_sizes(hidden: int, inter: int) -> None:

@@ -93,7 +93,7 @@ def test_experts_hold_the_checkpoints_codes_and_scales(checkpoint):
     model = _load(path)
     for i, layer in enumerate(model.model.layers):
         moe = layer.mlp
-        assert moe.fp8_scales == ("w13_weight_scale_inv", "w2_weight_scale_inv")
+        assert moe.checkpoint == "fp8_block" and moe.scale_params == ("w13_weight_scale_inv", "w2_weight_scale_inv")
         w13, s13, w2, s2 = _assembled(tensors, i)
         assert_exact(moe.w13.view(torch.uint8), w13.view(torch.uint8), f"layer {i} w13 codes")
         assert_exact(moe.w13_weight_scale_inv, s13, f"layer {i} w13 scales")
