@@ -42,6 +42,39 @@ def save_base_model(folder: pathlib.Path) -> pathlib.Path:
     return folder / "base"
 
 
+def save_runner_model_as_hf(model, config, folder: pathlib.Path) -> pathlib.Path:
+    """A runner Llama (its weights as loaded, e.g. the embedded SmolLM2 from its GGUF file) saved as a transformers
+    Llama checkpoint in folder/hf: the fused layers split back into their checkpoint parts
+    (`packed_modules_mapping`, in row order), config.json from the runner's config."""
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig
+
+    fused = type(model).packed_modules_mapping
+    tensors = {}
+    for name, module in model.named_modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, torch.nn.Parameter):
+            continue
+        head, _, leaf = name.rpartition(".")
+        if leaf in fused:
+            for part, rows in zip(fused[leaf], weight.detach().split(list(module.shard_sizes.values())), strict=True):
+                tensors[f"{head}.{part}.weight"] = rows.contiguous()
+        else:
+            tensors[f"{name}.weight"] = weight.detach().contiguous()
+    hf = LlamaConfig(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim, rms_norm_eps=config.rms_norm_eps,
+        rope_theta=config.rope_theta, max_position_embeddings=config.max_position_embeddings,
+        tie_word_embeddings=config.tie_word_embeddings, bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+    )  # fmt: skip
+    (folder / "hf").mkdir(parents=True, exist_ok=True)
+    hf.save_pretrained(folder / "hf")
+    save_file(tensors, str(folder / "hf" / "model.safetensors"))
+    return folder / "hf"
+
+
 def pairs(theirs, ours):
     """(runner layer, the producer's modules it fuses, in order) of every decoder linear layer."""
     from runner.model.llama import LlamaForCausalLM

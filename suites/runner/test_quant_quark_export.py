@@ -1,7 +1,9 @@
 """Checkpoints made by AMD Quark itself, loaded by the runner. A tiny transformers Llama goes through Quark's
 `ModelQuantizer` (on the CPU) and `export_safetensors` with its defaults (real-quantized, pack method "reorder");
 the runner loads the folder as an AMD Quark checkpoint (test_quant_checkpoints.py writes one by the format's
-description). Three configs:
+description). W4A16 also runs on the embedded SmolLM2 itself: its weights as the runner loads them from the GGUF
+file, saved as a transformers checkpoint (`producers.save_runner_model_as_hf`; transformers on it gives the
+runner's logits, `test_smollm2_as_saved_is_the_runners_model`). Three configs:
 - W4A16: weights FP4 per group of 32 with E8M0 scales in scale mode "even", activations unquantized (mxfp4);
 - W4A4: the same weights, activations in the same format scaled at run time (mxfp4_w4a4: fake-quantized);
 - PTPC_FP8 (Quark's PTPC scheme): E4M3 weights with a scale per output row (`weight_scale` [N]), activations
@@ -31,14 +33,15 @@ from suites.runner.producers import FLIP_BOUND, check_greedy, check_outputs, pai
 
 # fp32 summation order, as a fraction of the largest output: 1.4e-6 measured on the first-step logits
 ORDER_BOUND = 1e-5
-SCHEMES = {"W4A16": "mxfp4", "W4A4": "mxfp4_w4a4", "PTPC_FP8": "fp8_channel"}
-BOUNDS = {"W4A16": ORDER_BOUND, "W4A4": ORDER_BOUND, "PTPC_FP8": FLIP_BOUND}
+SCHEMES = {"W4A16": "mxfp4", "W4A4": "mxfp4_w4a4", "PTPC_FP8": "fp8_channel", "W4A16 SmolLM2": "mxfp4"}
+BOUNDS = {"W4A16": ORDER_BOUND, "W4A4": ORDER_BOUND, "PTPC_FP8": FLIP_BOUND, "W4A16 SmolLM2": ORDER_BOUND}
 
 
 def _layer_config(name: str):
     """Quark's QLayerConfig of a named config (module doc)."""
     from quark.torch.quantization.config.config import FP4PerGroupSpec, FP8E4M3PerChannelSpec, QLayerConfig
 
+    name = name.split()[0]  # the config; a second word names the model
     if name == "PTPC_FP8":  # as Quark's own PTPCFP8Scheme template builds it
         weight = FP8E4M3PerChannelSpec(is_dynamic=False, ch_axis=0).to_quantization_spec()
         inputs = FP8E4M3PerChannelSpec(is_dynamic=True, ch_axis=1).to_quantization_spec()
@@ -50,6 +53,30 @@ def _layer_config(name: str):
     return QLayerConfig(weight=spec.to_quantization_spec(), input_tensors=inputs)
 
 
+@pytest.fixture(scope="module")
+def smollm2_hf(smollm2, tmp_path_factory):
+    """The embedded SmolLM2 as the runner loads it, saved as a transformers checkpoint."""
+    from suites.runner.producers import save_runner_model_as_hf
+
+    model, _, config = smollm2
+    with one_thread():
+        return save_runner_model_as_hf(model, config, tmp_path_factory.mktemp("smollm2"))
+
+
+def test_smollm2_as_saved_is_the_runners_model(smollm2, smollm2_hf):
+    from transformers import LlamaForCausalLM
+
+    from kernels.tolerances import assert_agree, families
+    from suites.runner.model_driver import greedy
+
+    hf = LlamaForCausalLM.from_pretrained(smollm2_hf, dtype=torch.float32).eval()
+    prompt = [1, 504, 3458, 314, 253, 1789]
+    with one_thread(), torch.no_grad():
+        _, logits = greedy(smollm2[0], [prompt], 1)
+        want = hf(torch.tensor([prompt])).logits[0, -1]
+    assert_agree(families.LLAMA_VS_HF, logits[0], want, "first-step logits")
+
+
 @pytest.fixture(scope="module", params=list(SCHEMES))
 def exported(request, tmp_path_factory):
     """(Quark's quantized transformers model, the runner's model of the checkpoint Quark exported, the config's
@@ -59,7 +86,7 @@ def exported(request, tmp_path_factory):
     from transformers import LlamaForCausalLM
 
     folder = tmp_path_factory.mktemp("quark")
-    base = save_base_model(folder)
+    base = request.getfixturevalue("smollm2_hf") if "SmolLM2" in request.param else save_base_model(folder)
     config = QConfig(global_quant_config=_layer_config(request.param), exclude=["lm_head"])
     # static weights and dynamic activations: nothing is calibrated on it
     calibration = torch.utils.data.DataLoader([torch.tensor([5, 17, 33, 2])], batch_size=1)
@@ -77,7 +104,7 @@ def exported(request, tmp_path_factory):
 def test_the_layers_take_the_configs_scheme_and_the_head_is_excluded(exported):
     theirs, ours, name = exported
     assert {layer.scheme.name for layer, _ in pairs(theirs, ours)} == {SCHEMES[name]}
-    assert ours.lm_head.scheme.name == "unquantized"
+    assert ours.lm_head is None or ours.lm_head.scheme.name == "unquantized"  # SmolLM2 ties it to the embedding
 
 
 def _check_weights(layer_pairs) -> None:
