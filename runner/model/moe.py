@@ -44,12 +44,12 @@ from reference.moe import experts as moe_reference
 from reference.moe.quantized import block_fp8_moe_mirror, mxfp4_moe_mirror
 from reference.moe.routing import softmax_topk
 from reference.quant.mxfp4 import MX_BLOCK_SIZE
-from runner.model.quant.mxfp4 import positive_zeros, quantize_weight
+from runner.model.quant.mxfp4 import check_e8m0_scales, positive_zeros, quantize_weight
 from runner.model.quant.scheme import kernels_run_on
 
 # checkpoint name of one expert's matrix or its block scales -> (module prefix, expert, part, tensor): Mixtral's
 # w1/w2/w3, Qwen3-MoE's gate_proj/down_proj/up_proj (EXPERT_PART gives the part as w1/w2/w3); the tensor is
-# "weight" or a block-FP8 checkpoint's scale name (`expert_param` gives the parameter it loads into)
+# "weight" or a quantized checkpoint's scale name (`expert_param` gives the parameter it loads into)
 EXPERT_TENSOR = re.compile(
     r"^(.*)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.(weight|weight_scale_inv|weight_scale)$"
 )
@@ -58,7 +58,7 @@ EXPERT_PART = {"w1": "w1", "w2": "w2", "w3": "w3", "gate_proj": "w1", "down_proj
 
 def expert_param(matrix: str, tensor: str) -> str:
     """The SparseMoE parameter a checkpoint's expert tensor loads into: `matrix` "w13" or "w2", `tensor` "weight"
-    (the matrix itself) or a block-FP8 scale name (w13_weight_scale_inv, ...)."""
+    (the matrix itself) or a quantized checkpoint's scale name (w13_weight_scale_inv, w2_weight_scale, ...)."""
     return matrix if tensor == "weight" else f"{matrix}_{tensor}"
 
 
@@ -163,8 +163,7 @@ class SparseMoE(nn.Module):
         if self.checkpoint == "mxfp4":
             scales = [getattr(self, name).data for name in self.scale_params]
             for name, s in zip(self.scale_params, scales, strict=True):
-                if bool((s == 0xFF).any()):  # E8M0's one NaN: every weight of its block would be NaN
-                    raise ValueError(f"{name}: E8M0 0xFF (NaN) at {[int(i) for i in (s == 0xFF).nonzero()[0]]}")
+                check_e8m0_scales(name, s)
             codes = (positive_zeros(self.w13.data), positive_zeros(self.w2.data))
             for name in ("w13", "w2", *self.scale_params):
                 delattr(self, name)

@@ -33,6 +33,13 @@ DEQUANTIZE_FROM_ROWS = 128
 SCALE_MODE = "floor"  # online default: the OCP spec's rule (torchao's to_mx default); AMD Quark uses "even"
 
 
+def check_e8m0_scales(name: str, scales: torch.Tensor) -> None:
+    """A checkpoint's E8M0 scales: ValueError naming the first 0xFF, E8M0's one NaN (every weight of its block would
+    be NaN)."""
+    if bool((scales == 0xFF).any()):
+        raise ValueError(f"{name}: E8M0 0xFF (NaN) at {[int(i) for i in (scales == 0xFF).nonzero()[0]]}")
+
+
 def positive_zeros(codes: torch.Tensor) -> torch.Tensor:
     """Packed E2M1 codes with each -0 nibble (0x8) replaced by +0 (0x0)."""
     nibbles = unpack_nibbles(codes)
@@ -75,9 +82,7 @@ class Mxfp4W4A16(OnlineScheme):
         codes, scales = (getattr(layer, n).data for n in names)
         for n in names:
             delattr(layer, n)
-        if bool((scales == 0xFF).any()):  # E8M0's one NaN: every weight of its block would be NaN
-            at = [int(i) for i in (scales == 0xFF).nonzero()[0]]
-            raise ValueError(f"{names[1]}: E8M0 0xFF (NaN) at {at}")
+        check_e8m0_scales(names[1], scales)
         store_weight(layer, positive_zeros(codes), scales)
 
     def quantize(self, layer, w: torch.Tensor) -> None:
