@@ -26,7 +26,7 @@ from torch import nn
 from runner.model.attention import AttentionBatch, paged_attention
 from runner.model.config import LlamaConfig
 from runner.model.layers import Embedding, GateUpLinear, Linear, QKVLinear, RMSNorm, RotaryEmbedding, SiluAndMul
-from runner.model.moe import EXPERT_PART, EXPERT_TENSOR, SparseMoE, expert_param
+from runner.model.moe import CHECKPOINT_SCALE, EXPERT_PART, EXPERT_TENSOR, SparseMoE, expert_param
 from runner.model.quant.activation import Fp8Groups, wants_fp8_groups
 
 # (fused parameter's name part, checkpoint name part, shard id)
@@ -104,14 +104,10 @@ class LlamaMLP(nn.Module):
         return self.down_proj(self.act(h, wants_fp8_groups(self.down_proj, h, h.shape[-1] // 2)))
 
 
-# the scale tensor of a checkpoint's quantized experts, by scheme (the scheme's own name for it, which a producer
-# may rename: `tensor_name`)
-CHECKPOINT_SCALE = {"fp8_block": "weight_scale_inv", "mxfp4": "weight_scale"}
-
-
 def _expert_scheme(quant, mlp: str, config: LlamaConfig):
     """The scheme of a sparse layer's experts (`mlp`: the layer's MLP prefix): None (unquantized), online MXFP4, or a
-    checkpoint's block FP8 (every expert's parts alike); ValueError naming what is not implemented."""
+    checkpoint's scheme that SparseMoE takes (CHECKPOINT_SCALE: block FP8, MXFP4; every expert's parts alike);
+    ValueError naming what is not implemented."""
     if quant is None:
         return None
     if quant.online:

@@ -56,6 +56,11 @@ EXPERT_TENSOR = re.compile(
 EXPERT_PART = {"w1": "w1", "w2": "w2", "w3": "w3", "gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
 
 
+# a quantized checkpoint's expert schemes SparseMoE takes -> the scheme's own name of its scale tensor (a producer
+# may rename it: the scheme's `tensor_name`)
+CHECKPOINT_SCALE = {"fp8_block": "weight_scale_inv", "mxfp4": "weight_scale"}
+
+
 def expert_param(matrix: str, tensor: str) -> str:
     """The SparseMoE parameter a checkpoint's expert tensor loads into: `matrix` "w13" or "w2", `tensor` "weight"
     (the matrix itself) or a quantized checkpoint's scale name (w13_weight_scale_inv, w2_weight_scale, ...)."""
@@ -93,7 +98,7 @@ class SparseMoE(nn.Module):
             scale_shapes = tuple((e, n, k // MX_BLOCK_SIZE) for e, n, k in shapes)
             shapes = tuple((e, n, k // 2) for e, n, k in shapes)
         elif self.checkpoint is not None:
-            raise ValueError(f"checkpoint: experts of scheme {self.checkpoint!r} are not implemented")
+            raise ValueError(f"checkpoint: must be one of {sorted(CHECKPOINT_SCALE)}, got {self.checkpoint!r}")
         self.w13 = self._param(shapes[0], codes, experts_device, ("w1", "w3"))
         self.w2 = self._param(shapes[1], codes, experts_device, ("w2",))
         if checkpoint:

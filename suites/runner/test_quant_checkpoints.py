@@ -335,8 +335,7 @@ def test_modelopt_nvfp4_checkpoint_is_the_model_of_its_dequantized_weights_and_f
         return lambda _, args: (dequantize_nvfp4(*quantize_nvfp4(args[0], scale), scale, dtype=args[0].dtype),)
 
     model = load_model(_write_modelopt_nvfp4(tmp_path, ALIGNED), dtype=torch.float32, device="cpu", tokenizer=False)[0]
-    oracle = LlamaForCausalLM(ALIGNED, torch.float32, "cpu")
-    oracle.load_weights(dummy_weights(ALIGNED, seed=5))
+    oracle = _load_plain()
     names = [n for n, w in dummy_weights(ALIGNED, seed=5) if w.dim() == 2 and ".layers." in n]
     input_scales = {n.removesuffix(".weight"): _modelopt_input_scale(i) for i, n in enumerate(names)}
     fused = LlamaForCausalLM.packed_modules_mapping
@@ -470,6 +469,7 @@ def test_modelopt_mixed_precision_gives_each_layer_its_algorithm(tmp_path):
 
 
 def _load_plain():
+    """The unquantized model of the weights every checkpoint here is written from (`dummy_weights`, seed 5)."""
     model = LlamaForCausalLM(ALIGNED, torch.float32, "cpu")
     model.load_weights(dummy_weights(ALIGNED, seed=5))
     return model
@@ -489,8 +489,7 @@ def test_fp8_static_checkpoint_is_compressed_tensors_fake_quantized_model(tmp_pa
     qkv = model.model.layers[0].self_attn.qkv_proj
     assert qkv.scheme.name == "fp8" and qkv.scheme.static_input and model.lm_head.scheme.name == "unquantized"
     parts, zero = _fp8_parts(ALIGNED), torch.zeros(1, dtype=torch.float8_e4m3fn)
-    oracle = LlamaForCausalLM(ALIGNED, torch.float32, "cpu")
-    oracle.load_weights(dummy_weights(ALIGNED, seed=5))
+    oracle = _load_plain()
     mapping = LlamaForCausalLM.packed_modules_mapping
     for name, layer in oracle.named_modules():
         leaf = name.rpartition(".")[2]
