@@ -1,9 +1,12 @@
 """The block-FP8 W8A8 MoE layer (DeepSeek-V3's experts) as one op, the kernel twin of
 `reference.moe.quantized.block_fp8_moe_mirror`: the activations quantized per token and 128-wide group by
-`kernels.fp8_quant` (the reference quantizer's arithmetic, bit for bit), then `kernels.fused_moe`'s layer with
-the grouped GEMM in its block-FP8 mode (`kernels.moe_gemm`); the intermediate is quantized the same way
-before the second GEMM. The quantization is a pass of its own before each GEMM, not fused into the GEMM's
-loads. No host synchronization (CUDA-graph safe).
+the reference quantizer's arithmetic (bit for bit), then `kernels.fused_moe`'s layer with the grouped GEMM in
+its block-FP8 mode (`kernels.moe_gemm`); the intermediate is quantized the same way before the second GEMM.
+Where the grouped GEMMs run decode tiles (`kernels.moe_gemm.quantizes_inputs`) they quantize each input tile as
+they load it; elsewhere, and on the decode GEMV path (`kernels.moe_gemv`, whose tensor-core lanes each hold 32
+bytes of a 128-wide group, so a group's amax would span four lanes), a pass of `kernels.fp8_quant` before each
+GEMM writes the E4M3 copy. Either way the same codes and scales, so the same output bytes. No host
+synchronization (CUDA-graph safe).
 
 Op: `touchstone::block_fp8_moe(x, w13, w13_scales, w2, w2_scales, topk_weights, topk_ids, activation,
 expert_map) -> out [T, H]`; call it through `block_fp8_moe` below (the mirror's signature). w13 E4M3 [E, 2I, H]
@@ -39,9 +42,10 @@ def check_block_fp8_moe_args(x, w13, w13_scales, w2, w2_scales, topk_weights, to
 
 def launch(
     x, w13, w13_scales, w2, w2_scales, topk_weights, topk_ids, activation="silu", expert_map=None,
-    fault: str = "none", tiles: tuple[Tiles, Tiles] | None = None,
+    fault: str = "none", tiles: tuple[Tiles, Tiles] | None = None, fuse_quant: bool | None = None,
 ):  # fmt: skip
-    """Validate (shapes and dtypes only), allocate and launch; `fault` plants a named bug (moe_gemm, moe_align)."""
+    """Validate (shapes and dtypes only), allocate and launch; `fault` plants a named bug (moe_gemm, moe_align);
+    `tiles` forces the grouped GEMM's launch sizes and `fuse_quant` whether it quantizes its inputs itself."""
     experts = check_block_fp8_moe_args(
         x, w13, w13_scales, w2, w2_scales, topk_weights, topk_ids, activation, expert_map
     )
@@ -52,7 +56,7 @@ def launch(
             raise ValueError(f"{name}: must be contiguous, got strides {t.stride()}")
     return run_layer(
         x, w13, w2, topk_weights, topk_ids, activation, None, None, expert_map, experts, fault, tiles,
-        _quantize, w13_scales, w2_scales,
+        _quantize, w13_scales, w2_scales, fuse_quant=fuse_quant,
     )  # fmt: skip
 
 

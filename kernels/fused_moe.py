@@ -21,7 +21,7 @@ import torch
 from kernels import moe_align, moe_gemv
 from kernels._boundary import check_device
 from kernels.moe_combine import combine
-from kernels.moe_gemm import Tiles, choose_tiles, fp8_tiles, launch_moe_gemm, mx_tiles
+from kernels.moe_gemm import Tiles, choose_tiles, fp8_tiles, launch_moe_gemm, mx_tiles, quantizes_inputs
 from reference.moe.experts import check_moe_args
 
 
@@ -53,9 +53,12 @@ def check_layer_tensors(read: dict, topk_weights, topk_ids) -> None:
 def run_layer(
     x, w13, w2, topk_weights, topk_ids, activation, w13_bias, w2_bias, expert_map, experts: int, fault: str,
     tiles: tuple[Tiles, Tiles] | None, quantize=None, w13_scales=None, w2_scales=None, mx: bool = False,
+    fuse_quant: bool | None = None,
 ):  # fmt: skip
     """The layer on validated arguments. Block FP8 (`quantize` given: x -> (E4M3 codes, group scales)): x and
-    the intermediate are quantized by it before each GEMM, the weights carry their tile scales. MXFP4 (`mx`):
+    the intermediate are quantized per 1 x 128 group before each GEMM, the weights carry their tile scales; the
+    grouped GEMMs quantize their inputs as they load them where `kernels.moe_gemm.quantizes_inputs` says so
+    (`fuse_quant` overrides it), the GEMV path and the rest through `quantize` (the same bytes). MXFP4 (`mx`):
     w13 / w2 are codes with E8M0 scales, decoded inside the GEMMs; activations stay bf16. In both quantized
     modes, up to `kernels.moe_gemv.takes` assignments (unless `tiles` asks for the grouped GEMM) the GEMMs are one
     GEMV an assignment (`kernels.moe_gemv`) and no alignment runs."""
@@ -67,6 +70,7 @@ def run_layer(
     weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
     fp8 = quantize is not None
     if (mx or fp8) and tiles is None and moe_gemv.takes(tokens * top_k, fp8):  # decode: GEMVs, no alignment
+        fused = False
 
         def gemm(a, a_scales, w, bias, w_scales, out, a_div, act, mul_weight, _tiles):
             routing = (topk_ids, expert_map, weights, a_div, act, mul_weight, gemm_fault)
@@ -85,17 +89,19 @@ def run_layer(
         if first.bm != second.bm:
             raise ValueError(f"tiles: both GEMMs must share BM (the alignment's block), got {first.bm} and {second.bm}")
         sorted_ids, expert_ids, post = moe_align.launch(topk_ids, experts, first.bm, expert_map, align_fault)
+        fused = fp8 and (quantizes_inputs(first) if fuse_quant is None else fuse_quant)
 
         def gemm(a, a_scales, w, bias, w_scales, out, a_div, act, mul_weight, gemm_tiles):
             launch_moe_gemm(
                 a, w, bias, out, sorted_ids, expert_ids, post, weights, a_div, act, mul_weight, gemm_tiles,
-                gemm_fault, a_scales, w_scales, mx,
+                gemm_fault, a_scales, w_scales, mx, fused,
             )  # fmt: skip
 
-    a, a_scales = quantize(x) if fp8 else (x, None)
+    separate = fp8 and not fused
+    a, a_scales = quantize(x) if separate else (x, None)
     h = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=device)
     gemm(a, a_scales, w13, w13_bias, w13_scales, h, top_k, activation, False, first)
-    a, a_scales = quantize(h) if fp8 else (h, None)
+    a, a_scales = quantize(h) if separate else (h, None)
     per_slot = torch.empty(tokens * top_k, hidden, dtype=x.dtype, device=device)  # the combine skips dropped rows
     gemm(a, a_scales, w2, w2_bias, w2_scales, per_slot, 1, "none", True, second)
     return combine(per_slot, topk_ids, experts)

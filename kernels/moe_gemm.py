@@ -19,7 +19,10 @@ Epilogues, in fp32 on the accumulator (the mirror's order, `reference.moe.expert
 One rounding to the output dtype at the store.
 Block FP8 (SCALED): each 128-deep K step is a fresh `tl.dot` of the E4M3 tiles, added to the fp32 accumulator
 times (activation scale x weight scale), `reference.gemm.block_fp8`'s order (its docstring tells what the
-Hopper FP8 dot's own accumulation is).
+Hopper FP8 dot's own accumulation is). With QUANT_A the input is bf16/fp16 and each program quantizes the
+[BM, 128] input tile it loads, one scale a row (a 1 x 128 group), by `kernels._fp8_groups` (the reference
+quantizer's arithmetic, bit for bit): the same codes and scales as a separate quantization pass, so the same
+output bytes, without writing and re-reading the E4M3 copy (`quantizes_inputs` says when).
 MXFP4 (MX): `kernels.w4a16_mxfp4_gemm`'s dot path (`_mx_k_loop`): each K step decodes the weight tile exactly
 to bf16 and takes two dots, the even K elements of the input with the codes' low nibbles and the odd ones with
 the high nibbles, computed transposed (weights as the MMA's M side).
@@ -38,8 +41,10 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from kernels._boundary import runs_interpreted
+from kernels._boundary import f32_bits, runs_interpreted
+from kernels._fp8_groups import e4m3fn_codes, row_scales
 from kernels.w4a16_mxfp4_gemm import _weight_tile, packed_decode
+from reference.quant.fp8 import DEFAULT_EPS
 
 ACTIVATIONS = {"none": 0, "silu": 1, "swiglu_oai": 2}
 ALPHA, LIMIT = 1.702, 7.0  # gpt-oss's clamped SwiGLU (reference.moe.experts)
@@ -53,6 +58,7 @@ FAULTS = {
     "neighbour_expert": 2,  # each block multiplies the next expert's weights (the last its own)
     "weight_scale_next_k_block": 3,  # block FP8: K block kb scaled by the weight scale of kb + 1 (wrapping)
     "mx_scale_past_end": 4,  # MXFP4: block j scaled by block j + 1's scale, read past the end for the last row
+    "fused_amax_skips_last_lane": 5,  # QUANT_A: a group's last element never reaches its amax
 }
 MX_FAULT_C: tl.constexpr = tl.constexpr(3)  # `kernels.w4a16_mxfp4_gemm`'s "scale_past_end", which MX fault 4 plants
 
@@ -212,13 +218,25 @@ def _mx_k_loop(
 
 
 @triton.jit
+def _quantized_tile(a, eps_bits, FAULT: tl.constexpr):
+    """An input tile [BM, 128] (bf16/fp16) -> (its E4M3 codes, one fp32 scale a row): `reference.quant.fp8`'s
+    per-token-group quantization of each row's 128-wide group (pad rows load 0 and are never stored)."""
+    x = a.to(tl.float32)
+    seen = x
+    if FAULT == 5:  # "fused_amax_skips_last_lane"
+        seen = tl.where((tl.arange(0, x.shape[1]) < x.shape[1] - 1)[None, :], x, 0.0)
+    scale = row_scales(seen, eps_bits)
+    return e4m3fn_codes(x, scale), scale
+
+
+@triton.jit
 def _moe_gemm_kernel(
     a_ptr, w_ptr, bias_ptr, out_ptr, sorted_ptr, expert_ids_ptr, post_ptr, weights_ptr,
     n_assign, N, K, A_DIV, num_experts, stride_am, stride_we, stride_wn, stride_be, stride_om,
-    as_ptr, ws_ptr, stride_asm, stride_wse, stride_wsn, w_desc,
+    as_ptr, ws_ptr, stride_asm, stride_wse, stride_wsn, w_desc, eps_bits,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_WEIGHT: tl.constexpr, SCALED: tl.constexpr, MX: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
-    FAULT: tl.constexpr, MX_PACKED: tl.constexpr = False, W_TMA: tl.constexpr = False,
+    FAULT: tl.constexpr, MX_PACKED: tl.constexpr = False, W_TMA: tl.constexpr = False, QUANT_A: tl.constexpr = False,
 ):  # fmt: skip
     # Program order: GROUP_M row blocks x every column tile, row blocks fastest, then the next GROUP_M row
     # blocks; programs running together share the blocks' input rows and the column tiles' weights in L2.
@@ -280,7 +298,10 @@ def _moe_gemm_kernel(
                 kb_w = kb
                 if FAULT == 3:
                     kb_w = (kb + 1) % tl.cdiv(K, BK)
-                a_s = tl.load(as_ptr + a_rows * stride_asm + kb, mask=valid, other=0.0)
+                if QUANT_A:
+                    a, a_s = _quantized_tile(a, eps_bits, FAULT)
+                else:
+                    a_s = tl.load(as_ptr + a_rows * stride_asm + kb, mask=valid, other=0.0)
                 w_s = tl.load(ws_base + (gate_rows // BK) * stride_wsn + kb_w, mask=cmask, other=0.0)
                 acc += tl.dot(a, w) * (a_s[:, None] * w_s[None, :])
             else:
@@ -314,6 +335,18 @@ def _moe_gemm_kernel(
 FP32_DECODE_MAX_ASSIGNMENTS = 4
 
 
+def quantizes_inputs(tiles: Tiles) -> bool:
+    """Whether the block-FP8 layer's grouped GEMMs quantize their inputs as they load them (QUANT_A) rather than
+    after a separate pass (`kernels.fp8_quant`) writes an E4M3 copy: at decode tiles (BM < 64). Not yet timed on
+    the H200 (`python -m bench.moe.launch_sweep --cases dsv3_quant` races the two); the rule is arithmetic.
+    Every program repeats the quantization of the input tiles it reads, once per column tile: at decode a
+    [16, 128] tile beside a weight tile of 64-128 x 128 bytes it streams, against two launches saved (each a few
+    us beside the DeepSeek-V3 layer's 0.33-2.2 ms at 4-64 tokens, where it runs grouped). At prefill (BM 64, 32-56 column tiles) each
+    [64, 128] tile would be quantized 32-56 times, each time about as many instructions as its MMA step, while
+    the separate passes move x and h once: ~0.3 GB, ~70 us of the 7.8 ms layer at 4,096 tokens."""
+    return tiles.bm < 64
+
+
 def weights_through_tma(w: torch.Tensor, tiles: Tiles, activation: str, mx: bool) -> bool:
     """Whether the bf16 / block-FP8 weight tiles are read through a TMA descriptor over w viewed as [E * N_w, K]:
     prefill tiles (BM >= 64) on Hopper and later (and in the interpreter, which runs descriptors, whatever the
@@ -335,23 +368,28 @@ def weights_through_tma(w: torch.Tensor, tiles: Tiles, activation: str, mx: bool
 
 def launch_moe_gemm(
     a, w, bias, out, sorted_ids, expert_ids, post, weights, a_div: int, activation: str, mul_weight: bool,
-    tiles: Tiles, fault: str = "none", a_scales=None, w_scales=None, mx: bool = False,
+    tiles: Tiles, fault: str = "none", a_scales=None, w_scales=None, mx: bool = False, quantize_a: bool = False,
 ):  # fmt: skip
     """out[f] = epilogue(a[f // a_div] @ w[expert]^T) for every sorted assignment f (the module docstring).
     a [rows, K], w [E, N_w, K] contiguous in K, out [T * k, N] (N = N_w / 2 with an activation); `tiles.bm` must
     be the alignment's block size. Block FP8: a and w E4M3, a_scales [rows, K / 128] and w_scales [E, ceil(N_w /
-    128), K / 128] fp32, contiguous in K, and tiles.bk = 128. MXFP4 (`mx`): w uint8 codes [E, N_w, K / 2], w_scales
+    128), K / 128] fp32, contiguous in K, and tiles.bk = 128; or (`quantize_a`) a bf16/fp16, quantized per
+    1 x 128 group as the kernel loads it, and no a_scales. MXFP4 (`mx`): w uint8 codes [E, N_w, K / 2], w_scales
     E8M0 bytes [E, N_w, K / 32], contiguous in K; a bf16; tiles.bk a multiple of 32."""
     n_assign, n = out.shape
     k = a.shape[1]
     bm, bn, bk, warps, stages, group_m = tiles
-    scaled = a_scales is not None
+    scaled = a_scales is not None or quantize_a
+    if quantize_a and (a_scales is not None or w_scales is None or a.dtype not in (torch.bfloat16, torch.float16)):
+        raise ValueError(
+            f"a: quantized in the kernel needs bf16/fp16 input, weight scales and no a_scales, got {a.dtype}"
+        )
     if mx and (bk % 32 or w_scales.stride(2) != 1 or a.dtype != torch.bfloat16 or k % 32 or a.stride(0) % 2):
         raise ValueError(
             f"tiles: MXFP4 needs a bf16 input with K and its row stride multiples of 32 and 2, BK a multiple of 32"
             f" and scales contiguous, got K = {k}, BK = {bk}"
         )
-    if scaled and (bk != SCALE_BLOCK or a_scales.stride(1) != 1 or w_scales.stride(2) != 1):
+    if scaled and (bk != SCALE_BLOCK or (a_scales is not None and a_scales.stride(1) != 1) or w_scales.stride(2) != 1):
         raise ValueError(f"tiles: block FP8 needs BK = {SCALE_BLOCK} and scales contiguous in K, got BK = {bk}")
     if not expert_ids.numel() or not n:
         return out
@@ -368,10 +406,11 @@ def launch_moe_gemm(
         a_arg, w_arg, bias if bias is not None else w, out, sorted_ids, expert_ids, post, weights,
         n_assign, n, k, a_div, w.shape[0], stride_am, w_arg.stride(0), w_arg.stride(1),
         bias.stride(0) if bias is not None else 0, out.stride(0),
-        a_scales if scaled else weights, w_scales if w_scales is not None else weights,
-        a_scales.stride(0) if scaled else 0, *(w_scales.stride()[:2] if w_scales is not None else (0, 0)), w_desc,
+        a_scales if a_scales is not None else weights, w_scales if w_scales is not None else weights,
+        a_scales.stride(0) if a_scales is not None else 0,
+        *(w_scales.stride()[:2] if w_scales is not None else (0, 0)), w_desc, f32_bits(DEFAULT_EPS),
         ACT=ACTIVATIONS[activation], HAS_BIAS=bias is not None, MUL_WEIGHT=mul_weight, SCALED=scaled, MX=mx,
         BM=bm, BN=bn, BK=bk, GROUP_M=group_m, EVEN_K=k % bk == 0, FAULT=FAULTS[fault], MX_PACKED=packed,
-        W_TMA=w_tma, num_warps=warps, num_stages=stages,
+        W_TMA=w_tma, QUANT_A=quantize_a, num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return out

@@ -129,6 +129,7 @@ SELECTION = {
         "suites/moe/test_fused_moe_kernel.py::test_prefill_tiles_read_weights_through_tma_within_the_row",
         "suites/moe/test_block_fp8_moe_kernel.py::test_fixed_layer_within_the_row",
         "suites/moe/test_block_fp8_moe_kernel.py::test_prefill_tiles_through_tma[none]",
+        "suites/moe/test_block_fp8_moe_kernel.py::test_fused_quantization_gives_the_separate_pass_bytes[16]",
         "suites/moe/test_mxfp4_moe_kernel.py::test_fixed_layer_within_the_row",
     ],
     "block_fp8_gemv": ["suites/gemm/test_block_fp8_gemm.py::test_named_cases"],

@@ -1,13 +1,15 @@
 """Sweep the MoE layer's launch tiles on a GPU: the whole layer (alignment, both grouped GEMMs, the combine) as a
 CUDA-graph replay per (first GEMM's, second GEMM's) tiles, against the same run's peer and roof.
 
-    python -m bench.moe.launch_sweep [--cases mixtral_prefill dsv3_decode mxfp4_decode mxfp4_fragment_decode
-        mxfp4_fragment_gemvs] [--repeats 3]
+    python -m bench.moe.launch_sweep [--cases mixtral_prefill dsv3_decode dsv3_quant mxfp4_decode
+        mxfp4_fragment_decode mxfp4_fragment_gemvs] [--repeats 3]
 
 Cases: mixtral_prefill (bf16, 4,096 tokens; against the `torch._grouped_mm` layer, bench/moe/grouped_mm_peer.py:
 the bar is >= 1.0x), dsv3_decode (block FP8, DeepSeek-V3's experts at 1, 2 and 4 tokens: the grouped GEMM's
 tiles, which `tiles` forces, and `kernels.moe_gemv`'s block-FP8 launch shapes; against memcpy on the touched
-experts' bytes: the bar is >= 0.70x) and mxfp4_decode (gpt-oss-20b's experts at 1, 4 and 16 tokens:
+experts' bytes: the bar is >= 0.70x), dsv3_quant (the same experts on the grouped GEMM at its table tiles,
+4 to 4,096 tokens: the GEMMs quantizing their inputs as they load them against a separate quantization pass,
+the choice `kernels.moe_gemm.quantizes_inputs` makes), mxfp4_decode (gpt-oss-20b's experts at 1, 4 and 16 tokens:
 `kernels.moe_gemv`'s launch shapes against the grouped GEMM, which `tiles` forces; memcpy on the touched bytes,
 the bar >= 0.60x) and mxfp4_fragment_decode (the same experts in the fragment layout at 1, 4, 16 and 64 tokens:
 `kernels.mxfp4_moe_fragment`'s launch configs), and mxfp4_fragment_gemvs (each of that layer's GEMVs alone: its
@@ -126,6 +128,28 @@ def dsv3_decode(repeats: int) -> None:
             f"dsv3_decode T{tokens}", "FP8_MMA_LAUNCH", FP8_GEMV, functools.partial(block_fp8_moe.launch, *args),
             repeats, roof_ms, moved, "FP8_MAX_ASSIGNMENTS", rows,
         )  # fmt: skip
+
+
+def dsv3_quant(repeats: int) -> None:
+    shape = fp8_bench.DSV3
+    for tokens in (4, 16, 64, 256, 1024, 4096):
+        case = cases(shape, (tokens,))[0]
+        args = fp8_bench.inputs(case, "cuda")
+        table = fp8_tiles(*choose_tiles(args[0].device, tokens * shape.top_k, shape.experts, shape.hidden, shape.inter))
+        timings = {}
+        for fused in (False, True):
+            label = ("fused " if fused else "separate ") + _label(table)
+            try:
+                layer = functools.partial(block_fp8_moe.launch, *args, tiles=table, fuse_quant=fused)
+                timings[label] = _time(layer, repeats)
+            except Exception as err:
+                failed(f"dsv3_quant T{tokens} {label}", err)
+        if len(timings) == 2:
+            separate = min(t.p50 for t in next(iter(timings.values())))
+            for label, t in timings.items():
+                _line(f"dsv3_quant T{tokens}", label, t, separate, "separate")
+        del args
+        torch.cuda.empty_cache()
 
 
 def _gemv_sweep(
@@ -252,6 +276,7 @@ def mxfp4_fragment_decode(repeats: int) -> None:
 CASES = {
     "mixtral_prefill": mixtral_prefill,
     "dsv3_decode": dsv3_decode,
+    "dsv3_quant": dsv3_quant,
     "mxfp4_decode": mxfp4_decode,
     "mxfp4_fragment_decode": mxfp4_fragment_decode,
     "mxfp4_fragment_gemvs": mxfp4_fragment_gemvs,

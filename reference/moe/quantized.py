@@ -5,8 +5,9 @@ Block-FP8 W8A8 (DeepSeek-V3): expert weights as `reference.quant.fp8.quantize_fp
 E4M3 [E, 2I, H] with scales [E, ceil(2I / 128), H / 128], `w2` E4M3 [E, H, I] with [E, ceil(H / 128), I / 128]
 (H and I multiples of 128); activations quantized per token and 128-wide group:
 - mirror: x quantized once; the first GEMM is `block_fp8_gemm_mirror` into fp32; the activation in fp32,
-  rounded to x's dtype; that intermediate quantized per token-group 128 (the kernel fuses this); the second
-  GEMM likewise into fp32; then the combine's roundings (`experts.combine_mirror`).
+  rounded to x's dtype; that intermediate quantized per token-group 128 (by the kernel's second GEMM as it
+  loads it, or by a pass before it); the second GEMM likewise into fp32; then the combine's roundings
+  (`experts.combine_mirror`).
 - ideal: float64 of the dequantized operands: x's codes times their scales, the weights' codes times theirs,
   no intermediate quantization (what the quantized weights mean applied to the quantized input):
   `experts.fused_moe_ideal` of those operands.

@@ -389,8 +389,7 @@ NEGATIVE_DATA = {
 WGMMA_SMALL = Config(block_m=64, block_n=128, group_m=1, persistent=True, num_warps=4, num_stages=2, wgmma=True)
 
 
-# Run in a process of its own: under TRITON_INTERPRET=1 (the CPU tier) the jit decorators give interpreter
-# functions, which the compiler cannot take.
+# Run by `suites.compile_for_sm90` (a process without the interpreter).
 _COMPILE_WGMMA_FOR_SM90 = """
 from triton.backends.compiler import GPUTarget
 from triton.compiler import compile
@@ -442,15 +441,10 @@ def test_wgmma_kernel_compiles_for_sm90():
     with bf16 and fp32 C, stored through TMA and from registers, through Triton's compiler for sm_90 with no GPU:
     Gluon does not run in the interpreter, so without this a change that breaks its compilation shows only on a
     GPU. Each compiles to wgmma and a cubin."""
-    import os
-    import subprocess
-    import sys
+    from suites.compile_for_sm90 import run_compiler
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _COMPILE_WGMMA_FOR_SM90], env=env, capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-2000:]
     want = [f"{ws} {out} {tma} True True" for ws in (True, False) for out in ("bf16", "fp32") for tma in (True, False)]
-    assert run.stdout.split("\n")[:-1] == want
+    assert run_compiler(_COMPILE_WGMMA_FOR_SM90) == want
 
 
 @pytest.mark.parametrize("path", ["tiled", "gemv", "wgmma", "wgmma_ws"])

@@ -3,10 +3,12 @@ LOSSY row against `block_fp8_moe_mirror` and above its SQNR floor against `block
 draws of experts, top-k, tokens (0, 1, odd, more than E x block), skew (every token on one expert), expert-parallel
 maps and hidden/intermediate sizes (multiples of the 128-wide blocks, as the format requires); opcheck; CUDA-graph
 replay; named bad arguments; inputs followed by guard bytes and allocations from zeroed or poisoned memory giving
-the same bytes (with a scale read one past the end as its control); negative controls on both paths (the grouped
-GEMM, and the decode GEMV of `kernels.moe_gemv`): a weight scale read from the neighbouring K block, gate and up
-swapped, the neighbouring expert's weights. Values are drawn at unit scale (randn activations, weights scaled by
-1 / sqrt(fan-in)), where a gate/up swap costs ~30 dB, not the ~17 dB of small-scale MoE test draws."""
+the same bytes (with a scale read one past the end as its control); the grouped GEMM quantizing its inputs as it
+loads them equal, byte for byte, to the separate quantization pass (an amax missing a lane as its control);
+negative controls on both paths (the grouped GEMM, and the decode GEMV of `kernels.moe_gemv`): a weight scale
+read from the neighbouring K block, gate and up swapped, the neighbouring expert's weights. Values are drawn at
+unit scale (randn activations, weights scaled by 1 / sqrt(fan-in)), where a gate/up swap costs ~30 dB, not the
+~17 dB of small-scale MoE test draws."""
 
 from __future__ import annotations
 
@@ -96,6 +98,88 @@ def test_prefill_tiles_through_tma(device, fault):
 def test_negative_controls_are_caught(device, fault):
     with pytest.raises(AssertionError):
         _check(_fixed(), device, fault)
+
+
+def _peaks_in_last_lanes():
+    """`_fixed`'s layer with every 128-wide group of x peaking in its last element (8x the group's largest
+    other magnitude, alternating sign): the case an amax that misses a lane gets wrong."""
+    args = _fixed()
+    x = args[0].float().view(33, -1, 128)
+    peak = 8 * x[..., :-1].abs().amax(-1)
+    x[..., -1] = torch.where(torch.arange(x.shape[1]) % 2 == 0, peak, -peak)
+    args[0] = x.view(33, -1).to(torch.bfloat16)
+    return args
+
+
+@pytest.mark.parametrize("bm", [16, 64])
+def test_fused_quantization_gives_the_separate_pass_bytes(device, bm):
+    """The grouped GEMMs quantizing their inputs as they load them (`kernels.moe_gemm`'s QUANT_A) and the
+    separate `kernels.fp8_quant` pass give the same output bytes, at decode (BM 16) and prefill (BM 64) tiles,
+    on a layer whose groups peak in their last lane; and within the row against both references."""
+    from kernels.moe_gemm import Tiles
+
+    args = _peaks_in_last_lanes()
+    tiles = (Tiles(bm, 64, 128, 4, 2, 2), Tiles(bm, 64, 128, 4, 2, 2))
+    fused, separate = (kernel.launch(*on(args, device), tiles=tiles, fuse_quant=f).cpu() for f in (True, False))
+    assert torch.equal(fused, separate)
+    mirror, ideal = ref.block_fp8_moe_mirror(*args), ref.block_fp8_moe_ideal(*args)
+    assert_lossy(families.BLOCK_FP8_MOE, fused, mirror, ideal, "block_fp8_moe")
+
+
+def test_negative_control_a_fused_amax_missing_a_lane_is_caught(device):
+    """A fused quantization whose amax skips each group's last element saturates that element: caught against
+    the mirror, on the layer whose groups peak there."""
+    from kernels.moe_gemm import Tiles
+
+    args = _peaks_in_last_lanes()
+    tiles = (Tiles(16, 64, 128, 4, 2, 2), Tiles(16, 64, 128, 4, 2, 2))
+    got = kernel.launch(*on(args, device), tiles=tiles, fuse_quant=True, fault="fused_amax_skips_last_lane").cpu()
+    mirror, ideal = ref.block_fp8_moe_mirror(*args), ref.block_fp8_moe_ideal(*args)
+    with pytest.raises(AssertionError):
+        assert_lossy(families.BLOCK_FP8_MOE, got, mirror, ideal, "block_fp8_moe")
+
+
+# Run by `suites.compile_for_sm90`: the block-FP8 grouped GEMM at the GPU table's tiles (decode: BM 16, pointer
+# loads, mma.sync; prefill: BM 64, TMA weight tiles, wgmma), its inputs E4M3 or quantized as they load.
+_COMPILE_GROUPED_FOR_SM90 = """
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile
+from kernels import moe_gemm as m
+
+for row in (m.GPU_TILES[0], m.GPU_TILES[-1]):
+    first, _ = m.fp8_tiles(*row[1:])
+    w_tma = first.bm >= 64
+    for quant in (False, True):
+        signature = dict(a_ptr="*bf16" if quant else "*fp8e4nv", w_ptr="*fp8e4nv", bias_ptr="*fp8e4nv",
+                         out_ptr="*bf16", sorted_ptr="*i32", expert_ids_ptr="*i32", post_ptr="*i32",
+                         weights_ptr="*fp32", as_ptr="*fp32", ws_ptr="*fp32")
+        signature |= dict.fromkeys(("n_assign", "N", "K", "A_DIV", "num_experts", "stride_am", "stride_we",
+                                    "stride_wn", "stride_be", "stride_om", "stride_asm", "stride_wse", "stride_wsn",
+                                    "eps_bits"), "i32")
+        signature["w_desc"] = f"tensordesc<fp8e4nv[{first.bn}, {first.bk}]>" if w_tma else "constexpr"
+        constants = dict(ACT=1, HAS_BIAS=False, MUL_WEIGHT=False, SCALED=True, MX=False, BM=first.bm, BN=first.bn,
+                         BK=first.bk, GROUP_M=first.group_m, EVEN_K=True, FAULT=0, MX_PACKED=False, W_TMA=w_tma,
+                         QUANT_A=quant)
+        if not w_tma:
+            constants["w_desc"] = None
+        signature |= dict.fromkeys(constants, "constexpr")
+        source = ASTSource(fn=m._moe_gemm_kernel, signature=signature, constexprs=constants)
+        options = {"num_warps": first.warps, "num_stages": first.stages}
+        ptx = compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+        print(first.bm, quant, "wgmma" in ptx, "cvt.rn.satfinite.e4m3x2.f32" in ptx)
+"""
+
+
+def test_grouped_gemm_compiles_for_sm90():
+    """The grouped GEMM's block-FP8 mode at the GPU table's decode and prefill tiles, with E4M3 inputs and with
+    inputs quantized as they load, through Triton's compiler for sm_90 with no GPU: each lowers (decode to
+    mma.sync, prefill to wgmma), and only the quantizing variant converts to E4M3 (its PTX holds the saturating
+    conversion)."""
+    from suites.compile_for_sm90 import run_compiler
+
+    assert run_compiler(_COMPILE_GROUPED_FOR_SM90) == [
+        "16 False False False", "16 True False True", "64 False True False", "64 True True True"
+    ]  # fmt: skip
 
 
 def _decode(expert_map=False, tokens=3):
