@@ -1,10 +1,11 @@
 """Weight offload on the GPU: `python -m bench.llm.offload_decode` (H200; Llama-3.1-8B's shape, dummy weights).
 
 Decode of B requests (32 prompt tokens, 128 greedy output tokens, ignore_eos) with every weight on the GPU,
-then with `prefetch` offload of half the decoder layers (`cpu_offload_gb` = 16 of 32 layers' bytes), in one
-process. Beside them, the same run's pinned host-to-device copy bandwidth (`triton.testing.do_bench` of one
-copy of an offloaded layer's size) and the step time that bandwidth allows: every decode step copies every
-offloaded layer once, so offloaded bytes / bandwidth is a floor under the offloaded step, whatever the overlap.
+then with `prefetch` offload of half the decoder layers (`cpu_offload_gb` = 16 of 32 layers' bytes), then with
+`uva` offload of as many (the GPU reading them in host memory), in one process. Beside them, the same run's
+pinned host-to-device copy bandwidth (`triton.testing.do_bench` of one copy of an offloaded layer's size) and the
+step time that bandwidth allows: every decode step moves every offloaded layer across the host link once (a copy,
+or the GPU's reads), so offloaded bytes / bandwidth is a floor under the offloaded step, whatever the overlap.
 Writes reports/<backend>-<slug>/offload_decode.*."""
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def h2d_bandwidth(nbytes: int) -> float:
     return nbytes / 2**30 / (ms / 1e3)
 
 
-def decode(model_name: str, batch: int, output_len: int, offload_gib: float) -> tuple[float, object]:
+def decode(model_name: str, batch: int, output_len: int, offload_gib: float, backend: str) -> tuple[float, object]:
     from runner import LLM, SamplingParams
 
     llm = LLM(
@@ -57,6 +58,7 @@ def decode(model_name: str, batch: int, output_len: int, offload_gib: float) -> 
         max_num_seqs=batch,
         kv_cache_bytes=8 << 30,
         cpu_offload_gb=offload_gib,
+        offload_backend=backend,
     )
     rng = random.Random(0)
     prompts = [[rng.randrange(1000, 100000) for _ in range(32)] for _ in range(batch)]
@@ -99,13 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     bandwidth = h2d_bandwidth(layer_bytes)
     print(f"  pinned host -> device: {bandwidth:.1f} GiB/s", flush=True)
     rows = []
-    for gib in (0.0, offload_gib):
-        rate, offloader = decode(args.model, args.batch, args.output_len, gib)
+    for backend, gib in (("none", 0.0), ("prefetch", offload_gib), ("uva", offload_gib)):
+        rate, offloader = decode(args.model, args.batch, args.output_len, gib, "prefetch" if gib == 0 else backend)
         layers = len(offloader.offloaded) if offloader is not None else 0
         moved = layers * layer_bytes / 2**30
         rows.append(
             {
-                "offload": "prefetch" if gib else "none",
+                "offload": backend,
                 "batch": args.batch,
                 "offloaded_layers": layers,
                 "offloaded_gib": moved,
@@ -118,13 +120,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  offload {rows[-1]['offload']}: {layers} layers, {rate:,.0f} output tok/s", flush=True)
     for r in rows:
         r["vs_resident"] = r["tok_per_s"] / rows[0]["tok_per_s"]
-    off = rows[-1]
+    off, uva = rows[1], rows[2]
     command = tables.command_line("python -m bench.llm.offload_decode", argv)
     headline = (
         f"{args.model}, dummy weights, decode batch {args.batch}: prefetch offload of {off['offloaded_layers']} "
         f"layers ({off['offloaded_gib']:.2f} GiB) runs at {off['vs_resident']:.3f}x the resident model's tok/s; "
         f"pinned host->device {bandwidth:.1f} GiB/s in the same run puts a floor of {off['copy_floor_ms']:.0f} ms "
-        f"under each offloaded step (measured {off['step_ms']:.0f} ms; resident {rows[0]['step_ms']:.1f} ms)."
+        f"under each offloaded step (measured {off['step_ms']:.0f} ms; resident {rows[0]['step_ms']:.1f} ms). "
+        f"uva offload of {uva['offloaded_layers']} layers: {uva['vs_resident']:.3f}x."
     )
     plot = functools.partial(plot_offload, rows=rows)
     folder = tables.write_report(

@@ -37,7 +37,12 @@ def plot_offload(path: pathlib.Path, rows: Sequence[dict]) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     labels = [f"{r['offload']} ({r['offloaded_layers']} layers)" for r in rows]
-    ax.bar(labels, [r["step_ms"] for r in rows], color=["tab:blue", "tab:orange"][: len(rows)], label="measured")
+    ax.bar(
+        labels,
+        [r["step_ms"] for r in rows],
+        color=["tab:blue", "tab:orange", "tab:green"][: len(rows)],
+        label="measured",
+    )
     ax.scatter(labels, [r["copy_floor_ms"] for r in rows], color="black", zorder=3, label="copy floor")
     ax.set_ylabel("decode step (ms)")
     ax.set_title(f"batch {rows[0]['batch']}; pinned host->device {rows[0]['h2d_gib_per_s']:.1f} GiB/s", fontsize=9)

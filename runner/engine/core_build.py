@@ -34,7 +34,8 @@ class EngineConfig(msgspec.Struct, kw_only=True):
     # Quantize an unquantized checkpoint while it loads (runner.model.quant): "fp8" | "fp8_block" | "mxfp4" | "nvfp4"
     quantization: str | None = None
     nvfp4_w13_policy: str = "use_w1"  # NVFP4 checkpoints' gate/up global scales (reference.quant.nvfp4_fused_w13)
-    # Keep this many GiB of decoder-layer weights in host memory, copied ahead of use (runner.model.offload)
+    # Keep this many GiB of decoder-layer weights in host memory (runner.model.offload): copied ahead of use
+    # ("prefetch", offload_prefetch_step layers ahead) or read there by the device ("uva")
     cpu_offload_gb: float = 0.0
     offload_backend: str = "prefetch"
     offload_prefetch_step: int = 1

@@ -1,6 +1,8 @@
 """Weight offload (`LLM(..., cpu_offload_gb=N)`, runner.model.offload): outputs bit-identical with offload on and
-off; the offloaded layers hold their weights in host memory and run from shared device slots, each filled
-`prefetch_step` offloaded layers ahead; the offloader attaches once, from a registry, to one model."""
+off, for both strategies; "prefetch": the offloaded layers hold their weights in host memory and run from shared
+device slots, each filled `prefetch_step` offloaded layers ahead; "uva": they run from their host copies in place
+(on CUDA through device views of the pinned bytes, no device copy); the offloader attaches once, from a registry,
+to one model."""
 
 from __future__ import annotations
 
@@ -18,18 +20,19 @@ SIX_LAYERS = dataclasses.replace(tiny_llama.TINY, num_hidden_layers=6)
 PROMPTS = [[5, 17, 33, 2, 9, 41], [60, 3, 3, 71]]
 
 
-def _offloaded(config, gb: float, step: int = 1, device="cpu", dtype=torch.float32):
+def _offloaded(config, gb: float, step: int = 1, device="cpu", dtype=torch.float32, backend="prefetch"):
     model = tiny_llama.model(config, device, dtype, seed=4)
-    create_offloader(OffloadConfig(gb, "prefetch", step)).post_init(model)
+    create_offloader(OffloadConfig(gb, backend, step)).post_init(model)
     return model
 
 
-@pytest.mark.parametrize("step", [1, 2])
-@pytest.mark.parametrize("gb", [1e-9, 1.0])  # one layer; every other layer (3 of 6)
-def test_outputs_are_bit_identical_with_offload_on_and_off(gb, step):
+@pytest.mark.parametrize(("backend", "step"), [("prefetch", 1), ("prefetch", 2), ("uva", 1)])
+@pytest.mark.parametrize("gb", [1e-9, 1.0])  # one layer; all the budget allows (prefetch: every other one)
+def test_outputs_are_bit_identical_with_offload_on_and_off(gb, backend, step):
     plain = tiny_llama.model(SIX_LAYERS, "cpu", torch.float32, seed=4)
-    model = _offloaded(SIX_LAYERS, gb, step)
-    assert model.offloader.offloaded == ([5] if gb < 1e-6 else [1, 3, 5])
+    model = _offloaded(SIX_LAYERS, gb, step, backend=backend)
+    every = [1, 3, 5] if backend == "prefetch" else [0, 1, 2, 3, 4, 5]
+    assert model.offloader.offloaded == ([5] if gb < 1e-6 else every)
     tokens, logits = greedy(model, PROMPTS, 8)
     want_tokens, want_logits = greedy(plain, PROMPTS, 8)
     assert tokens == want_tokens
@@ -82,7 +85,7 @@ def test_the_offloader_attaches_once_and_only_to_a_free_model():
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        (OffloadConfig(1.0, "uva"), r"offload_backend: must be one of \['prefetch'\], got 'uva'"),
+        (OffloadConfig(1.0, "disk"), r"offload_backend: must be one of \['prefetch', 'uva'\], got 'disk'"),
         (OffloadConfig(-1.0), "cpu_offload_gb: must be >= 0"),
         (OffloadConfig(1.0, prefetch_step=0), "prefetch_step: must be >= 1"),
     ],
@@ -109,8 +112,47 @@ def test_llm_with_offload_gives_the_tokens_without(single_thread):
     assert outputs[0.0] == outputs[1.0]
 
 
+def test_uva_layers_run_from_their_host_copies():
+    """On the CPU a "uva" layer's tensors are its host copies themselves (the device would read them in place);
+    the resident layers keep their own storage."""
+    model = _offloaded(SIX_LAYERS, 1e-9, backend="uva")  # layer 5
+    layers, host = model.model.layers, model.offloader.host[0]
+    assert set(host) == {n for n, _ in layers[5].named_parameters()} | {n for n, _ in layers[5].named_buffers()}
+    assert layers[5].mlp.down_proj.weight.data_ptr() == host["mlp.down_proj.weight"].data_ptr()
+    assert layers[4].mlp.down_proj.weight.data_ptr() not in {t.data_ptr() for t in host.values()}
+
+
+def test_a_device_view_needs_pinned_bytes():
+    from runner.model.offload.uva import device_view
+
+    with pytest.raises(ValueError, match="host: must be pinned and contiguous"):
+        device_view(torch.zeros(4), torch.device("cuda"))
+
+
+@pytest.mark.gpu_only(reason="device views of pinned host memory")
+def test_gpu_uva_layers_are_views_of_pinned_host_memory(device):
+    """On CUDA a "uva" layer's weights are CUDA tensors at their pinned host copies' addresses (no device copy,
+    the device memory they held is freed), and the model's output is the resident model's, bit for bit."""
+    config = dataclasses.replace(tiny_llama.SMALL_GPU, num_hidden_layers=6)
+    plain = tiny_llama.model(config, device, torch.bfloat16, seed=4)
+    _, want = greedy(plain, PROMPTS, 4)
+    del plain
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    model = _offloaded(config, 1e-9, device=device, dtype=torch.bfloat16, backend="uva")
+    resident = torch.cuda.memory_allocated()
+    weight, host = model.model.layers[5].mlp.down_proj.weight, model.offloader.host[0]["mlp.down_proj.weight"]
+    assert weight.is_cuda and host.is_pinned() and weight.data_ptr() == host.data_ptr()
+    layer_bytes = sum(t.numel() * t.element_size() for t in model.offloader.host[0].values())
+    everything = [*model.parameters(), *model.buffers()]
+    assert resident - before <= sum(t.numel() * t.element_size() for t in everything) - layer_bytes
+    _, got = greedy(model, PROMPTS, 4)
+    assert_exact(got, want, "logits")
+
+
 @pytest.mark.gpu_only(reason="copies on a side stream, captured in CUDA graphs")
-def test_gpu_offload_with_graphs_gives_the_tokens_without(device):
+@pytest.mark.parametrize("backend", ["prefetch", "uva"])
+def test_gpu_offload_with_graphs_gives_the_tokens_without(device, backend):
     from runner import LLM, SamplingParams
 
     config = dataclasses.replace(tiny_llama.SMALL_GPU, num_hidden_layers=6)
@@ -127,10 +169,20 @@ def test_gpu_offload_with_graphs_gives_the_tokens_without(device):
             max_model_len=128,
             enforce_eager=eager,
             cpu_offload_gb=gb,
+            offload_backend=backend,
         )
         outputs[(gb, eager)] = [o.token_ids for o in llm.generate(PROMPTS * 3, params, use_tqdm=False)]
         llm.close()
     assert outputs[(0.0, True)] == outputs[(1.0, True)] == outputs[(1.0, False)]
+
+
+def test_negative_control_a_uva_layer_reading_another_layers_copy_is_caught():
+    plain = tiny_llama.model(SIX_LAYERS, "cpu", torch.float32, seed=4)
+    model = _offloaded(SIX_LAYERS, 1.0, backend="uva")
+    model.model.layers[3].mlp.down_proj.weight.data = model.offloader.host[1]["mlp.down_proj.weight"]  # planted
+    _, logits = greedy(model, PROMPTS, 1)
+    _, want = greedy(plain, PROMPTS, 1)
+    assert not torch.equal(logits, want)
 
 
 def test_negative_control_a_slot_filled_from_the_wrong_layer_is_caught():

@@ -1,5 +1,6 @@
-"""Weight offload: decoder layers whose weights live in host memory and are copied to the device ahead of use
-(`LLM(..., cpu_offload_gb=N)`). An offloader comes from a registry by name (`create_offloader`); it is
+"""Weight offload: decoder layers whose weights live in host memory (`LLM(..., cpu_offload_gb=N,
+offload_backend=...)`), copied to the device ahead of use ("prefetch") or read there by the device ("uva"). An
+offloader comes from a registry by name (`create_offloader`); it is
 attached to a model once (`post_init`), after `process_weights_after_loading` (it moves the final tensors)
 and before CUDA-graph capture (the graphs then hold its copies). It is an object of its model, never a
 module-level singleton."""
@@ -8,10 +9,9 @@ from __future__ import annotations
 
 from runner.model.offload.base import OffloadConfig, Offloader
 from runner.model.offload.prefetch import PrefetchOffloader
+from runner.model.offload.uva import UvaOffloader
 
-# name -> strategy. vLLM also ships "uva" (the GPU reading pinned host memory directly); it needs a device
-# pointer to host memory wrapped as a tensor, which torch does not expose: not built here.
-OFFLOADERS: dict[str, type[Offloader]] = {"prefetch": PrefetchOffloader}
+OFFLOADERS: dict[str, type[Offloader]] = {"prefetch": PrefetchOffloader, "uva": UvaOffloader}
 
 
 def create_offloader(config: OffloadConfig) -> Offloader | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
 from torch import nn
 
 
@@ -12,6 +13,33 @@ class OffloadConfig:
     cpu_offload_gb: float = 0.0  # weight bytes (GiB) to keep in host memory; whole decoder layers, at least one
     backend: str = "prefetch"
     prefetch_step: int = 1  # offloaded layers copied ahead of the one running
+
+
+def layer_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
+    """A decoder layer's parameters and buffers by name: what an offloader moves."""
+    return {**dict(module.named_parameters()), **dict(module.named_buffers())}
+
+
+def layer_bytes(module: nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in layer_tensors(module).values())
+
+
+def choose_layers(layers: list[nn.Module], gib: float, stride: int) -> list[int]:
+    """Decoder layers to offload, ascending: every `stride`-th from the last one backwards until `gib` GiB of
+    their weights is covered (at least one layer; all of them at most)."""
+    chosen = []
+    for i in range(len(layers) - 1, -1, -stride):
+        chosen.append(i)
+        if sum(layer_bytes(layers[j]) for j in chosen) >= gib * 2**30:
+            break
+    return sorted(chosen)
+
+
+def host_copy(t: torch.Tensor, pinned: bool) -> torch.Tensor:
+    """A contiguous copy of `t` in host memory (page-locked where `pinned`)."""
+    copy = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pinned)
+    copy.copy_(t.detach())
+    return copy
 
 
 class Offloader:

@@ -18,28 +18,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from runner.model.offload.base import Offloader
-
-
-def _tensors(module: nn.Module) -> dict[str, torch.Tensor]:
-    return {**dict(module.named_parameters()), **dict(module.named_buffers())}
+from runner.model.offload.base import Offloader, choose_layers, host_copy, layer_tensors
 
 
 class PrefetchOffloader(Offloader):
     def attach(self, model: nn.Module) -> None:
         layers = list(model.model.layers)
-        sizes = [sum(t.numel() * t.element_size() for t in _tensors(layer).values()) for layer in layers]
-        budget, chosen = self.config.cpu_offload_gb * 2**30, []
-        for i in range(len(layers) - 1, -1, -2):
-            chosen.append(i)
-            if sum(sizes[j] for j in chosen) >= budget:
-                break
-        self.offloaded = sorted(chosen)
-        shapes = {n: (t.shape, t.dtype) for n, t in _tensors(layers[self.offloaded[0]]).items()}
+        self.offloaded = choose_layers(layers, self.config.cpu_offload_gb, stride=2)
+        shapes = {n: (t.shape, t.dtype) for n, t in layer_tensors(layers[self.offloaded[0]]).items()}
         for i in self.offloaded:
-            if {n: (t.shape, t.dtype) for n, t in _tensors(layers[i]).items()} != shapes:
+            if {n: (t.shape, t.dtype) for n, t in layer_tensors(layers[i]).items()} != shapes:
                 raise ValueError(f"cpu_offload_gb: decoder layer {i} differs in its tensors; cannot share slots")
-        device = next(iter(_tensors(layers[self.offloaded[0]]).values())).device
+        device = next(iter(layer_tensors(layers[self.offloaded[0]]).values())).device
         self.cuda = device.type == "cuda"
         nslots = min(len(self.offloaded), self.config.prefetch_step + 1)
         self.slots = [
@@ -48,10 +38,8 @@ class PrefetchOffloader(Offloader):
         self.host: list[dict[str, torch.Tensor]] = []
         for j, i in enumerate(self.offloaded):
             host = {}
-            for name, t in _tensors(layers[i]).items():
-                copy = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=self.cuda)
-                copy.copy_(t.detach())
-                host[name] = copy
+            for name, t in layer_tensors(layers[i]).items():
+                host[name] = host_copy(t, self.cuda)
                 t.data = self.slots[j % nslots][name]  # the layer now reads its slot
             self.host.append(host)
         self.position = {i: j for j, i in enumerate(self.offloaded)}
