@@ -84,6 +84,17 @@ def smollm2():
         return load_model("smollm2-135m-instruct", dtype=torch.float32, device="cpu")
 
 
+@pytest.fixture(scope="session")
+def smollm2_hf(smollm2, tmp_path_factory):
+    """The embedded SmolLM2 as the runner loads it, saved as a transformers checkpoint (the model the producers'
+    suites quantize beside their tiny Llama)."""
+    from suites.runner.producers import save_runner_model_as_hf
+
+    model, _, config = smollm2
+    with one_thread():
+        return save_runner_model_as_hf(model, config, tmp_path_factory.mktemp("smollm2"))
+
+
 @pytest.fixture(scope="module")
 def single_thread():
     """A whole module of model runs on one thread (see one_thread); used by the LLM suites."""

@@ -67,7 +67,7 @@ def save_runner_model_as_hf(model, config, folder: pathlib.Path) -> pathlib.Path
         num_key_value_heads=config.num_key_value_heads, head_dim=config.head_dim, rms_norm_eps=config.rms_norm_eps,
         rope_theta=config.rope_theta, max_position_embeddings=config.max_position_embeddings,
         tie_word_embeddings=config.tie_word_embeddings, bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
+        eos_token_id=config.eos_token_id, architectures=["LlamaForCausalLM"],  # as a model's save_pretrained writes
     )  # fmt: skip
     (folder / "hf").mkdir(parents=True, exist_ok=True)
     hf.save_pretrained(folder / "hf")

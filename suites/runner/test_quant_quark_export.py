@@ -53,16 +53,6 @@ def _layer_config(name: str):
     return QLayerConfig(weight=spec.to_quantization_spec(), input_tensors=inputs)
 
 
-@pytest.fixture(scope="module")
-def smollm2_hf(smollm2, tmp_path_factory):
-    """The embedded SmolLM2 as the runner loads it, saved as a transformers checkpoint."""
-    from suites.runner.producers import save_runner_model_as_hf
-
-    model, _, config = smollm2
-    with one_thread():
-        return save_runner_model_as_hf(model, config, tmp_path_factory.mktemp("smollm2"))
-
-
 def test_smollm2_as_saved_is_the_runners_model(smollm2, smollm2_hf):
     from transformers import LlamaForCausalLM
 
