@@ -341,9 +341,10 @@ def quantizes_inputs(tiles: Tiles) -> bool:
     the H200 (`python -m bench.moe.launch_sweep --cases dsv3_quant` races the two); the rule is arithmetic.
     Every program repeats the quantization of the input tiles it reads, once per column tile: at decode a
     [16, 128] tile beside a weight tile of 64-128 x 128 bytes it streams, against two launches saved (each a few
-    us beside the DeepSeek-V3 layer's 0.33-2.2 ms at 4-64 tokens, where it runs grouped). At prefill (BM 64, 32-56 column tiles) each
-    [64, 128] tile would be quantized 32-56 times, each time about as many instructions as its MMA step, while
-    the separate passes move x and h once: ~0.3 GB, ~70 us of the 7.8 ms layer at 4,096 tokens."""
+    us beside the DeepSeek-V3 layer's 0.33-2.2 ms at 4-64 tokens, where it runs grouped). At prefill (BM 64,
+    32-56 column tiles) each [64, 128] tile would be quantized 32-56 times, each time about as many instructions
+    as its MMA step, while the separate passes move x and h once: ~0.3 GB, ~70 us of the 7.8 ms layer at 4,096
+    tokens."""
     return tiles.bm < 64
 
 

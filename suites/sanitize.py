@@ -227,11 +227,15 @@ def parse_junit(path: pathlib.Path) -> dict[str, tuple[int, int]]:
     return {key: (run, failed) for key, (run, failed) in counts.items()}
 
 
+# Error records a tool prints (its summary counts them all; the report gives the rest a row of their own)
+PRINT_LIMIT = 100
+
+
 def sanitizer_command(tool: str, log: pathlib.Path) -> list[str]:
     binary = shutil.which("compute-sanitizer")
     if binary is None:
         raise SystemExit("sanitize: compute-sanitizer is not on PATH (it ships with the CUDA toolkit)")
-    return [binary, "--tool", tool, "--print-limit", "100", "--log-file", str(log)]
+    return [binary, "--tool", tool, "--print-limit", str(PRINT_LIMIT), "--log-file", str(log)]
 
 
 def start_tool(tool: str, work: pathlib.Path) -> subprocess.Popen:

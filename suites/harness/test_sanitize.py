@@ -184,3 +184,20 @@ def test_a_hung_probe_is_killed_at_its_bound(tmp_path, monkeypatch):
     monkeypatch.setattr(sanitize, "PROBE_TIMEOUT_S", 1)
     probes = sanitize.run_probes(["racecheck"], tmp_path, {})
     assert list(probes) == ["ws_handshake"] and probes["ws_handshake"][2] != 0
+
+
+def test_errors_past_the_print_limit_get_a_row_so_the_table_sums_to_the_tools_total(tmp_path):
+    """compute-sanitizer counts every error in its summary but prints only the first --print-limit records: the
+    report's table adds the rest as a row of their own (initcheck's 12,932 errors against 100 printed records)."""
+    import pandas as pd
+
+    from suites.sanitize_report import UNPRINTED, write_report
+
+    run = sanitize.ToolRun({"host API (copy of unwritten bytes)": 100}, 12932, {"rms_norm": (2, 0)}, 0)
+    folder, ok = write_report(tmp_path / "reports", {"initcheck": run}, (1, 1))
+    table = pd.read_csv(folder / "sanitizer.csv")
+    assert not ok and int(table["errors"].sum()) == 12932
+    assert table.set_index("kernel").loc[UNPRINTED, "errors"] == 12832
+    full = sanitize.ToolRun({"rms_norm": 3}, 3, {"rms_norm": (2, 0)}, 0)
+    folder, _ = write_report(tmp_path / "again", {"initcheck": full}, (1, 1))
+    assert UNPRINTED not in set(pd.read_csv(folder / "sanitizer.csv")["kernel"])
