@@ -112,6 +112,19 @@ def test_llm_with_offload_gives_the_tokens_without(single_thread):
     assert outputs[0.0] == outputs[1.0]
 
 
+@pytest.mark.parametrize("backend", ["prefetch", "uva"])
+@pytest.mark.parametrize("quantization", ["fp8", "fp8_block", "mxfp4", "nvfp4"])
+def test_quantized_layers_offload_bit_identically(backend, quantization):
+    """Offload moves what a quantized layer holds after `process_weights_after_loading` (codes, scales, the
+    kernel's layouts: its parameters and buffers), and the model's logits do not move."""
+    want = greedy(tiny_llama.model(SIX_LAYERS, quantization=quantization), PROMPTS, 3)[1]
+    offloaded = tiny_llama.model(SIX_LAYERS, quantization=quantization)
+    create_offloader(OffloadConfig(1.0, backend)).post_init(offloaded)
+    held = offloaded.offloader.host[-1]
+    assert {n for n, t in held.items() if t.dtype in (torch.uint8, torch.float8_e4m3fn)}  # the codes moved
+    assert_exact(greedy(offloaded, PROMPTS, 3)[1], want, "logits")
+
+
 def test_uva_layers_run_from_their_host_copies():
     """On the CPU a "uva" layer's tensors are its host copies themselves (the device would read them in place);
     the resident layers keep their own storage."""
@@ -148,6 +161,28 @@ def test_gpu_uva_layers_are_views_of_pinned_host_memory(device):
     assert resident - before <= sum(t.numel() * t.element_size() for t in everything) - layer_bytes
     _, got = greedy(model, PROMPTS, 4)
     assert_exact(got, want, "logits")
+
+
+@pytest.mark.gpu_only(reason="the quantized layers' kernels reading offloaded weights")
+@pytest.mark.parametrize("backend", ["prefetch", "uva"])
+@pytest.mark.parametrize("quantization", ["fp8_block", "mxfp4"])
+def test_gpu_quantized_kernels_read_offloaded_weights(device, backend, quantization):
+    """The block-FP8 GEMMs (their weights through TMA descriptors at prefill rows) and the MXFP4 fragment kernels
+    on weights in device slots (prefetch) or in pinned host memory (uva): the tokens of the resident model."""
+    from runner import LLM, SamplingParams
+
+    config = dataclasses.replace(tiny_llama.SMALL_GPU, num_hidden_layers=6)
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    outputs = []
+    for gb in (0.0, 1.0):
+        model = tiny_llama.model(config, device, torch.bfloat16, seed=4, quantization=quantization)
+        llm = LLM(
+            loaded=(model, None, config), device=device, dtype=torch.bfloat16, num_kv_blocks=64, max_num_seqs=8,
+            max_model_len=128, cpu_offload_gb=gb, offload_backend=backend,
+        )  # fmt: skip
+        outputs.append([o.token_ids for o in llm.generate(PROMPTS * 3, params, use_tqdm=False)])
+        llm.close()
+    assert outputs[0] == outputs[1]
 
 
 @pytest.mark.gpu_only(reason="copies on a side stream, captured in CUDA graphs")

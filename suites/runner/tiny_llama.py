@@ -45,7 +45,16 @@ SMALL_GPU = LlamaConfig(
 )
 
 
-def model(config: LlamaConfig, device="cpu", dtype: torch.dtype = torch.float32, seed: int = 0) -> LlamaForCausalLM:
-    net = LlamaForCausalLM(config, dtype, device)
+def model(
+    config: LlamaConfig,
+    device="cpu",
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+    quantization: str | None = None,
+) -> LlamaForCausalLM:
+    """The seeded dummy-weight model; `quantization` an online scheme applied as the weights load."""
+    from runner.model.quant import online_config
+
+    net = LlamaForCausalLM(config, dtype, device, online_config(quantization) if quantization else None)
     net.load_weights(dummy_weights(config, seed=seed, device=device, dtype=dtype))
     return net.eval()
