@@ -26,7 +26,7 @@ from torch import nn
 from runner.model.attention import AttentionBatch, paged_attention
 from runner.model.config import LlamaConfig
 from runner.model.layers import Embedding, GateUpLinear, Linear, QKVLinear, RMSNorm, RotaryEmbedding, SiluAndMul
-from runner.model.moe import CHECKPOINT_SCALE, EXPERT_PART, EXPERT_TENSOR, SparseMoE, expert_param
+from runner.model.moe import CHECKPOINT_SCALE, CODES, EXPERT_PART, EXPERT_TENSOR, SparseMoE, expert_param
 from runner.model.quant.activation import Fp8Groups, wants_fp8_groups
 
 # (fused parameter's name part, checkpoint name part, shard id)
@@ -133,10 +133,10 @@ def _expert_scheme(quant, mlp: str, config: LlamaConfig):
     if scheme is None:
         return None
     experts = quant.scheme_for(names[0])
-    if experts.tensor_name("weight") != "weight":
+    if experts.tensor_name("weight") not in CODES:
         raise ValueError(
             f"quantization: {scheme} MoE experts stored as {experts.tensor_name('weight')!r} are not implemented "
-            f"({mlp!r}); their codes load from 'weight'"
+            f"({mlp!r}); their codes load from one of {list(CODES)}"
         )
     return experts
 

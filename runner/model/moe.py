@@ -27,8 +27,9 @@ A block-FP8 checkpoint's experts (HF fine-grained FP8: each matrix E4M3 with an 
 (w1's tiles then w3's: I must fill whole tiles, and H and I are the GEMMs' K, whole blocks) and run as
 `kernels.block_fp8_moe` on CUDA in bf16/fp16 (activations quantized per token and 128-wide group inside the op),
 `reference.moe.quantized.block_fp8_moe_mirror` elsewhere. An MXFP4 checkpoint's experts (AMD Quark's W4A16 layout:
-`weight` uint8 codes [N, K / 2], E8M0 `weight_scale` [N, K / 32]; I a multiple of 32) load as they are (-0 codes
-stored as +0, a 0xFF scale refused) and are stored and run as the online MXFP4 experts are.
+`weight` uint8 codes [N, K / 2], E8M0 `weight_scale` [N, K / 32]; compressed-tensors' MXFP4A16 the same bytes with
+the codes named `weight_packed`; I a multiple of 32) load as they are (-0 codes stored as +0, a 0xFF scale refused)
+and are stored and run as the online MXFP4 experts are.
 """
 
 from __future__ import annotations
@@ -48,11 +49,14 @@ from runner.model.quant.mxfp4 import check_e8m0_scales, positive_zeros, quantize
 from runner.model.quant.scheme import kernels_run_on
 
 # checkpoint name of one expert's matrix or its block scales -> (module prefix, expert, part, tensor): Mixtral's
-# w1/w2/w3, Qwen3-MoE's gate_proj/down_proj/up_proj (EXPERT_PART gives the part as w1/w2/w3); the tensor is
-# "weight" or a quantized checkpoint's scale name (`expert_param` gives the parameter it loads into)
+# w1/w2/w3, Qwen3-MoE's gate_proj/down_proj/up_proj (EXPERT_PART gives the part as w1/w2/w3); the tensor is the
+# matrix (CODES: "weight", or compressed-tensors' "weight_packed" FP4 codes) or a quantized checkpoint's scale name
+# (`expert_param` gives the parameter it loads into)
 EXPERT_TENSOR = re.compile(
-    r"^(.*)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.(weight|weight_scale_inv|weight_scale)$"
+    r"^(.*)\.experts\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\."
+    r"(weight|weight_packed|weight_scale_inv|weight_scale)$"
 )
+CODES = ("weight", "weight_packed")
 EXPERT_PART = {"w1": "w1", "w2": "w2", "w3": "w3", "gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
 
 
@@ -62,9 +66,9 @@ CHECKPOINT_SCALE = {"fp8_block": "weight_scale_inv", "mxfp4": "weight_scale"}
 
 
 def expert_param(matrix: str, tensor: str) -> str:
-    """The SparseMoE parameter a checkpoint's expert tensor loads into: `matrix` "w13" or "w2", `tensor` "weight"
-    (the matrix itself) or a quantized checkpoint's scale name (w13_weight_scale_inv, w2_weight_scale, ...)."""
-    return matrix if tensor == "weight" else f"{matrix}_{tensor}"
+    """The SparseMoE parameter a checkpoint's expert tensor loads into: `matrix` "w13" or "w2", `tensor` one of
+    CODES (the matrix itself) or a quantized checkpoint's scale name (w13_weight_scale_inv, w2_weight_scale, ...)."""
+    return matrix if tensor in CODES else f"{matrix}_{tensor}"
 
 
 class SparseMoE(nn.Module):
