@@ -254,7 +254,13 @@ class LlamaForCausalLM(nn.Module):
         return torch.nn.functional.linear(hidden, head.weight).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Fill every parameter from HF-named tensors; ValueError naming an unknown, duplicate or missing one."""
+        """Fill every parameter from HF-named tensors; ValueError naming an unknown, duplicate or missing one.
+        RuntimeError while an offloader holds the weights (they live in its host copies, not in the parameters)."""
+        if getattr(self, "offloader", None) is not None:
+            raise RuntimeError(
+                "load_weights: the model's weights are offloaded (runner.model.offload); detach the offloader "
+                "first (Offloader.detach), then reload and attach a new one"
+            )
         params = dict(self.named_parameters())
         # Everything that must be loaded: plain parameters whole, fused ones shard by shard (MoE experts: one
         # shard per expert and part).

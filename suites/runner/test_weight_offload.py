@@ -82,6 +82,33 @@ def test_the_offloader_attaches_once_and_only_to_a_free_model():
     assert other.offloader is not model.offloader
 
 
+@pytest.mark.parametrize("backend", ["prefetch", "uva"])
+def test_a_reload_is_refused_while_attached_and_taken_after_detach(backend):
+    """Weight sync's seam: a reload into an offloaded model is refused (the weights live in the offloader's host
+    copies); `detach` gives the layers storage of their own (the same outputs, no hooks left), the reload lands,
+    and a new offloader attaches to the reloaded model with its outputs unchanged; the detached one stays spent."""
+    from runner.model.weights import dummy_weights
+
+    model = _offloaded(SIX_LAYERS, 1.0, backend=backend)
+    offloader = model.offloader
+    with pytest.raises(RuntimeError, match="load_weights: the model's weights are offloaded"):
+        model.load_weights(dummy_weights(SIX_LAYERS, seed=5))
+    offloader.detach()
+    assert model.offloader is None and not model._forward_pre_hooks
+    assert not any(layer._forward_pre_hooks for layer in model.model.layers)
+    assert_exact(greedy(model, PROMPTS, 2)[1], greedy(tiny_llama.model(SIX_LAYERS, seed=4), PROMPTS, 2)[1], "logits")
+    assert all(
+        t.data_ptr() != h.data_ptr() for host in offloader.host for h in host.values() for t in model.parameters()
+    )  # storage of its own
+    model.load_weights(dummy_weights(SIX_LAYERS, seed=5))
+    want = greedy(tiny_llama.model(SIX_LAYERS, seed=5), PROMPTS, 4)[1]
+    assert_exact(greedy(model, PROMPTS, 4)[1], want, "logits after the reload")
+    create_offloader(OffloadConfig(1.0, backend)).post_init(model)
+    assert_exact(greedy(model, PROMPTS, 4)[1], want, "logits offloaded again")
+    with pytest.raises(RuntimeError, match="attached already"):
+        offloader.post_init(tiny_llama.model(SIX_LAYERS, seed=4))
+
+
 @pytest.mark.parametrize(
     ("config", "message"),
     [

@@ -1,4 +1,6 @@
-"""The offloader contract: a config, and one `post_init(model)` that attaches it."""
+"""The offloader contract: a config, one `post_init(model)` that attaches it, and `detach()`, which gives the model
+its weights back (on the device, as tensors of their own) so that they can be reloaded (weight sync from a
+trainer) and a new offloader attached; while one is attached the model refuses a reload."""
 
 from __future__ import annotations
 
@@ -48,17 +50,40 @@ class Offloader:
             raise ValueError(f"prefetch_step: must be >= 1, got {config.prefetch_step}")
         self.config = config
         self.model: nn.Module | None = None
+        self.detached = False
+        # set by `attach`: the offloaded decoder layers (ascending), their tensors' host copies by name (one dict a
+        # layer, in that order), the device the model runs on, and the hooks to remove at `detach`
+        self.offloaded: list[int] = []
+        self.host: list[dict[str, torch.Tensor]] = []
+        self.device: torch.device | None = None
+        self.handles: list = []
 
     def post_init(self, model: nn.Module) -> None:
-        """Attach to `model` (its weights final, before CUDA-graph capture). Once: a second call, or a model
-        another offloader holds, is an error: re-attaching would offload the slot buffers themselves."""
-        if self.model is not None:
-            raise RuntimeError("post_init: this offloader is attached already")
+        """Attach to `model` (its weights final, before CUDA-graph capture). Once: a second call, a model another
+        offloader holds, or a detached offloader is an error: re-attaching would offload the slot buffers
+        themselves."""
+        if self.model is not None or self.detached:
+            raise RuntimeError("post_init: this offloader is attached already (or was detached: build a new one)")
         if getattr(model, "offloader", None) is not None:
             raise RuntimeError("post_init: the model has an offloader already; a weight reload must detach it first")
         self.attach(model)
         self.model = model
         model.offloader = self
+
+    def detach(self) -> None:
+        """Give every offloaded tensor storage of its own on the model's device (a copy of its host copy), remove
+        the hooks and free the model for a reload and a new offloader. CUDA graphs captured while attached hold
+        the old storage: the engine recaptures after a reload."""
+        if self.model is None:
+            raise RuntimeError("detach: this offloader is not attached")
+        layers = list(self.model.model.layers)
+        for i, host in zip(self.offloaded, self.host, strict=True):
+            for name, t in layer_tensors(layers[i]).items():
+                t.data = host[name].to(self.device, copy=True)
+        for handle in self.handles:
+            handle.remove()
+        self.model.offloader = None
+        self.model, self.detached = None, True
 
     def attach(self, model: nn.Module) -> None:
         raise NotImplementedError

@@ -29,13 +29,12 @@ class PrefetchOffloader(Offloader):
         for i in self.offloaded:
             if {n: (t.shape, t.dtype) for n, t in layer_tensors(layers[i]).items()} != shapes:
                 raise ValueError(f"cpu_offload_gb: decoder layer {i} differs in its tensors; cannot share slots")
-        device = next(iter(layer_tensors(layers[self.offloaded[0]]).values())).device
+        device = self.device = next(iter(layer_tensors(layers[self.offloaded[0]]).values())).device
         self.cuda = device.type == "cuda"
         nslots = min(len(self.offloaded), self.config.prefetch_step + 1)
         self.slots = [
             {n: torch.empty(s, dtype=d, device=device) for n, (s, d) in shapes.items()} for _ in range(nslots)
         ]
-        self.host: list[dict[str, torch.Tensor]] = []
         for j, i in enumerate(self.offloaded):
             host = {}
             for name, t in layer_tensors(layers[i]).items():
@@ -46,9 +45,9 @@ class PrefetchOffloader(Offloader):
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         self.ready = [torch.cuda.Event() if self.cuda else None for _ in self.offloaded]
         self.log: list[tuple[str, int]] | None = None  # ("copy" | "run", layer) when a test records the order
-        model.register_forward_pre_hook(lambda module, args: self._start())  # each forward starts the copies
+        self.handles.append(model.register_forward_pre_hook(lambda module, args: self._start()))  # each forward
         for i, layer in enumerate(layers):
-            layer.register_forward_pre_hook(lambda module, args, i=i: self._before(i))
+            self.handles.append(layer.register_forward_pre_hook(lambda module, args, i=i: self._before(i)))
 
     def _copy(self, j: int) -> None:
         """Fill offloaded layer j's slot from host memory (on the side stream, after what is enqueued now)."""

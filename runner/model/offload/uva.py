@@ -55,7 +55,7 @@ class UvaOffloader(Offloader):
     def attach(self, model: nn.Module) -> None:
         layers = list(model.model.layers)
         self.offloaded = choose_layers(layers, self.config.cpu_offload_gb, stride=1)
-        self.host: list[dict[str, torch.Tensor]] = []
+        self.device = next(iter(layer_tensors(layers[self.offloaded[0]]).values())).device
         for i in self.offloaded:
             host = {}
             for name, t in layer_tensors(layers[i]).items():
