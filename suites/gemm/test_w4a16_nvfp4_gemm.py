@@ -327,8 +327,7 @@ def test_negative_control(fault, m, device):
     check(x, codes, scales, scale, device, oracles.unquantized_product(x, w), gemm=faulty("none"))
 
 
-# Run in a process of its own: under TRITON_INTERPRET=1 (the CPU tier) @triton.jit gives interpreter functions,
-# which the compiler cannot take.
+# Run by `suites.compile_for_sm90` (a process without the interpreter).
 _COMPILE_FOR_SM90 = """
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, compile
@@ -356,12 +355,7 @@ def test_every_gpu_config_compiles_for_sm90():
     no GPU needed: the interpreter runs kernels Python-side and misses what only the compiler rejects (a
     non-constexpr global, a layout the MMA cannot take, PTX that ptxas refuses). Each compiles to wgmma and a
     cubin."""
-    import os
-    import subprocess
-    import sys
+    from suites.compile_for_sm90 import run_compiler
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", _COMPILE_FOR_SM90], env=env, capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-2000:]
     rows = range(len(kernel._GPU_CONFIGS))
-    assert run.stdout.split("\n")[:-1] == [f"{p} {i} True True" for p in (False, True) for i in rows]
+    assert run_compiler(_COMPILE_FOR_SM90) == [f"{p} {i} True True" for p in (False, True) for i in rows]
