@@ -45,7 +45,8 @@ def launch(
     fault: str = "none", tiles: tuple[Tiles, Tiles] | None = None, fuse_quant: bool | None = None,
 ):  # fmt: skip
     """Validate (shapes and dtypes only), allocate and launch; `fault` plants a named bug (moe_gemm, moe_align);
-    `tiles` forces the grouped GEMM's launch sizes and `fuse_quant` whether it quantizes its inputs itself."""
+    `tiles` forces the grouped GEMM's launch sizes and `fuse_quant` whether it quantizes its inputs itself (where
+    the grouped GEMM runs: the decode GEMV path always quantizes in a pass before)."""
     experts = check_block_fp8_moe_args(
         x, w13, w13_scales, w2, w2_scales, topk_weights, topk_ids, activation, expert_map
     )

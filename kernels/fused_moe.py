@@ -58,7 +58,8 @@ def run_layer(
     """The layer on validated arguments. Block FP8 (`quantize` given: x -> (E4M3 codes, group scales)): x and
     the intermediate are quantized per 1 x 128 group before each GEMM, the weights carry their tile scales; the
     grouped GEMMs quantize their inputs as they load them where `kernels.moe_gemm.quantizes_inputs` says so
-    (`fuse_quant` overrides it), the GEMV path and the rest through `quantize` (the same bytes). MXFP4 (`mx`):
+    (`fuse_quant` overrides it on the grouped path), the GEMV path and the rest through `quantize` (the same
+    bytes). MXFP4 (`mx`):
     w13 / w2 are codes with E8M0 scales, decoded inside the GEMMs; activations stay bf16. In both quantized
     modes, up to `kernels.moe_gemv.takes` assignments (unless `tiles` asks for the grouped GEMM) the GEMMs are one
     GEMV an assignment (`kernels.moe_gemv`) and no alignment runs."""

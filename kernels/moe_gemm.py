@@ -339,7 +339,8 @@ def quantizes_inputs(tiles: Tiles) -> bool:
     """Whether the block-FP8 layer's grouped GEMMs quantize their inputs as they load them (QUANT_A) rather than
     after a separate pass (`kernels.fp8_quant`) writes an E4M3 copy: at decode tiles (BM < 64). Not yet timed on
     the H200 (`python -m bench.moe.launch_sweep --cases dsv3_quant` races the two); the rule is arithmetic.
-    Every program repeats the quantization of the input tiles it reads, once per column tile: at decode a
+    Every program repeats the quantization of the input tiles it reads, once per column tile (and in the first
+    GEMM once per assignment of a token, top_k times, as it reads x in place): at decode a
     [16, 128] tile beside a weight tile of 64-128 x 128 bytes it streams, against two launches saved (each a few
     us beside the DeepSeek-V3 layer's 0.33-2.2 ms at 4-64 tokens, where it runs grouped). At prefill (BM 64,
     32-56 column tiles) each [64, 128] tile would be quantized 32-56 times, each time about as many instructions
@@ -383,7 +384,8 @@ def launch_moe_gemm(
     scaled = a_scales is not None or quantize_a
     if quantize_a and (a_scales is not None or w_scales is None or a.dtype not in (torch.bfloat16, torch.float16)):
         raise ValueError(
-            f"a: quantized in the kernel needs bf16/fp16 input, weight scales and no a_scales, got {a.dtype}"
+            f"a: quantized in the kernel needs a bf16/fp16 input, weight scales and no a_scales, got a {a.dtype}, "
+            f"a_scales {'none' if a_scales is None else 'given'}, w_scales {'none' if w_scales is None else 'given'}"
         )
     if mx and (bk % 32 or w_scales.stride(2) != 1 or a.dtype != torch.bfloat16 or k % 32 or a.stride(0) % 2):
         raise ValueError(

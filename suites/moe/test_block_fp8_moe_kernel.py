@@ -4,7 +4,8 @@ draws of experts, top-k, tokens (0, 1, odd, more than E x block), skew (every to
 maps and hidden/intermediate sizes (multiples of the 128-wide blocks, as the format requires); opcheck; CUDA-graph
 replay; named bad arguments; inputs followed by guard bytes and allocations from zeroed or poisoned memory giving
 the same bytes (with a scale read one past the end as its control); the grouped GEMM quantizing its inputs as it
-loads them equal, byte for byte, to the separate quantization pass (an amax missing a lane as its control);
+loads them equal, byte for byte, to the separate quantization pass (and a fused amax missing a lane caught against
+the mirror);
 negative controls on both paths (the grouped GEMM, and the decode GEMV of `kernels.moe_gemv`): a weight scale
 read from the neighbouring K block, gate and up swapped, the neighbouring expert's weights. Values are drawn at
 unit scale (randn activations, weights scaled by 1 / sqrt(fan-in)), where a gate/up swap costs ~30 dB, not the

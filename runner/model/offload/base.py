@@ -72,8 +72,9 @@ class Offloader:
 
     def detach(self) -> None:
         """Give every offloaded tensor storage of its own on the model's device (a copy of its host copy), remove
-        the hooks and free the model for a reload and a new offloader. CUDA graphs captured while attached hold
-        the old storage: the engine recaptures after a reload."""
+        the hooks, drop the host copies (and the prefetch slots) and free the model for a reload and a new
+        offloader. CUDA graphs captured while attached read the old storage: whoever reloads must recapture them
+        (no engine path reloads weights yet)."""
         if self.model is None:
             raise RuntimeError("detach: this offloader is not attached")
         layers = list(self.model.model.layers)
@@ -82,8 +83,13 @@ class Offloader:
                 t.data = host[name].to(self.device, copy=True)
         for handle in self.handles:
             handle.remove()
+        self.host, self.handles = [], []
+        self.release()
         self.model.offloader = None
         self.model, self.detached = None, True
 
     def attach(self, model: nn.Module) -> None:
         raise NotImplementedError
+
+    def release(self) -> None:
+        """Drop what `attach` allocated beyond the host copies (at `detach`)."""

@@ -49,6 +49,9 @@ class PrefetchOffloader(Offloader):
         for i, layer in enumerate(layers):
             self.handles.append(layer.register_forward_pre_hook(lambda module, args, i=i: self._before(i)))
 
+    def release(self) -> None:
+        self.slots, self.ready, self.stream = [], [], None
+
     def _copy(self, j: int) -> None:
         """Fill offloaded layer j's slot from host memory (on the side stream, after what is enqueued now)."""
         slot = self.slots[j % len(self.slots)]

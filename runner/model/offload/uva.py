@@ -39,11 +39,12 @@ class _PinnedBytes:
 
 def device_view(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A tensor on CUDA `device` over the bytes of `host` (pinned, contiguous): no copy, the device reads host
-    memory. Refuses what would silently become a copy."""
+    memory. Refuses what would silently become a copy: torch places the view on the device that was current when
+    the pinned memory was allocated, so on a host of several GPUs a model on another one is refused."""
+    if host.numel() == 0:  # no bytes to read (and no pinned allocation behind them)
+        return torch.empty(host.shape, dtype=host.dtype, device=device)
     if not host.is_pinned() or not host.is_contiguous():
         raise ValueError(f"host: must be pinned and contiguous to be read in place, got pinned={host.is_pinned()}")
-    if host.numel() == 0:
-        return torch.empty(host.shape, dtype=host.dtype, device=device)
     with torch.cuda.device(device):
         view = torch.as_tensor(_PinnedBytes(host), device=device).view(host.dtype).view(host.shape)
     if view.data_ptr() != host.data_ptr():
