@@ -29,10 +29,11 @@ def layer_bytes(module: nn.Module) -> int:
 def choose_layers(layers: list[nn.Module], gib: float, stride: int) -> list[int]:
     """Decoder layers to offload, ascending: every `stride`-th from the last one backwards until `gib` GiB of
     their weights is covered (at least one layer; all of them at most)."""
-    chosen = []
+    chosen, covered = [], 0
     for i in range(len(layers) - 1, -1, -stride):
         chosen.append(i)
-        if sum(layer_bytes(layers[j]) for j in chosen) >= gib * 2**30:
+        covered += layer_bytes(layers[i])
+        if covered >= gib * 2**30:
             break
     return sorted(chosen)
 
