@@ -75,6 +75,14 @@ def save_runner_model_as_hf(model, config, folder: pathlib.Path) -> pathlib.Path
     return folder / "hf"
 
 
+def fake_quantized_weight(module) -> torch.Tensor:
+    """A compressed-tensors module's weight as its quantization scheme fake-quantizes it (llm-compressor's model in
+    memory after `oneshot`)."""
+    from compressed_tensors.quantization.lifecycle.forward import forward_quantize
+
+    return forward_quantize(module, module.weight.data, "weight", module.quantization_scheme.weights)
+
+
 def pairs(theirs, ours):
     """(runner layer, the producer's modules it fuses, in order) of every decoder linear layer."""
     from runner.model.llama import LlamaForCausalLM

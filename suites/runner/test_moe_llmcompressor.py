@@ -26,7 +26,7 @@ from reference.quant.mxfp4 import dequantize_mxfp4
 from runner.model import load_model
 from suites.runner.conftest import one_thread
 from suites.runner.hf_moe import save_tiny
-from suites.runner.producers import FLIP_BOUND, check_greedy
+from suites.runner.producers import FLIP_BOUND, check_greedy, fake_quantized_weight
 
 EXPERTS = 4
 SCHEMES = {"MXFP4A16": "mxfp4", "FP8_BLOCK": "fp8_block"}
@@ -64,12 +64,8 @@ def produced(request, tmp_path_factory):
 
 def _producer_experts(theirs, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The producer's fake-quantized (w13 [E, 2I, H]: gate rows then up rows, w2 [E, H, I]) of one layer."""
-    from compressed_tensors.quantization.lifecycle.forward import forward_quantize
-
-    def fake(linear):
-        return forward_quantize(linear, linear.weight.data, "weight", linear.quantization_scheme.weights)
-
     experts = theirs.model.layers[layer].mlp.experts
+    fake = fake_quantized_weight
     w13 = torch.stack([torch.cat([fake(experts[e].gate_proj), fake(experts[e].up_proj)]) for e in range(EXPERTS)])
     return w13, torch.stack([fake(experts[e].down_proj) for e in range(EXPERTS)])
 

@@ -46,6 +46,7 @@ from suites.runner.producers import (
     FP4_FLIP_BOUND,
     check_greedy,
     check_outputs,
+    fake_quantized_weight,
     pairs,
     save_base_model,
 )
@@ -101,12 +102,6 @@ def produced(request, tmp_path_factory):
     return name, quantized[0], ours, folder / preset
 
 
-def _producer_weight(module) -> torch.Tensor:
-    from compressed_tensors.quantization.lifecycle.forward import forward_quantize
-
-    return forward_quantize(module, module.weight.data, "weight", module.quantization_scheme.weights)
-
-
 def _pairs(produced):
     return pairs(produced[1], produced[2])
 
@@ -123,7 +118,7 @@ def _check_weights(layer_pairs) -> None:
     apart, within 2**-22 of each weight."""
     for layer, parts in layer_pairs:
         # x + 0.0 is +0 for a -0 x, else x
-        want = torch.cat([_producer_weight(p) for p in parts]) + 0.0
+        want = torch.cat([fake_quantized_weight(p) for p in parts]) + 0.0
         got = dequantized_weight(layer) + 0.0
         if layer.scheme.name.startswith("nvfp4"):
             assert torch.allclose(got, want, rtol=2**-22, atol=0), "nvfp4 weight"
