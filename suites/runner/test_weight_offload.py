@@ -126,16 +126,22 @@ def test_no_offload_is_no_offloader():
     assert create_offloader(OffloadConfig(0.0)) is None
 
 
-def test_llm_with_offload_gives_the_tokens_without(single_thread):
+@pytest.mark.parametrize("backend", ["prefetch", "uva"])
+def test_llm_with_offload_gives_the_tokens_without(single_thread, backend):
     from runner import LLM, SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
     outputs = {}
     for gb in (0.0, 1.0):
         model = tiny_llama.model(SIX_LAYERS, "cpu", torch.float32, seed=4)
-        llm = LLM(loaded=(model, None, SIX_LAYERS), device="cpu", dtype="float32", num_kv_blocks=32, cpu_offload_gb=gb)
+        llm = LLM(
+            loaded=(model, None, SIX_LAYERS), device="cpu", dtype="float32", num_kv_blocks=32, cpu_offload_gb=gb,
+            offload_backend=backend,
+        )  # fmt: skip
         outputs[gb] = [o.token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
-        assert (getattr(model, "offloader", None) is not None) == (gb > 0)
+        offloader = getattr(model, "offloader", None)
+        assert (offloader is not None) == (gb > 0)
+        assert offloader is None or type(offloader).__name__.lower().startswith(backend)
     assert outputs[0.0] == outputs[1.0]
 
 
