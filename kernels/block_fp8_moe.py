@@ -2,11 +2,12 @@
 `reference.moe.quantized.block_fp8_moe_mirror`: the activations quantized per token and 128-wide group by
 the reference quantizer's arithmetic (bit for bit), then `kernels.fused_moe`'s layer with the grouped GEMM in
 its block-FP8 mode (`kernels.moe_gemm`); the intermediate is quantized the same way before the second GEMM.
-Where the grouped GEMMs run decode tiles (`kernels.moe_gemm.quantizes_inputs`) they quantize each input tile as
-they load it; elsewhere, and on the decode GEMV path (`kernels.moe_gemv`, whose tensor-core lanes each hold 32
-bytes of a 128-wide group, so a group's amax would span four lanes), a pass of `kernels.fp8_quant` before each
-GEMM writes the E4M3 copy. Either way the same codes and scales, so the same output bytes. No host
-synchronization (CUDA-graph safe).
+A pass of `kernels.fp8_quant` before each GEMM writes the E4M3 copy. The grouped GEMMs can instead quantize each
+input tile as they load it (`fuse_quant`), the same codes and scales, so the same output bytes; that ran 3-7 %
+slower at decode and up to 2.7x slower at prefill on an H100 (`kernels.moe_gemm.FUSE_INPUT_QUANT`), so it is not
+the default. The decode GEMV path (`kernels.moe_gemv`) always quantizes first: its tensor-core lanes each hold
+32 bytes of a 128-wide group, so a group's amax would span four lanes. No host synchronization (CUDA-graph
+safe).
 
 Op: `touchstone::block_fp8_moe(x, w13, w13_scales, w2, w2_scales, topk_weights, topk_ids, activation,
 expert_map) -> out [T, H]`; call it through `block_fp8_moe` below (the mirror's signature). w13 E4M3 [E, 2I, H]
@@ -46,7 +47,7 @@ def launch(
 ):  # fmt: skip
     """Validate (shapes and dtypes only), allocate and launch; `fault` plants a named bug (moe_gemm, moe_align);
     `tiles` forces the grouped GEMM's launch sizes and `fuse_quant` whether it quantizes its inputs itself (where
-    the grouped GEMM runs: the decode GEMV path always quantizes in a pass before)."""
+    the grouped GEMM runs; default `kernels.moe_gemm.FUSE_INPUT_QUANT`)."""
     experts = check_block_fp8_moe_args(
         x, w13, w13_scales, w2, w2_scales, topk_weights, topk_ids, activation, expert_map
     )

@@ -21,7 +21,7 @@ import torch
 from kernels import moe_align, moe_gemv
 from kernels._boundary import check_device
 from kernels.moe_combine import combine
-from kernels.moe_gemm import Tiles, choose_tiles, fp8_tiles, launch_moe_gemm, mx_tiles, quantizes_inputs
+from kernels.moe_gemm import FUSE_INPUT_QUANT, Tiles, choose_tiles, fp8_tiles, launch_moe_gemm, mx_tiles
 from reference.moe.experts import check_moe_args
 
 
@@ -56,10 +56,9 @@ def run_layer(
     fuse_quant: bool | None = None,
 ):  # fmt: skip
     """The layer on validated arguments. Block FP8 (`quantize` given: x -> (E4M3 codes, group scales)): x and
-    the intermediate are quantized per 1 x 128 group before each GEMM, the weights carry their tile scales; the
-    grouped GEMMs quantize their inputs as they load them where `kernels.moe_gemm.quantizes_inputs` says so
-    (`fuse_quant` overrides it on the grouped path), the GEMV path and the rest through `quantize` (the same
-    bytes). MXFP4 (`mx`):
+    the intermediate are quantized per 1 x 128 group before each GEMM, the weights carry their tile scales: by
+    `quantize`, or (`fuse_quant`, default `kernels.moe_gemm.FUSE_INPUT_QUANT`) by the grouped GEMMs as they load
+    them (the same bytes; the GEMV path always through `quantize`). MXFP4 (`mx`):
     w13 / w2 are codes with E8M0 scales, decoded inside the GEMMs; activations stay bf16. In both quantized
     modes, up to `kernels.moe_gemv.takes` assignments (unless `tiles` asks for the grouped GEMM) the GEMMs are one
     GEMV an assignment (`kernels.moe_gemv`) and no alignment runs."""
@@ -90,7 +89,7 @@ def run_layer(
         if first.bm != second.bm:
             raise ValueError(f"tiles: both GEMMs must share BM (the alignment's block), got {first.bm} and {second.bm}")
         sorted_ids, expert_ids, post = moe_align.launch(topk_ids, experts, first.bm, expert_map, align_fault)
-        fused = fp8 and (quantizes_inputs(first) if fuse_quant is None else fuse_quant)
+        fused = fp8 and (FUSE_INPUT_QUANT if fuse_quant is None else fuse_quant)
 
         def gemm(a, a_scales, w, bias, w_scales, out, a_div, act, mul_weight, gemm_tiles):
             launch_moe_gemm(

@@ -22,7 +22,7 @@ times (activation scale x weight scale), `reference.gemm.block_fp8`'s order (its
 Hopper FP8 dot's own accumulation is). With QUANT_A the input is bf16/fp16 and each program quantizes the
 [BM, 128] input tile it loads, one scale a row (a 1 x 128 group), by `kernels._fp8_groups` (the reference
 quantizer's arithmetic, bit for bit): the same codes and scales as a separate quantization pass, so the same
-output bytes, without writing and re-reading the E4M3 copy (`quantizes_inputs` says when).
+output bytes, without writing and re-reading the E4M3 copy (slower, as measured: FUSE_INPUT_QUANT).
 MXFP4 (MX): `kernels.w4a16_mxfp4_gemm`'s dot path (`_mx_k_loop`): each K step decodes the weight tile exactly
 to bf16 and takes two dots, the even K elements of the input with the codes' low nibbles and the odd ones with
 the high nibbles, computed transposed (weights as the MMA's M side).
@@ -335,18 +335,15 @@ def _moe_gemm_kernel(
 FP32_DECODE_MAX_ASSIGNMENTS = 4
 
 
-def quantizes_inputs(tiles: Tiles) -> bool:
-    """Whether the block-FP8 layer's grouped GEMMs quantize their inputs as they load them (QUANT_A) rather than
-    after a separate pass (`kernels.fp8_quant`) writes an E4M3 copy: at decode tiles (BM < 64). Not yet timed on
-    the H200 (`python -m bench.moe.launch_sweep --cases dsv3_quant` races the two); the rule is arithmetic.
-    Every program repeats the quantization of the input tiles it reads, once per column tile (and in the first
-    GEMM once per assignment of a token, top_k times, as it reads x in place): at decode a
-    [16, 128] tile beside a weight tile of 64-128 x 128 bytes it streams, against two launches saved (each a few
-    us beside the DeepSeek-V3 layer's 0.33-2.2 ms at 4-64 tokens, where it runs grouped). At prefill (BM 64,
-    32-56 column tiles) each [64, 128] tile would be quantized 32-56 times, each time about as many instructions
-    as its MMA step, while the separate passes move x and h once: ~0.3 GB, ~70 us of the 7.8 ms layer at 4,096
-    tokens."""
-    return tiles.bm < 64
+# Whether the block-FP8 layer's grouped GEMMs quantize their inputs as they load them (QUANT_A) unless told
+# otherwise, rather than after a separate pass (`kernels.fp8_quant`) writes an E4M3 copy. Raced on an H100 (`python
+# -m bench.moe.launch_sweep --cases dsv3_quant`: DeepSeek-V3's experts, the table's tiles, CUDA-graph replays, at
+# abdc78a): fused ran at 0.93x / 0.97x / 0.97x / 0.97x the separate pass's speed at 4 / 16 / 64 / 256 tokens (BM
+# 16), 0.70x at 1,024 (BM 32) and 0.37x at 4,096 (BM 64). Every program repeats the quantization of each input
+# tile it reads, once per column tile (and in the first GEMM top_k times a token): a reduction across the row and
+# two IEEE divisions each K step, which cost more than the pass they save. So the layer quantizes in a pass of its
+# own; QUANT_A stays for the race and its bit-for-bit test.
+FUSE_INPUT_QUANT = False
 
 
 def weights_through_tma(w: torch.Tensor, tiles: Tiles, activation: str, mx: bool) -> bool:

@@ -9,7 +9,7 @@ the bar is >= 1.0x), dsv3_decode (block FP8, DeepSeek-V3's experts at 1, 2 and 4
 tiles, which `tiles` forces, and `kernels.moe_gemv`'s block-FP8 launch shapes; against memcpy on the touched
 experts' bytes: the bar is >= 0.70x), dsv3_quant (the same experts on the grouped GEMM at its table tiles,
 4 to 4,096 tokens: the GEMMs quantizing their inputs as they load them against a separate quantization pass,
-the choice `kernels.moe_gemm.quantizes_inputs` makes), mxfp4_decode (gpt-oss-20b's experts at 1, 4 and 16 tokens:
+the choice behind `kernels.moe_gemm.FUSE_INPUT_QUANT`), mxfp4_decode (gpt-oss-20b's experts at 1, 4 and 16 tokens:
 `kernels.moe_gemv`'s launch shapes against the grouped GEMM, which `tiles` forces; memcpy on the touched bytes,
 the bar >= 0.60x) and mxfp4_fragment_decode (the same experts in the fragment layout at 1, 4, 16 and 64 tokens:
 `kernels.mxfp4_moe_fragment`'s launch configs), and mxfp4_fragment_gemvs (each of that layer's GEMVs alone: its

@@ -181,7 +181,7 @@ def test_gpu_uva_layers_are_views_of_pinned_host_memory(device):
     the device memory they held is freed), and the model's output is the resident model's, bit for bit."""
     config = dataclasses.replace(tiny_llama.SMALL_GPU, num_hidden_layers=6)
     plain = tiny_llama.model(config, device, torch.bfloat16, seed=4)
-    _, want = greedy(plain, PROMPTS, 4)
+    _, want = greedy(plain, PROMPTS, 4, device=device)
     del plain
     torch.cuda.empty_cache()
     before = torch.cuda.memory_allocated()
@@ -192,7 +192,7 @@ def test_gpu_uva_layers_are_views_of_pinned_host_memory(device):
     layer_bytes = sum(t.numel() * t.element_size() for t in model.offloader.host[0].values())
     everything = [*model.parameters(), *model.buffers()]
     assert resident - before <= sum(t.numel() * t.element_size() for t in everything) - layer_bytes
-    _, got = greedy(model, PROMPTS, 4)
+    _, got = greedy(model, PROMPTS, 4, device=device)
     assert_exact(got, want, "logits")
 
 
