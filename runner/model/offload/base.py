@@ -23,7 +23,7 @@ def layer_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def layer_bytes(module: nn.Module) -> int:
-    return sum(t.numel() * t.element_size() for t in layer_tensors(module).values())
+    return sum(t.nbytes for t in layer_tensors(module).values())
 
 
 def choose_layers(layers: list[nn.Module], gib: float, stride: int) -> list[int]:
@@ -52,8 +52,8 @@ class Offloader:
         self.config = config
         self.model: nn.Module | None = None
         self.detached = False
-        # set by `attach`: the offloaded decoder layers (ascending), their tensors' host copies by name (one dict a
-        # layer, in that order), the device the model runs on, and the hooks to remove at `detach`
+        # the device the model runs on (set by `post_init`); set by `attach`: the offloaded decoder layers
+        # (ascending), their tensors' host copies by name (one dict a layer, in that order), the hooks to remove
         self.offloaded: list[int] = []
         self.host: list[dict[str, torch.Tensor]] = []
         self.device: torch.device | None = None
@@ -67,6 +67,7 @@ class Offloader:
             raise RuntimeError("post_init: this offloader is attached already (or was detached: build a new one)")
         if getattr(model, "offloader", None) is not None:
             raise RuntimeError("post_init: the model has an offloader already; a weight reload must detach it first")
+        self.device = next(model.parameters()).device
         self.attach(model)
         self.model = model
         model.offloader = self

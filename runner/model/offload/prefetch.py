@@ -29,7 +29,7 @@ class PrefetchOffloader(Offloader):
         for i in self.offloaded:
             if {n: (t.shape, t.dtype) for n, t in layer_tensors(layers[i]).items()} != shapes:
                 raise ValueError(f"cpu_offload_gb: decoder layer {i} differs in its tensors; cannot share slots")
-        device = self.device = next(iter(layer_tensors(layers[self.offloaded[0]]).values())).device
+        device = self.device
         self.cuda = device.type == "cuda"
         nslots = min(len(self.offloaded), self.config.prefetch_step + 1)
         self.slots = [

@@ -27,7 +27,7 @@ class _PinnedBytes:
 
     def __init__(self, host: torch.Tensor) -> None:
         self.host = host
-        nbytes = host.numel() * host.element_size()
+        nbytes = host.nbytes
         self.__cuda_array_interface__ = {
             "shape": (nbytes,),
             "typestr": "|u1",
@@ -56,11 +56,10 @@ class UvaOffloader(Offloader):
     def attach(self, model: nn.Module) -> None:
         layers = list(model.model.layers)
         self.offloaded = choose_layers(layers, self.config.cpu_offload_gb, stride=1)
-        self.device = next(iter(layer_tensors(layers[self.offloaded[0]]).values())).device
+        cuda = self.device.type == "cuda"
         for i in self.offloaded:
             host = {}
             for name, t in layer_tensors(layers[i]).items():
-                cuda = t.device.type == "cuda"
                 host[name] = host_copy(t, cuda)
-                t.data = device_view(host[name], t.device) if cuda else host[name]  # the device memory is freed
+                t.data = device_view(host[name], self.device) if cuda else host[name]  # the device memory is freed
             self.host.append(host)
