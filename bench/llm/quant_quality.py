@@ -14,7 +14,9 @@ run:
   forcing) and the scheme's argmax compared with it at each of the 512 positions;
 - per-layer SQNR of the dequantized weight against the unquantized one (the layers' table and the PNG);
 - for mxfp4 and nvfp4, the perplexity of the torchao-emulated model (weights through torchao's `to_mx` /
-  `NVFP4Tensor` and back) beside it: equal bytes give equal perplexities.
+  `NVFP4Tensor` and back) beside it: equal bytes give equal perplexities; for fp8's weights only, torchao's
+  per-tensor E4M3 weights beside them, and a row with one scale an output channel (torchao's): whether a finer
+  scale than the scheme's would buy back what E4M3 weights cost.
 Writes reports/cpu-<slug>/quant_quality.{csv,md,png,pytorch.json} and quant_quality_layers.csv."""
 
 from __future__ import annotations
@@ -132,14 +134,15 @@ def layer_sqnr(reference, quantized) -> list[dict]:
 
 
 def differing_fraction(quantized, emulated) -> float:
-    """Fraction of decoder linear weights whose dequantized value differs between the runner and torchao."""
+    """Fraction of decoder linear weights whose dequantized value differs between the runner and torchao, at the
+    precision both models run them in (the emulated model's weight dtype)."""
     from runner.model.layers import Linear
 
     theirs = {n: m for n, m in emulated.named_modules() if isinstance(m, Linear)}
     differ = total = 0
     for name, _, deq in dequantized_weights(quantized):
-        w = theirs[name].weight.detach().double()
-        differ += int((deq != w).sum())
+        w = theirs[name].weight.detach()
+        differ += int((deq.to(w.dtype) != w).sum())
         total += w.numel()
     return differ / total
 
@@ -158,11 +161,19 @@ def decoder_weights(base, through):
 def torchao_emulated(base, scheme: str):
     """A copy of the unquantized model with every decoder linear weight through torchao's quantizer and back:
     `to_mx` (scale mode floor) for mxfp4, `NVFP4Tensor.to_nvfp4` with the tensor's own global scale for
-    nvfp4. The MX emulators' fake-quantized model."""
+    nvfp4 (the MX emulators' fake-quantized model), its float8 primitives with one E4M3 scale a tensor ("fp8") or
+    an output channel ("fp8 per channel")."""
     return with_weights(base, decoder_weights(base, lambda w: _torchao_roundtrip(w, scheme)))
 
 
 def _torchao_roundtrip(w: torch.Tensor, scheme: str) -> torch.Tensor:
+    if scheme in ("fp8", "fp8 per channel"):
+        from torchao.quantization.quant_primitives import _choose_scale_float8, _quantize_affine_float8
+
+        block = list(w.shape) if scheme == "fp8" else [1, w.shape[1]]
+        scale = _choose_scale_float8(w, block_size=block, float8_dtype=torch.float8_e4m3fn)
+        codes = _quantize_affine_float8(w, scale, torch.float8_e4m3fn)
+        return codes.double() * scale.double()  # exact, as the runner's dequantized weights are compared
     if scheme == "mxfp4":
         from torchao.prototype.mx_formats.config import ScaleCalculationMode
         from torchao.prototype.mx_formats.mx_tensor import to_dtype, to_mx
@@ -254,7 +265,16 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(scored(scheme, token_nll(model, text_ids), top1_agreement=agree / total, **sqnr, **extra))
         if scheme in ("fp8", "fp8_block"):
             weights = {name: deq for name, _, deq in dequantized_weights(model)}
-            rows.append(scored(f"{scheme} weights only", token_nll(with_weights(base, weights), text_ids), **sqnr))
+            oracle = {}
+            if scheme == "fp8":  # torchao's per-tensor E4M3 weights beside the runner's
+                emulated = torchao_emulated(base, scheme)
+                oracle["torchao_emulated_perplexity"] = perplexity(emulated, text_ids)
+                oracle["torchao_weights_differing"] = differing_fraction(model, emulated)
+            only = token_nll(with_weights(base, weights), text_ids)
+            rows.append(scored(f"{scheme} weights only", only, **sqnr, **oracle))
+            if scheme == "fp8":  # a finer scale, the same format: what one scale per tensor costs
+                channel = torchao_emulated(base, "fp8 per channel")
+                rows.append(scored("fp8 weights only, per channel (torchao)", token_nll(channel, text_ids)))
         del model
     for row in rows:
         row["scored_tokens"] = len(text_ids) - 1
@@ -286,7 +306,10 @@ def main(argv: list[str] | None = None) -> int:
             "denominator of the ratios and of the 95 % intervals (paired bootstrap over the scored tokens).",
             "fp8 and fp8_block quantize activations to E4M3 too (per token; per 1 x 128 group); their 'weights only' "
             "rows run the same dequantized weights with fp32 activations. mxfp4 and nvfp4 run weight-only (W4A16); "
-            "beside them, the torchao-emulated model's perplexity.",
+            "beside them, the torchao-emulated model's perplexity (for fp8's weights only, torchao's per-tensor E4M3 "
+            "weights). The per-channel row is torchao's E4M3 with one scale an output channel, weights only.",
+            "fp8's differing weights are exact ties of w / scale, torchao's quotient, which the runner's "
+            "w * (1 / scale) (vLLM's and the CUDA kernels' order) rounds to the neighbouring code.",
             "nvfp4's differing weights are blocks whose exact E4M3 scale is a tie (common for bf16-valued weights), "
             "which two fp32 orders round to neighbouring codes: the runner's amax * (s_enc / 6) (vLLM's and "
             "flashinfer's order, reference.quant.nvfp4) and torchao's (amax / 6) / s_dec. In layer 0's down_proj, "

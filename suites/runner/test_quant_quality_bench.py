@@ -1,6 +1,6 @@
 """`python -m bench.llm.quant_quality --smoke` runs end to end on the embedded model and writes its report; the
 mxfp4 row's perplexity equals the torchao-emulated model's (equal bytes); nvfp4's differs in a measured few blocks.
-The smoke runs the two FP4 schemes (the FP8 ones take the same path through the bench, without torchao)."""
+The FP4 schemes' smoke and fp8's (its weights-only row beside torchao's per-tensor E4M3 weights) run apart."""
 
 from __future__ import annotations
 
@@ -32,6 +32,24 @@ def test_quality_report_smoke(tmp_path):
     assert (rows["perplexity"] > 1).all() and (rows.iloc[2:]["top1_agreement"] <= 1).all()
     assert len(pd.read_csv(folder / "quant_quality_layers.csv")) == 2 * 4 * 30
     assert (folder / "quant_quality.png").stat().st_size > 0
+
+
+def test_fp8_rows_beside_torchao_smoke(tmp_path):
+    """fp8's weights-only row beside torchao's per-tensor E4M3 weights: the same codes but for exact ties, which
+    torchao's w / scale and the runner's w * (1 / scale) (vLLM's order) round apart; the per-channel row is
+    scored."""
+    require_model_packages()
+    from bench.llm.quant_quality import main
+
+    with one_thread():
+        assert main(["--smoke", "--schemes", "fp8", "--out", str(tmp_path)]) == 0
+    (folder,) = tmp_path.iterdir()
+    rows = pd.read_csv(folder / "quant_quality.csv").set_index("scheme")
+    only, channel = "fp8 weights only", "fp8 weights only, per channel (torchao)"
+    assert list(rows.index) == ["unquantized (fp32)", "bf16 weights", "fp8", only, channel]
+    assert 0 < rows.loc[only, "torchao_weights_differing"] < 1e-3
+    assert abs(rows.loc[only, "perplexity"] / rows.loc[only, "torchao_emulated_perplexity"] - 1) < 0.01
+    assert rows.loc[channel, "perplexity"] > 1
 
 
 def test_the_ratio_interval_is_a_paired_bootstrap():
