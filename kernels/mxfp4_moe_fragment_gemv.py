@@ -32,6 +32,9 @@ from kernels.moe_gemm import activate
 from kernels.w4a16_mxfp4_fragment_gemv import fragment_rows, warp_sums
 
 STEP_PAIRS: tl.constexpr = tl.constexpr(16)  # int32 scale pairs a step of a row tile holds (8 g x 2 blocks)
+# ACT 1 ("silu"): a program walks K once for its gate tile and its up tile together (fragment_rows' TILES = 2, each
+# turn's x pairs read once), rather than twice, one tile after the other. MEASUREMENT PENDING.
+UP_TOGETHER = True
 
 
 @triton.jit
@@ -112,6 +115,7 @@ def _moe_fragment_gemv_kernel(
     n_assign, tiles, n_steps, local, A_DIV, x_row_stride, out_row_stride, bias_e_stride, up_first,
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_WEIGHT: tl.constexpr, WARPS: tl.constexpr, U: tl.constexpr,
     DEPTH: tl.constexpr, GROUPS: tl.constexpr, FAULT: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr,
+    UP_TOGETHER: tl.constexpr,
 ):  # fmt: skip
     # x_ptr: int32 words (bf16 pairs) [rows, K/2]; program (row tile t of an expert, block b of 8 * GROUPS slots).
     t, b = tl.program_id(0), tl.program_id(1)
@@ -147,16 +151,21 @@ def _moe_fragment_gemv_kernel(
     tile = e * tiles + t
     where = (x_ptr, words_ptr, pairs_ptr)
     # EARLY: the first turn's weights are requested before the wait for the kernel that writes x (`kernels._pdl`)
-    acc, _ = fragment_rows(
-        *where, tile, tile, n_steps, x_rows, x_rows_2, x_row_stride, WARPS, U, DEPTH, GROUPS, True, 0, EARLY, 1
-    )  # fmt: skip
-    up_acc = acc
-    if ACT == 1:  # the up rows' tile: rows I + 16 t .. of the expert
-        up_tile = tile + up_first // 16
-        up_acc, _ = fragment_rows(
-            *where, up_tile, up_tile, n_steps, x_rows, x_rows_2, x_row_stride, WARPS, U, DEPTH, GROUPS, True, 0, False,
-            1,
+    up_tile = tile + up_first // 16  # ACT 1: the up rows' tile, rows I + 16 t .. of the expert
+    if ACT == 1 and UP_TOGETHER:  # one K loop for both tiles, each turn's x pairs read once
+        acc, up_acc = fragment_rows(
+            *where, tile, up_tile, n_steps, x_rows, x_rows_2, x_row_stride, WARPS, U, DEPTH, GROUPS, True, 0, EARLY, 2
         )  # fmt: skip
+    else:
+        acc, _ = fragment_rows(
+            *where, tile, tile, n_steps, x_rows, x_rows_2, x_row_stride, WARPS, U, DEPTH, GROUPS, True, 0, EARLY, 1
+        )  # fmt: skip
+        up_acc = acc
+        if ACT == 1:
+            up_acc, _ = fragment_rows(
+                *where, up_tile, up_tile, n_steps, x_rows, x_rows_2, x_row_stride, WARPS, U, DEPTH, GROUPS, True, 0,
+                False, 1,
+            )  # fmt: skip
     bias_row = bias_ptr + e.to(tl.int64) * bias_e_stride
     rest = (t, slot0, sorted_ptr, bias_row, out_ptr, weights_ptr, n_assign, out_row_stride, up_first)
     _group_out(acc, up_acc, 0, *rest, ACT, HAS_BIAS, MUL_WEIGHT, FAULT, WARPS)
@@ -166,14 +175,14 @@ def _moe_fragment_gemv_kernel(
 
 def launch_gemv(
     a, words, pairs, bias, out, alignment, weights, a_div: int, act: int, mul_weight: bool, config: tuple,
-    fault: int = 0, early: bool = False,
+    fault: int = 0, early: bool = False, up_together: bool | None = None,
 ):  # fmt: skip
     """out[f] = epilogue(a[f // a_div] @ W[expert of f]^T) for the aligned assignments f (`alignment`: moe_align's
     (sorted_token_ids, expert_ids, num_tokens_post_padded) for blocks of 8 * GROUPS), W the prepared words and
     pairs [E, N_w / 16, K / 64, ...], a bf16 [rows, K], out [T * k, N] (N = N_w / 2 with an activation); `config`
     (WARPS, U, DEPTH, GROUPS). `early`: the alignment was written before the kernel just before this one (which
-    waited for it), so it and the first weights are read before the PDL wait. The arguments are the layer's,
-    validated by it."""
+    waited for it), so it and the first weights are read before the PDL wait. `up_together`: UP_TOGETHER unless
+    given. The arguments are the layer's, validated by it."""
     n_assign, n = out.shape
     sorted_ids, expert_ids, post = alignment
     if not n_assign or not n or not expert_ids.numel():
@@ -187,6 +196,7 @@ def launch_gemv(
         n_assign, tiles, n_steps, words.shape[0], a_div, a_words.stride(0), out.stride(0),
         bias.stride(0) if bias is not None else 0, n if act == 1 else 0,
         ACT=act, HAS_BIAS=bias is not None, MUL_WEIGHT=mul_weight, WARPS=warps, U=u, DEPTH=depth, GROUPS=groups,
-        FAULT=fault, EARLY=early and pdl(a.device), num_warps=warps, num_stages=1, **launch_args(a.device),
+        FAULT=fault, EARLY=early and pdl(a.device), UP_TOGETHER=UP_TOGETHER if up_together is None else up_together,
+        num_warps=warps, num_stages=1, **launch_args(a.device),
     )  # fmt: skip
     return out

@@ -211,7 +211,8 @@ MX_FRAGMENT = (
 def mxfp4_fragment_gemvs(repeats: int) -> None:
     """gpt-oss-20b's experts at 1, 4, 16 and 64 tokens: each of the fragment layer's two GEMVs alone (the first on
     x with the activation, the second on its output with the routing weight, both on one alignment made beforehand)
-    with each config of MX_FRAGMENT that has one column group, against memcpy on the bytes of the weights it reads."""
+    with each config of MX_FRAGMENT that has one column group, against memcpy on the bytes of the weights it reads;
+    the first also on silu's gate-then-up rows, its tiles in one K loop or one after the other (UP_TOGETHER)."""
     roof = memcpy_gbps(1 << 30, "1 GiB device copy")
     shape = mx_bench.GPTOSS
     w13, p13, w2, p2 = mx_bench.fragment_weights(shape.experts, shape.hidden, shape.inter, "cuda")
@@ -226,15 +227,24 @@ def mxfp4_fragment_gemvs(repeats: int) -> None:
         experts = touched_experts(case)
         act = ACTIVATIONS[activation]
         first = functools.partial(launch_gemv, x, w13, p13, b13, h, alignment, w, shape.top_k, act, False)
+        # the same words as silu's gate rows then up rows (Qwen3-MoE's and Mixtral's activation): a program's gate
+        # and up tiles in one K loop (UP_TOGETHER) or one after the other
+        silu = functools.partial(launch_gemv, x, w13, p13, b13, h, alignment, w, shape.top_k, ACTIVATIONS["silu"],
+                                 False)  # fmt: skip
         second = functools.partial(launch_gemv, h, w2, p2, b2, out, alignment, w, 1, 0, True, early=True)
         table = mxfp4_moe_fragment.gpu_config(n)
-        for which, words, pairs, run, chosen in (("first GEMV", w13, p13, first, table[0]),
-                                                 ("second GEMV", w2, p2, second, table[1])):  # fmt: skip
+        runs = (
+            ("first GEMV", w13, p13, first, table[0], True),
+            ("first GEMV silu", w13, p13, silu, table[0], True),
+            ("first GEMV silu up apart", w13, p13, silu, None, False),
+            ("second GEMV", w2, p2, second, table[1], True),
+        )
+        for which, words, pairs, run, chosen, together in runs:
             moved = experts * (words[0].numel() + pairs[0].numel()) * 4
             for config in (c for c in MX_FRAGMENT if c[3] == 1):
                 label = f"{which} {config}" + (" (table)" if config == chosen else "")
-                _line(f"mxfp4_fragment_gemvs T{tokens}", label, _time(functools.partial(run, config=config), repeats),
-                      moved / roof / 1e6, "memcpy", moved)  # fmt: skip
+                timed = _time(functools.partial(run, config=config, up_together=together), repeats)
+                _line(f"mxfp4_fragment_gemvs T{tokens}", label, timed, moved / roof / 1e6, "memcpy", moved)
 
 
 def mxfp4_fragment_decode(repeats: int) -> None:

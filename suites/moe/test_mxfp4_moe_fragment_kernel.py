@@ -34,6 +34,7 @@ from suites.moe.test_mxfp4_moe_kernel import _args
 
 layout = pytest.importorskip("kernels.mxfp4_fragment_layout")
 kernel = pytest.importorskip("kernels.mxfp4_moe_fragment")
+gemv_kernel = pytest.importorskip("kernels.mxfp4_moe_fragment_gemv")
 
 # (WARPS, U, DEPTH, GROUPS): the configs `bench.moe.launch_sweep` races and the table can pick.
 LAUNCH_CONFIGS = [
@@ -105,6 +106,47 @@ def test_launch_configs_beside_the_interchange_layer(device, config, activation)
     args = _decode(activation, expert_map=True, tokens=21)
     _check(args, device, config=config, gemv=True)
     _check(args, device, gemv=False)
+
+
+@pytest.mark.parametrize("config", [(4, 1, 1, 1), (2, 2, 1, 2)])
+def test_silu_gate_and_up_in_one_loop_give_the_bytes_of_two(device, config, monkeypatch):
+    """silu's gate and up tiles walked in one K loop (UP_TOGETHER) give the bytes of two loops, one tile after the
+    other: each tile's sums take the same turns in the same order."""
+    if not gemv_runs(device):
+        pytest.skip("the tensor-core GEMVs are PTX for NVIDIA sm_90+")
+    placed = on(fragment_args(_decode("silu", expert_map=True, tokens=21)), device)
+    monkeypatch.setattr(gemv_kernel, "UP_TOGETHER", True)
+    together = kernel.launch(*placed, config=config, gemv=True)
+    monkeypatch.setattr(gemv_kernel, "UP_TOGETHER", False)
+    assert torch.equal(together, kernel.launch(*placed, config=config, gemv=True))
+
+
+# Run by `suites.compile_for_sm90`: the first GEMV with silu, its gate and up tiles in one K loop and in two.
+_COMPILE_FIRST_GEMV_FOR_SM90 = """
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile
+from kernels import mxfp4_moe_fragment_gemv as m
+
+for together in (False, True):
+    signature = dict(x_ptr="*i32", words_ptr="*i32", pairs_ptr="*i32", bias_ptr="*bf16", out_ptr="*bf16",
+                     sorted_ptr="*i32", expert_ids_ptr="*i32", post_ptr="*i32", weights_ptr="*fp32")
+    signature |= dict.fromkeys(("n_assign", "tiles", "n_steps", "local", "A_DIV", "x_row_stride", "out_row_stride",
+                                "bias_e_stride", "up_first"), "i32")
+    constants = dict(ACT=1, HAS_BIAS=True, MUL_WEIGHT=False, WARPS=4, U=1, DEPTH=1, GROUPS=1, FAULT=0, EARLY=True,
+                     PDL=True, UP_TOGETHER=together)
+    signature |= dict.fromkeys(constants, "constexpr")
+    source = ASTSource(fn=m._moe_fragment_gemv_kernel, signature=signature, constexprs=constants)
+    ptx = compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 1}).asm["ptx"]
+    print(together, ptx.count("mma.sync"))
+"""
+
+
+def test_first_gemv_compiles_for_sm90_with_gate_and_up_together_or_apart():
+    """The first GEMV (silu, bias) through Triton's compiler for sm_90 with no GPU, both ways: each lowers to
+    tensor-core MMAs, 4 a tile's turn (one loop of both tiles' 8, or two loops of 4)."""
+    from suites.compile_for_sm90 import run_compiler
+
+    assert run_compiler(_COMPILE_FIRST_GEMV_FOR_SM90) == ["False 8", "True 8"]
 
 
 @pytest.mark.parametrize("fault", ["gate_up_swapped", "neighbour_expert", "mx_scale_past_end"])
