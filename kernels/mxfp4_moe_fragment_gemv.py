@@ -32,9 +32,12 @@ from kernels.moe_gemm import activate
 from kernels.w4a16_mxfp4_fragment_gemv import fragment_rows, warp_sums
 
 STEP_PAIRS: tl.constexpr = tl.constexpr(16)  # int32 scale pairs a step of a row tile holds (8 g x 2 blocks)
-# ACT 1 ("silu"): a program walks K once for its gate tile and its up tile together (fragment_rows' TILES = 2, each
-# turn's x pairs read once), rather than twice, one tile after the other. MEASUREMENT PENDING.
-UP_TOGETHER = True
+# ACT 1 ("silu"): whether a program walks K once for its gate tile and its up tile together (fragment_rows' TILES =
+# 2, each turn's x pairs read once) rather than twice, one tile after the other. Not yet raced on a GPU (`python -m
+# bench.moe.launch_sweep --cases mxfp4_fragment_gemvs` races the two), so the two loops stay the default. The dense
+# runner's nearest measurement favours one loop: a GEMV with SiLU-and-multiply in its store, gate and up tiles in
+# one program, decoded 405 tok/s at batch 1 against 369 with the tiles one after the other (docs/runner.md).
+UP_TOGETHER = False
 
 
 @triton.jit

@@ -35,7 +35,7 @@ from bench.read_floor import read_floor_ms
 from bench.timing import bench
 from kernels import block_fp8_moe, fused_moe, moe_align, moe_gemv, mxfp4_moe, mxfp4_moe_fragment
 from kernels.moe_gemm import ACTIVATIONS, Tiles, choose_tiles, fp8_tiles, mx_tiles
-from kernels.mxfp4_moe_fragment_gemv import launch_gemv
+from kernels.mxfp4_moe_fragment_gemv import UP_TOGETHER, launch_gemv
 
 T = Tiles
 # (first GEMM's, second GEMM's) tiles; both share BM (the alignment's block). None: the table's choice.
@@ -235,8 +235,8 @@ def mxfp4_fragment_gemvs(repeats: int) -> None:
         table = mxfp4_moe_fragment.gpu_config(n)
         runs = (
             ("first GEMV", w13, p13, first, table[0], True),
-            ("first GEMV silu", w13, p13, silu, table[0], True),
-            ("first GEMV silu up apart", w13, p13, silu, None, False),
+            ("first GEMV silu", w13, p13, silu, table[0] if UP_TOGETHER else None, True),
+            ("first GEMV silu up apart", w13, p13, silu, None if UP_TOGETHER else table[0], False),
             ("second GEMV", w2, p2, second, table[1], True),
         )
         for which, words, pairs, run, chosen, together in runs:
