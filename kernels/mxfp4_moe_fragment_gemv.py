@@ -32,12 +32,13 @@ from kernels.moe_gemm import activate
 from kernels.w4a16_mxfp4_fragment_gemv import fragment_rows, warp_sums
 
 STEP_PAIRS: tl.constexpr = tl.constexpr(16)  # int32 scale pairs a step of a row tile holds (8 g x 2 blocks)
-# ACT 1 ("silu"): whether a program walks K once for its gate tile and its up tile together (fragment_rows' TILES =
-# 2, each turn's x pairs read once) rather than twice, one tile after the other. Not yet raced on a GPU (`python -m
-# bench.moe.launch_sweep --cases mxfp4_fragment_gemvs` races the two), so the two loops stay the default. The dense
-# runner's nearest measurement favours one loop: a GEMV with SiLU-and-multiply in its store, gate and up tiles in
-# one program, decoded 405 tok/s at batch 1 against 369 with the tiles one after the other (docs/runner.md).
-UP_TOGETHER = False
+# ACT 1 ("silu"): a program walks K once for its gate tile and its up tile together (fragment_rows' TILES = 2, each
+# turn's x pairs read once), not twice, one tile after the other. H100, the first GEMV alone on gpt-oss-20b's
+# experts as silu's gate-then-up rows, CUDA-graph replays with a cold L2 (`python -m bench.moe.launch_sweep --cases
+# mxfp4_fragment_gemvs` at ab8938d, reports/cuda-h100-80gb-hbm3/launch_sweeps/moe_launch_sweep.csv), at the table's
+# configs: 1 token 23.0 us against 25.5 apart, 4 tokens 59.1 against 62.8, 16 95.7 against 104.6, 64 134.4 against
+# 147.2 (6-11 % faster); the best config of each way 22.3 / 54.9 / 94.7 / 131.4 against 22.8 / 57.4 / 101.5 / 147.2.
+UP_TOGETHER = True
 
 
 @triton.jit
