@@ -265,14 +265,12 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(scored(scheme, token_nll(model, text_ids), top1_agreement=agree / total, **sqnr, **extra))
         if scheme in ("fp8", "fp8_block"):
             weights = {name: deq for name, _, deq in dequantized_weights(model)}
-            oracle = {}
-            if scheme == "fp8":  # torchao's per-tensor E4M3 weights beside the runner's
+            only = scored(f"{scheme} weights only", token_nll(with_weights(base, weights), text_ids), **sqnr)
+            rows.append(only)
+            if scheme == "fp8":  # torchao's per-tensor E4M3 weights beside the runner's, then a finer scale
                 emulated = torchao_emulated(base, scheme)
-                oracle["torchao_emulated_perplexity"] = perplexity(emulated, text_ids)
-                oracle["torchao_weights_differing"] = differing_fraction(model, emulated)
-            only = token_nll(with_weights(base, weights), text_ids)
-            rows.append(scored(f"{scheme} weights only", only, **sqnr, **oracle))
-            if scheme == "fp8":  # a finer scale, the same format: what one scale per tensor costs
+                only["torchao_emulated_perplexity"] = perplexity(emulated, text_ids)
+                only["torchao_weights_differing"] = differing_fraction(model, emulated)
                 channel = torchao_emulated(base, "fp8 per channel")
                 rows.append(scored("fp8 weights only, per channel (torchao)", token_nll(channel, text_ids)))
         del model
