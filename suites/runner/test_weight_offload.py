@@ -189,9 +189,9 @@ def test_gpu_uva_layers_are_views_of_pinned_host_memory(device):
     resident = torch.cuda.memory_allocated()
     weight, host = model.model.layers[5].mlp.down_proj.weight, model.offloader.host[0]["mlp.down_proj.weight"]
     assert weight.is_cuda and host.is_pinned() and weight.data_ptr() == host.data_ptr()
-    layer_bytes = sum(t.numel() * t.element_size() for t in model.offloader.host[0].values())
+    layer_bytes = sum(t.nbytes for t in model.offloader.host[0].values())
     everything = [*model.parameters(), *model.buffers()]
-    assert resident - before <= sum(t.numel() * t.element_size() for t in everything) - layer_bytes
+    assert resident - before <= sum(t.nbytes for t in everything) - layer_bytes
     _, got = greedy(model, PROMPTS, 4, device=device)
     assert_exact(got, want, "logits")
 
