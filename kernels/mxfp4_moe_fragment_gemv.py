@@ -92,7 +92,7 @@ def _group_out(
     ACT: tl.constexpr, HAS_BIAS: tl.constexpr, MUL_WEIGHT: tl.constexpr, FAULT: tl.constexpr, WARPS: tl.constexpr,
 ):  # fmt: skip
     """Column group j's accumulators (and, ACT 1, the up tile's) -> the group's 8 slots' output rows."""
-    r0, r1, r2, r3 = warp_sums(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3], WARPS)
+    r0, r1, r2, r3 = warp_sums(acc[4 * j], acc[4 * j + 1], acc[4 * j + 2], acc[4 * j + 3], WARPS, 1)
     first = slot0 + 8 * j
     rest = (bias_row, out_ptr, weights_ptr, n_assign, out_row_stride, ACT, HAS_BIAS, MUL_WEIGHT, FAULT)
     if ACT == 2:  # 8 output columns a tile: column t * 8 + i from rows 2i (gate) and 2i + 1 (up), i < 8
@@ -104,7 +104,7 @@ def _group_out(
         f0 = tl.load(sorted_ptr + first + 2 * (lanes % 4))
         f1 = tl.load(sorted_ptr + first + 2 * (lanes % 4) + 1)
         if ACT == 1:
-            u0, u1, u2, u3 = warp_sums(up_acc[4 * j], up_acc[4 * j + 1], up_acc[4 * j + 2], up_acc[4 * j + 3], WARPS)
+            u0, u1, u2, u3 = warp_sums(up_acc[4 * j], up_acc[4 * j + 1], up_acc[4 * j + 2], up_acc[4 * j + 3], WARPS, 1)
         else:
             u0, u1, u2, u3 = r0, r1, r2, r3
         _finish(r0, u0, n, up_first + n, n, f0, *rest)
@@ -158,17 +158,18 @@ def _moe_fragment_gemv_kernel(
     up_tile = tile + up_first // 16  # ACT 1: the up rows' tile, rows I + 16 t .. of the expert
     if ACT == 1 and UP_TOGETHER:  # one K loop for both tiles, each turn's x pairs read once
         acc, up_acc = fragment_rows(
-            *where, tile, up_tile, n_steps, x_rows, x_rows_2, x_row_stride, WARPS, U, DEPTH, GROUPS, True, 0, EARLY, 2
+            *where, tile, up_tile, n_steps, x_rows, x_rows_2, x_row_stride, WARPS, U, DEPTH, GROUPS, True, 0, EARLY,
+            2, 1,
         )  # fmt: skip
     else:
         acc, _ = fragment_rows(
-            *where, tile, tile, n_steps, x_rows, x_rows_2, x_row_stride, WARPS, U, DEPTH, GROUPS, True, 0, EARLY, 1
+            *where, tile, tile, n_steps, x_rows, x_rows_2, x_row_stride, WARPS, U, DEPTH, GROUPS, True, 0, EARLY, 1, 1
         )  # fmt: skip
         up_acc = acc
         if ACT == 1:
             up_acc, _ = fragment_rows(
                 *where, up_tile, up_tile, n_steps, x_rows, x_rows_2, x_row_stride, WARPS, U, DEPTH, GROUPS, True, 0,
-                False, 1,
+                False, 1, 1,
             )  # fmt: skip
     bias_row = bias_ptr + e.to(tl.int64) * bias_e_stride
     rest = (t, slot0, sorted_ptr, bias_row, out_ptr, weights_ptr, n_assign, out_row_stride, up_first)

@@ -94,8 +94,8 @@ TWO_GROUPS = (  # (most row tiles, config up to 16 rows, config above)
 # Above 16 rows the GEMV's programs re-read each row tile's words once per 16 rows (from L2 when they run together):
 # up to 32 rows it beat the tiled GEMM on the same words in the sweep (M = 32: 4096 x 14336 29.9 us against 44.3,
 # 6144 x 4096 13.8 against 22.3; 8192 x 8192 39.0 against 39.1), except at 1792 tiles above 24 rows (28672 x 4096
-# at M = 32: 61.1 against 55.3), where the tiled GEMM stays.
-GEMV_MAX_M = 32
+# at M = 32: 61.1 against 55.3), where the tiled GEMM stays; up to 64 rows with warp teams (below).
+GEMV_MAX_M = 64
 WIDE_TILES, WIDE_MAX_M = 1792, 24
 # Two row tiles a program (TILES = 2: each turn's x pairs read once for both tiles' MMAs) above 8 rows, where K is
 # 8192 or more or the row tiles are WIDE_TILES or more; one elsewhere. The same sweep at 9428f7f (us, two tiles
@@ -106,11 +106,44 @@ WIDE_TILES, WIDE_MAX_M = 1792, 24
 # rows) one tile was as fast or faster (6144 x 4096 at M = 16: 10.7 against 12.7), and at M <= 8 one tile was
 # faster on 8192 x 8192 (13.9 against 18.2 at M = 1).
 TWO_TILES_STEPS = 128
+# Warp teams (WTILES = 2: half the warps on one row tile, half on the next, both reading the same x pairs at the same
+# steps, so the second read of them comes from L1; a program then reads x once per 32 rows of W where it read it once
+# per 16 or shared it in registers). Above 8 rows x is 2 to 4 times the bytes of the words a lane reads a step, and
+# every program reads all of it from L2. The same sweep with `--teams` on the H100 (us, the teams' best against the
+# table without them): M = 16: 8192 x 8192 (8, 2, 1, 1, 2) 19.6 against 20.4, 4096 x 14336 (16, 2, 1, 1, 2) 19.5
+# against 21.4, 28672 x 4096 (4, 2, 1, 2, 2) 30.8 against 34.3, 6144 x 4096 (8, 2, 1, 1, 2) 10.9 against 14.3; M =
+# 32: 4096 x 14336 (8, 2, 1, 1, 2) 28.5 against 29.5, 6144 x 4096 (8, 2, 1, 2, 2) 16.4 against 19.9, 28672 x 4096
+# (4, 2, 1, 2, 2) 56.5 against 63.7; 8192 x 8192 kept (4, 2, 1, 2) (28.0; teams 29.4). Four or eight teams were
+# slower on all but 28672 x 4096 (fewer programs than SMs, or too few warps a tile). Above 32 rows, two programs a
+# row pair of tiles, the teams beat the tiled GEMM at 8192 x 8192 (lone launches, CUDA-graph replays, cold L2: M =
+# 48 (4, 2, 1, 2, 2) 43.2 against 98.4, M = 64 53.4 against 63.1), so the GEMV's bound is 64 rows.
+TEAMS_UP_TO_16 = ((4, 2, 1, 2, 2), (16, 2, 1, 1, 2), (8, 2, 1, 1, 2))  # wide, K >= 8192 on <= 256 tiles, other
+TEAMS_UP_TO_32 = ((4, 2, 1, 2, 2), (8, 2, 1, 1, 2), (8, 2, 1, 2, 2))  # wide, K >= 8192 on <= 256 tiles, K <= 4096
+TEAMS_ABOVE_32 = (4, 2, 1, 2, 2)
 
 
-def gpu_config(tiles: int, steps: int, m: int) -> tuple[int, int, int, int]:
-    """(WARPS, U, DEPTH, TILES) of the GEMV for `tiles` row tiles, `steps` K steps and `m` rows of x (the sweep's
-    best, above)."""
+def _teams(tiles: int, steps: int, m: int) -> tuple[int, int, int, int, int] | None:
+    """The warp-team config for `m` > 8 rows where the sweep (above) had one faster; None elsewhere."""
+    if tiles <= 128 and steps <= 32:
+        return None  # small layers: the one-team table (teams halve the programs)
+    if m > 4 * GROUP:
+        return TEAMS_ABOVE_32
+    wide, deep, other = TEAMS_UP_TO_16 if m <= 2 * GROUP else TEAMS_UP_TO_32
+    if tiles >= WIDE_TILES:
+        return wide
+    if tiles <= 256 and steps >= TWO_TILES_STEPS:
+        return deep
+    if m <= 2 * GROUP or steps <= 64:
+        return other
+    return None
+
+
+def gpu_config(tiles: int, steps: int, m: int) -> tuple[int, ...]:
+    """(WARPS, U, DEPTH, TILES[, WTILES]) of the GEMV for `tiles` row tiles, `steps` K steps and `m` rows of x (the
+    sweep's best, above)."""
+    teams = _teams(tiles, steps, m) if m > GROUP else None
+    if teams:
+        return teams
     if m > GROUP and (steps >= TWO_TILES_STEPS or tiles >= WIDE_TILES):
         if tiles >= WIDE_TILES:
             warps = 4
@@ -269,7 +302,7 @@ def _turn_steps(turn, n_steps, U: tl.constexpr):
 @triton.jit
 def _turn_weights(words_ptr, pairs_ptr, tile, turn, n_steps, lane, g, U: tl.constexpr):
     """The weights of the U steps turn * U .. of every lane: words [T, 4, U], scale pairs [T, 2, U]. Steps past
-    the end re-read step 0 with zero scales (they add nothing)."""
+    the end re-read step 0 with zero scales (they add nothing). `tile`: one for the program, or [T, 1] (a lane's)."""
     live, s = _turn_steps(turn, n_steps, U)
     at = (tile * n_steps + s).to(tl.int64)
     four = tl.arange(0, 4)
@@ -337,28 +370,36 @@ def _turn(loads, acc, U: tl.constexpr, GROUPS: tl.constexpr, FULL: tl.constexpr,
 
 
 @triton.jit
-def warp_sums(acc0, acc1, acc2, acc3, WARPS: tl.constexpr):
-    """A column group's four accumulators summed over the warps (through shared memory): [32] each, lane l = 4 g + c
+def warp_sums(acc0, acc1, acc2, acc3, WARPS: tl.constexpr, WTILES: tl.constexpr):
+    """A column group's four accumulators summed over the warps of each row tile (through shared memory; warp w
+    works on the program's tile w % WTILES): [WTILES * 32] each, element 32 i + l of tile i, lane l = 4 g + c
     holding (row g, x column 2c), (g, 2c + 1), (g + 8, 2c), (g + 8, 2c + 1) of the tile, the m16n8 C fragment."""
-    r0 = tl.sum(tl.reshape(acc0, [WARPS, 32]), axis=0)
-    r1 = tl.sum(tl.reshape(acc1, [WARPS, 32]), axis=0)
-    r2 = tl.sum(tl.reshape(acc2, [WARPS, 32]), axis=0)
-    r3 = tl.sum(tl.reshape(acc3, [WARPS, 32]), axis=0)
+    r0 = tl.sum(tl.reshape(acc0, [WARPS // WTILES, WTILES * 32]), axis=0)
+    r1 = tl.sum(tl.reshape(acc1, [WARPS // WTILES, WTILES * 32]), axis=0)
+    r2 = tl.sum(tl.reshape(acc2, [WARPS // WTILES, WTILES * 32]), axis=0)
+    r3 = tl.sum(tl.reshape(acc3, [WARPS // WTILES, WTILES * 32]), axis=0)
     return r0, r1, r2, r3
 
 
 @triton.jit
-def _store_group(out_ptr, acc0, acc1, acc2, acc3, tile, first_col, M, out_row_stride, WARPS: tl.constexpr):
-    """A column group's four accumulators, summed over the warps, rounded once, stored."""
-    r0, r1, r2, r3 = warp_sums(acc0, acc1, acc2, acc3, WARPS)
-    lanes = tl.arange(0, 32)
-    n = tile * 16 + lanes // 4
+def _store_group(
+    out_ptr, acc0, acc1, acc2, acc3, tile, every, last, first_col, M, out_row_stride, WARPS: tl.constexpr,
+    WTILES: tl.constexpr,
+):  # fmt: skip
+    """A column group's four accumulators, summed over the warps of each tile, rounded once, stored: the WTILES
+    tiles tile, tile + every, ..., those past `last` not."""
+    r0, r1, r2, r3 = warp_sums(acc0, acc1, acc2, acc3, WARPS, WTILES)
+    at = tl.arange(0, WTILES * 32)
+    lanes = at % 32
+    rows = tile + (at // 32) * every
+    n = rows * 16 + lanes // 4
     col = first_col + 2 * (lanes % 4)
     out = out_ptr + col.to(tl.int64) * out_row_stride + n
-    tl.store(out, r0.to(tl.bfloat16), mask=col < M)
-    tl.store(out + 8, r2.to(tl.bfloat16), mask=col < M)
-    tl.store(out + out_row_stride, r1.to(tl.bfloat16), mask=col + 1 < M)
-    tl.store(out + out_row_stride + 8, r3.to(tl.bfloat16), mask=col + 1 < M)
+    live = rows <= last
+    tl.store(out, r0.to(tl.bfloat16), mask=live & (col < M))
+    tl.store(out + 8, r2.to(tl.bfloat16), mask=live & (col < M))
+    tl.store(out + out_row_stride, r1.to(tl.bfloat16), mask=live & (col + 1 < M))
+    tl.store(out + out_row_stride + 8, r3.to(tl.bfloat16), mask=live & (col + 1 < M))
 
 
 @triton.jit
@@ -376,21 +417,24 @@ def _both_turns(now, now2, acc, acc2, U: tl.constexpr, GROUPS: tl.constexpr, FUL
 def fragment_rows(
     x_ptr, words_ptr, pairs_ptr, tile, tile2, n_steps, x_rows, x_rows_2, x_row_stride,
     WARPS: tl.constexpr, U: tl.constexpr, DEPTH: tl.constexpr, GROUPS: tl.constexpr, FULL: tl.constexpr,
-    FAULT: tl.constexpr, PDL: tl.constexpr, TILES: tl.constexpr,
+    FAULT: tl.constexpr, PDL: tl.constexpr, TILES: tl.constexpr, WTILES: tl.constexpr,
 ):  # fmt: skip
     """A program's K loop: the 8 fp32 accumulators (4 a column group, per lane) of row tile `tile` of the prepared
     words against the x rows x_rows (column group 0; per lane, the row of its MMA column g) and x_rows_2 (group 1);
     with TILES = 2 also those of row tile `tile2` on the same x pairs, read once for both: (acc, acc2) (with one
     tile, acc2 is zeros). The WARPS warps take the steps in turns of U, DEPTH turns of loads ahead in registers
-    (register prefetch; 0: none). With PDL the first turn's weights are requested before the wait for the kernel
-    that writes x (`kernels._pdl`): a caller whose weight address depends on an earlier kernel waits itself and
-    passes False."""
+    (register prefetch; 0: none); with WTILES > 1 they are WTILES teams, warp w in team w % WTILES, each on its own
+    tiles (`tile` and `tile2` then [T, 1], a lane's) and taking the steps in turns among its WARPS / WTILES warps.
+    With PDL the first turn's weights are requested before the wait for the kernel that writes x (`kernels._pdl`): a
+    caller whose weight address depends on an earlier kernel waits itself and passes False."""
     T: tl.constexpr = 32 * WARPS
+    TEAM: tl.constexpr = WARPS // WTILES  # warps taking turns on one tile
     lane, warp, g, c = mma_lanes(WARPS)
+    warp = warp // WTILES  # a warp's place in its team
     zero = tl.zeros([T], dtype=tl.float32)
     acc = (zero, zero, zero, zero, zero, zero, zero, zero)
     acc2 = acc
-    turns = tl.cdiv(n_steps, WARPS * U)
+    turns = tl.cdiv(n_steps, TEAM * U)
     where = (words_ptr, pairs_ptr, x_ptr, tile)
     lanes = (n_steps, lane, g, c, x_rows, x_rows_2, x_row_stride)
     weights2 = (words_ptr, pairs_ptr, tile2)
@@ -398,10 +442,10 @@ def fragment_rows(
     if DEPTH == 0:
         wait_then_release(PDL)
         for i in range(0, turns):
-            now = _turn_loads(*where, i * WARPS + warp, *lanes, U, GROUPS)
+            now = _turn_loads(*where, i * TEAM + warp, *lanes, U, GROUPS)
             now2 = now[:2]
             if TILES == 2:
-                now2 = _turn_weights(*weights2, i * WARPS + warp, *per_lane, U)
+                now2 = _turn_weights(*weights2, i * TEAM + warp, *per_lane, U)
             acc, acc2 = _both_turns(now, now2, acc, acc2, U, GROUPS, FULL, FAULT, TILES)
     elif DEPTH == 1:
         words, pairs = _turn_weights(words_ptr, pairs_ptr, tile, warp, n_steps, lane, g, U)
@@ -414,27 +458,27 @@ def fragment_rows(
         for i in range(0, turns):
             now = ahead
             now2 = ahead2
-            ahead = _turn_loads(*where, (i + 1) * WARPS + warp, *lanes, U, GROUPS)
+            ahead = _turn_loads(*where, (i + 1) * TEAM + warp, *lanes, U, GROUPS)
             if TILES == 2:
-                ahead2 = _turn_weights(*weights2, (i + 1) * WARPS + warp, *per_lane, U)
+                ahead2 = _turn_weights(*weights2, (i + 1) * TEAM + warp, *per_lane, U)
             acc, acc2 = _both_turns(now, now2, acc, acc2, U, GROUPS, FULL, FAULT, TILES)
     else:
         wait_then_release(PDL)
         ahead = _turn_loads(*where, warp, *lanes, U, GROUPS)
-        after = _turn_loads(*where, WARPS + warp, *lanes, U, GROUPS)
+        after = _turn_loads(*where, TEAM + warp, *lanes, U, GROUPS)
         ahead2 = ahead[:2]
         after2 = after[:2]
         if TILES == 2:
             ahead2 = _turn_weights(*weights2, warp, *per_lane, U)
-            after2 = _turn_weights(*weights2, WARPS + warp, *per_lane, U)
+            after2 = _turn_weights(*weights2, TEAM + warp, *per_lane, U)
         for i in range(0, turns):
             now = ahead
             now2 = ahead2
             ahead = after
             ahead2 = after2
-            after = _turn_loads(*where, (i + 2) * WARPS + warp, *lanes, U, GROUPS)
+            after = _turn_loads(*where, (i + 2) * TEAM + warp, *lanes, U, GROUPS)
             if TILES == 2:
-                after2 = _turn_weights(*weights2, (i + 2) * WARPS + warp, *per_lane, U)
+                after2 = _turn_weights(*weights2, (i + 2) * TEAM + warp, *per_lane, U)
             acc, acc2 = _both_turns(now, now2, acc, acc2, U, GROUPS, FULL, FAULT, TILES)
     return acc, acc2
 
@@ -443,33 +487,42 @@ def fragment_rows(
 def _fragment_gemv_kernel(
     x_ptr, words_ptr, pairs_ptr, out_ptr, M, N, n_steps, x_row_stride, out_row_stride,
     WARPS: tl.constexpr, U: tl.constexpr, DEPTH: tl.constexpr, GROUPS: tl.constexpr, TILES: tl.constexpr,
-    FULL: tl.constexpr, FAULT: tl.constexpr, PDL: tl.constexpr,
+    WTILES: tl.constexpr, FULL: tl.constexpr, FAULT: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    # x_ptr: int32 words (bf16 pairs) [M, K/2]; program (TILES row tiles, column block of 8 * GROUPS x rows).
-    tile, q = tl.program_id(0) * TILES, tl.program_id(1)
+    # x_ptr: int32 words (bf16 pairs) [M, K/2]; program (TILES * WTILES row tiles, column block of 8 * GROUPS x
+    # rows): team i of the warps takes tiles base + TILES i (and + 1 with TILES = 2).
+    base, q = tl.program_id(0) * (TILES * WTILES), tl.program_id(1)
     last = N // 16 - 1
-    _, _, g, _ = mma_lanes(WARPS)
+    _, warp, g, _ = mma_lanes(WARPS)
     first = q * 8 * GROUPS
     # MMA column g of group j is x row first + 8 j + g; rows past M compute a copy of row M - 1, never stored.
     x_rows = tl.minimum(first + g, M - 1)
     x_rows_2 = tl.minimum(first + 8 + g, M - 1)
-    # A second tile past the last (N / 16 odd) reads the last one again and is not stored.
+    if WTILES == 1:
+        tile = base
+    else:
+        tile = (base + (warp % WTILES) * TILES)[:, None]
+    # A tile past the last (N / 16 not a multiple of the program's tiles) reads the last one again, not stored.
     acc, acc2 = fragment_rows(
-        x_ptr, words_ptr, pairs_ptr, tile, tl.minimum(tile + 1, last), n_steps, x_rows, x_rows_2, x_row_stride,
-        WARPS, U, DEPTH, GROUPS, FULL, FAULT, PDL, TILES,
+        x_ptr, words_ptr, pairs_ptr, tl.minimum(tile, last), tl.minimum(tile + 1, last), n_steps, x_rows, x_rows_2,
+        x_row_stride, WARPS, U, DEPTH, GROUPS, FULL, FAULT, PDL, TILES, WTILES,
     )  # fmt: skip
-    _store_tile(out_ptr, acc, tile, first, M, out_row_stride, WARPS, GROUPS)
+    _store_tile(out_ptr, acc, base, TILES, last, first, M, out_row_stride, WARPS, GROUPS, WTILES)
     if TILES == 2:
-        if tile < last:
-            _store_tile(out_ptr, acc2, tile + 1, first, M, out_row_stride, WARPS, GROUPS)
+        _store_tile(out_ptr, acc2, base + 1, TILES, last, first, M, out_row_stride, WARPS, GROUPS, WTILES)
 
 
 @triton.jit
-def _store_tile(out_ptr, acc, tile, first, M, out_row_stride, WARPS: tl.constexpr, GROUPS: tl.constexpr):
-    """A row tile's column groups (`_store_group`)."""
-    _store_group(out_ptr, acc[0], acc[1], acc[2], acc[3], tile, first, M, out_row_stride, WARPS)
+def _store_tile(
+    out_ptr, acc, tile, every, last, first, M, out_row_stride, WARPS: tl.constexpr, GROUPS: tl.constexpr,
+    WTILES: tl.constexpr,
+):  # fmt: skip
+    """The column groups of the warp teams' row tiles tile, tile + every, ... (`_store_group`)."""
+    rest = (tile, every, last, first, M, out_row_stride)
+    _store_group(out_ptr, acc[0], acc[1], acc[2], acc[3], *rest, WARPS, WTILES)
     if GROUPS == 2:
-        _store_group(out_ptr, acc[4], acc[5], acc[6], acc[7], tile, first + 8, M, out_row_stride, WARPS)
+        rest = (tile, every, last, first + 8, M, out_row_stride)
+        _store_group(out_ptr, acc[4], acc[5], acc[6], acc[7], *rest, WARPS, WTILES)
 
 
 def check_fragment_args(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor) -> tuple[int, int]:
@@ -489,7 +542,8 @@ def check_x_words(x: torch.Tensor) -> None:
 
 
 def launch(x, words, pairs, config: tuple | None = None, fault: str = "none", gemv: bool | None = None) -> torch.Tensor:
-    """Validate, allocate and launch; `config` overrides the chosen kernel's launch (the GEMV's (WARPS, U, DEPTH) or
+    """Validate, allocate and launch; `config` overrides the chosen kernel's launch (the GEMV's (WARPS, U, DEPTH, TILES
+    [, WTILES]) or
     the tiled kernel's table row: sweeps), `fault` plants a named bug (negative controls), `gemv` forces the GEMV
     (True) or the tiled kernel (False); by default the GEMV takes the rows `takes_gemv` gives it where its PTX runs."""
     n, k = check_fragment_args(x, words, pairs)
@@ -510,14 +564,17 @@ def launch(x, words, pairs, config: tuple | None = None, fault: str = "none", ge
         return y
     check_x_words(x)
     groups = 1 if m <= GROUP else 2
-    warps, u, depth, row_tiles = config or gpu_config(tiles, k // layout.STEP_K, m)
+    warps, u, depth, row_tiles, *teams = config or gpu_config(tiles, k // layout.STEP_K, m)
+    wtiles = teams[0] if teams else 1
     if row_tiles not in (1, 2):
-        raise ValueError(f"config: row tiles a program must be 1 or 2, got {row_tiles}")
+        raise ValueError(f"config: row tiles a team must be 1 or 2, got {row_tiles}")
+    if wtiles not in (1, 2, 4, 8) or warps % wtiles:
+        raise ValueError(f"config: warp teams must be 1, 2, 4 or 8 and divide the {warps} warps, got {wtiles}")
     xw = x.view(torch.int32)
-    _fragment_gemv_kernel[(triton.cdiv(tiles, row_tiles), triton.cdiv(m, GROUP * groups))](
+    _fragment_gemv_kernel[(triton.cdiv(tiles, row_tiles * wtiles), triton.cdiv(m, GROUP * groups))](
         xw, words, pairs, y, m, n, k // layout.STEP_K, xw.stride(0), y.stride(0),
-        WARPS=warps, U=u, DEPTH=depth, GROUPS=groups, TILES=row_tiles, FULL=m > 1, FAULT=FAULTS[fault], num_warps=warps,
-        num_stages=1, **launch_args(x.device),
+        WARPS=warps, U=u, DEPTH=depth, GROUPS=groups, TILES=row_tiles, WTILES=wtiles, FULL=m > 1, FAULT=FAULTS[fault],
+        num_warps=warps, num_stages=1, **launch_args(x.device),
     )  # fmt: skip
     return y
 

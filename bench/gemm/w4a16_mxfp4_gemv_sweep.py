@@ -1,8 +1,8 @@
-"""Sweep the MXFP4 fragment GEMV's launch (WARPS, U, DEPTH, TILES) on a GPU the way a decode step runs it: time, weight
-GB/s against a memcpy of the same run, and the ratio to the launcher's own choice.
+"""Sweep the MXFP4 fragment GEMV's launch (WARPS, U, DEPTH, TILES[, WTILES]) on a GPU the way a decode step runs it:
+time, weight GB/s against a memcpy of the same run, and the ratio to the launcher's own choice.
 
     python -m bench.gemm.w4a16_mxfp4_gemv_sweep [--m 1 8 16 24 32] [--n 2048 4096 8192 14336 28672]
-        [--k 2048 4096 8192 14336]
+        [--k 2048 4096 8192 14336] [--teams]
 
 Each time is one GEMV of a CUDA graph of CHAIN launches, each on its own copy of the weights (an N x K layer of a
 model in prepared fragment layout, kernels.mxfp4_fragment_layout), launched with programmatic dependent launch where
@@ -34,6 +34,10 @@ CHAIN = 8  # copies of the weights a graph walks: 8 x 9.4 MB (4096 x 4096) alrea
 # program, and the other (U, DEPTH) at 8 warps as controls.
 CONFIGS = [(w, kernel.U_STEPS, kernel.DEPTH_TURNS, t) for t in (1, 2) for w in (4, 8, 16)]
 CONFIGS += [(8, 1, 1, 1), (8, 1, 1, 2), (8, 2, 0, 1), (8, 2, 2, 1)]
+# Warp teams, each on its own row tile (x pairs read by every team of a program at the same steps, from L1): 2, 4
+# and 8 teams of 1 to 4 warps, and 2 teams of two-tile warps.
+TEAMS = [(8, 2, 1, 1, 4), (16, 2, 1, 1, 4), (16, 2, 1, 1, 8), (8, 2, 1, 1, 8), (8, 2, 1, 1, 2), (16, 2, 1, 1, 2)]
+TEAMS += [(8, 2, 1, 2, 2), (4, 2, 1, 2, 2)]
 
 
 def chain_ms(x: torch.Tensor, copies: list[tuple], **launch: object) -> float:
@@ -47,7 +51,7 @@ def chain_ms(x: torch.Tensor, copies: list[tuple], **launch: object) -> float:
     return time_ms(chain, cuda_graph=True) / len(copies)
 
 
-def sweep_shape(n: int, k: int, rows: list[int], memcpy: float) -> None:
+def sweep_shape(n: int, k: int, rows: list[int], memcpy: float, teams_only: bool = False) -> None:
     gen = torch.Generator(device="cuda").manual_seed(0)
     copies = []
     for _ in range(CHAIN):
@@ -61,7 +65,7 @@ def sweep_shape(n: int, k: int, rows: list[int], memcpy: float) -> None:
         want = w4a16_mxfp4_gemm_mirror(x, copies[0][0], copies[0][1])
         table = kernel.gpu_config(n // layout.ROWS, k // layout.STEP_K, m)
         times = {}
-        for config in CONFIGS:
+        for config in [*CONFIGS, *TEAMS] if not teams_only else [table, *TEAMS]:
             try:
                 metrics = lossy_metrics(kernel.launch(x, *copies[0][2:], config=config, gemv=True), want, want)
                 ok = metrics.max_rel <= bound.max_rel and metrics.rms_rel <= bound.rms_rel
@@ -90,10 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_argument("--m", type=int, nargs="+", default=[1, 8, 16, 24, 32])
     cli.add_argument("--n", type=int, nargs="+", default=[2048, 4096, 8192, 14336, 28672])
     cli.add_argument("--k", type=int, nargs="+", default=[2048, 4096, 8192, 14336])
+    cli.add_argument("--teams", action="store_true", help="time only the warp-team configs and the table's")
     args = gpu_args(cli, argv, "w4a16_mxfp4_gemv_sweep")
     memcpy = memcpy_gbps(1 << 30, "weights of N x K x M")
     for n, k in itertools.product(args.n, args.k):
-        sweep_shape(n, k, args.m, memcpy)
+        sweep_shape(n, k, args.m, memcpy, args.teams)
         torch.cuda.empty_cache()
     return 0
 

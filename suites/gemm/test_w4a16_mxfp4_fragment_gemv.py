@@ -265,11 +265,14 @@ def test_gemv_is_refused_where_its_ptx_does_not_run(device):
 GPU_ONLY = "the PTX kernel's launch shapes and planted bugs need a GPU that runs its PTX (sm_90+)"
 
 
-# (WARPS, U, DEPTH, TILES): every config the launcher's table gives (test_launch_table_stays_in_the_tested_shapes),
-# and the edges of each axis (2 warps, DEPTH 0 and 2, two row tiles a program at each DEPTH).
+# (WARPS, U, DEPTH, TILES[, WTILES]): every config the launcher's table gives
+# (test_launch_table_stays_in_the_tested_shapes), and the edges of each axis (2 warps, DEPTH 0 and 2, two row tiles
+# a team at each DEPTH, 2 to 8 warp teams: one warp a team, and teams past the last row tile).
 LAUNCH_SHAPES = [
     (8, 2, 1, 1), (4, 2, 1, 1), (16, 2, 1, 1), (8, 1, 1, 1), (4, 1, 0, 1), (4, 1, 1, 1), (2, 2, 1, 1), (8, 1, 2, 1),
     (4, 2, 2, 1), (8, 2, 1, 2), (4, 2, 1, 2), (16, 2, 1, 2), (8, 1, 1, 2), (4, 1, 0, 2), (2, 2, 2, 2),
+    (8, 2, 1, 1, 4), (16, 2, 1, 1, 4), (16, 2, 1, 1, 8), (8, 2, 1, 1, 8), (4, 2, 1, 2, 2), (8, 1, 0, 1, 2),
+    (8, 2, 2, 1, 2), (2, 2, 1, 1, 2), (8, 2, 1, 1, 2), (16, 2, 1, 1, 2), (8, 2, 1, 2, 2),
 ]  # fmt: skip
 
 
@@ -297,7 +300,7 @@ def test_gemv_row_bound():
 def test_launch_shapes(config, device):
     """K = 7 steps over 2..16 warps of 1 or 2 steps a turn, 0..2 turns of loads ahead: turns and prefetches past the
     end; M from one x row to three programs of two column groups (the last one ragged); 3 row tiles, so with two a
-    program the last program's second tile is past the end (computed on the last tile again, not stored)."""
+    program, or 4 or 8 warp teams, tiles past the end (computed on the last tile again, not stored)."""
     if not packed_ptx(torch.device(device)):
         pytest.skip(GPU_ONLY)
     w, codes, scales = quantized_weights(48, 448, 5, 6.0, 0, "rceil")
