@@ -109,41 +109,42 @@ TWO_TILES_STEPS = 128
 # Warp teams (WTILES = 2: half the warps on one row tile, half on the next, both reading the same x pairs at the same
 # steps, so the second read of them comes from L1; a program then reads x once per 32 rows of W where it read it once
 # per 16 or shared it in registers). Above 8 rows x is 2 to 4 times the bytes of the words a lane reads a step, and
-# every program reads all of it from L2. The same sweep with `--teams` on the H100 (us, the teams' best against the
-# table without them): M = 16: 8192 x 8192 (8, 2, 1, 1, 2) 19.6 against 20.4, 4096 x 14336 (16, 2, 1, 1, 2) 19.5
-# against 21.4, 28672 x 4096 (4, 2, 1, 2, 2) 30.8 against 34.3, 6144 x 4096 (8, 2, 1, 1, 2) 10.9 against 14.3; M =
-# 32: 4096 x 14336 (8, 2, 1, 1, 2) 28.5 against 29.5, 6144 x 4096 (8, 2, 1, 2, 2) 16.4 against 19.9, 28672 x 4096
-# (4, 2, 1, 2, 2) 56.5 against 63.7; 8192 x 8192 kept (4, 2, 1, 2) (28.0; teams 29.4). Four or eight teams were
-# slower on all but 28672 x 4096 (fewer programs than SMs, or too few warps a tile). Above 32 rows, two programs a
-# row pair of tiles, the teams beat the tiled GEMM at 8192 x 8192 (lone launches, CUDA-graph replays, cold L2: M =
-# 48 (4, 2, 1, 2, 2) 43.2 against 98.4, M = 64 53.4 against 63.1), so the GEMV's bound is 64 rows.
-TEAMS_UP_TO_16 = ((4, 2, 1, 2, 2), (16, 2, 1, 1, 2), (8, 2, 1, 1, 2))  # wide, K >= 8192 on <= 256 tiles, other
-TEAMS_UP_TO_32 = ((4, 2, 1, 2, 2), (8, 2, 1, 1, 2), (8, 2, 1, 2, 2))  # wide, K >= 8192 on <= 256 tiles, K <= 4096
-TEAMS_ABOVE_32 = (4, 2, 1, 2, 2)
+# every program reads all of it from L2. Above 8 rows the config comes from ABOVE_8: `python -m
+# bench.gemm.w4a16_mxfp4_gemv_sweep --m 16 24 32 48 64` on the H100 at 9032801 (N x K of 2048 x 2048, 4096 x 4096,
+# 4096 x 14336, 6144 x 4096, 8192 x 8192, 14336 x 4096, 28672 x 4096; reports/cuda-h100-80gb-hbm3/launch_sweeps/
+# w4a16_mxfp4_gemv_sweep.csv): each row is the config within 10 % of the best at each M of its band on the shapes it
+# covers, where the table without teams (above, tuned on the H200) was up to 25 % behind. Us, this table against that
+# one at the same M: M = 16: 6144 x 4096 10.9 against 14.3, 4096 x 14336 19.5 against 21.3, 28672 x 4096 30.6
+# against 34.0, 14336 x 4096 17.7 against 21.8 (one team, two tiles); M = 32: 14336 x 4096 26.8 against 33.6, 6144 x
+# 4096 15.8 against 19.8, 4096 x 4096 10.4 against 12.0; M = 64: 8192 x 8192 50.1 against 53.5, 4096 x 14336 47.5
+# against 57.6. Four or eight teams were within 10 % of the best only on 4096 x 4096. Above 32 rows (two programs a
+# pair of row tiles) the GEMV beat the tiled GEMM on every shape of the sweep (M = 64: 8192 x 8192 50.1 against 58.4,
+# 4096 x 14336 47.5 against 59.5, 2048 x 2048 6.8 against 13.0), so it takes up to 64 rows.
+ABOVE_8 = (  # (most rows of x, ((fewest row tiles, config), ...)): the first row whose bounds the layer is within
+    (2 * GROUP, ((WIDE_TILES, (4, 2, 1, 2, 2)), (513, (4, 2, 1, 2)), (257, (8, 2, 1, 1, 2)))),
+    (4 * GROUP, ((896, (4, 2, 1, 2, 2)), (257, (4, 2, 1, 2)), (129, (8, 2, 1, 1, 2)))),
+    (8 * GROUP, ((512, (4, 2, 1, 2, 2)), (129, (4, 2, 1, 2)), (0, (8, 2, 1, 1, 2)))),
+)
+DEEP_UP_TO_16 = (16, 2, 1, 1, 2)  # up to 16 rows on 256 row tiles or fewer with K >= 8192 (4096 x 14336)
 
 
-def _teams(tiles: int, steps: int, m: int) -> tuple[int, int, int, int, int] | None:
-    """The warp-team config for `m` > 8 rows where the sweep (above) had one faster; None elsewhere."""
-    if tiles <= 128 and steps <= 32:
-        return None  # small layers: the one-team table (teams halve the programs)
-    if m > 4 * GROUP:
-        return TEAMS_ABOVE_32
-    wide, deep, other = TEAMS_UP_TO_16 if m <= 2 * GROUP else TEAMS_UP_TO_32
-    if tiles >= WIDE_TILES:
-        return wide
-    if tiles <= 256 and steps >= TWO_TILES_STEPS:
-        return deep
-    if m <= 2 * GROUP or steps <= 64:
-        return other
+def _above_8(tiles: int, steps: int, m: int) -> tuple[int, ...] | None:
+    """ABOVE_8's config for `m` > 8 rows on `tiles` row tiles of `steps` K steps; None where the table without teams
+    stays."""
+    if m <= 2 * GROUP and tiles <= 256 and steps >= TWO_TILES_STEPS:
+        return DEEP_UP_TO_16
+    for most, rows in ABOVE_8:
+        if m <= most:
+            return next((config for fewest, config in rows if tiles >= fewest), None)
     return None
 
 
 def gpu_config(tiles: int, steps: int, m: int) -> tuple[int, ...]:
     """(WARPS, U, DEPTH, TILES[, WTILES]) of the GEMV for `tiles` row tiles, `steps` K steps and `m` rows of x (the
     sweep's best, above)."""
-    teams = _teams(tiles, steps, m) if m > GROUP else None
-    if teams:
-        return teams
+    above_8 = _above_8(tiles, steps, m) if m > GROUP else None
+    if above_8:
+        return above_8
     if m > GROUP and (steps >= TWO_TILES_STEPS or tiles >= WIDE_TILES):
         if tiles >= WIDE_TILES:
             warps = 4
