@@ -31,10 +31,13 @@ takes rows 16p .. 16p + 15 (a row tile; with TILES = 2, tiles 2p and 2p + 1 on t
 + 7 (q = program_id(1): column n of the MMA is x row 8q + n, rows past M read row M - 1 and are not stored; past M = 8 a
 program takes two such column groups, 16 x rows, on the same decoded weights); its WARPS warps take K steps (64) in
 turns, U consecutive steps a turn, with DEPTH turns of loads issued ahead in registers, and add their fp32 partials
-through shared memory at the end. Per step and lane: decode four words (R0..R3 of rows g and g + 8, blocks 0 and 1) and
-multiply each register by 2**126 (exact: the E2M1 value as a normal bf16), two MMAs a block into a zeroed fp32 fragment
-(x rows as the B fragment, read as bf16 pairs), then acc += block sum * scale (fp32 FMA; the scale from its bf16 in one
-op).
+through shared memory at the end. With WTILES warp teams (WTILES > 1) a program takes WTILES times the row tiles: team
+i (warps i, i + WTILES, ...) works on its own tile(s) and takes the steps in turns within the team, all teams reading
+the same x pairs at about the same time, so x comes from L2 once for the program and from L1 for the other teams (above
+8 rows x is most of what a lane reads a step). Per step and lane: decode four words (R0..R3 of rows g and g + 8, blocks
+0 and 1) and multiply each register by 2**126 (exact: the E2M1 value as a normal bf16), two MMAs a block into a zeroed
+fp32 fragment (x rows as the B fragment, read as bf16 pairs), then acc += block sum * scale (fp32 FMA; the scale from
+its bf16 in one op).
 
 Arithmetic: products of bf16 x and exact E2M1 weights in the tensor core's fp32 accumulation, each block's sum
 scaled by its power of two (exact unless it over- or underflows) and added in fp32; one rounding to bf16. The
