@@ -146,9 +146,13 @@ CASES = {
         w4a16_mxfp4_fragment_gemv.w4a16_mxfp4_fragment_gemv,
         lambda: _fragment_inputs(13),
     ),
+    "w4a16_mxfp4_fragment_gemv (warp teams)": (
+        w4a16_mxfp4_fragment_gemv.w4a16_mxfp4_fragment_gemv,
+        lambda: _fragment_inputs(40),
+    ),
     "w4a16_mxfp4_fragment_gemv (tiled)": (
         w4a16_mxfp4_fragment_gemv.w4a16_mxfp4_fragment_gemv,
-        lambda: _fragment_inputs(20),
+        lambda: _fragment_inputs(w4a16_mxfp4_fragment_gemv.GEMV_MAX_M + 1),
     ),
     "dequantize_mxfp4_fragment": (
         mxfp4_fragment_dequantize.dequantize_mxfp4_fragment,
