@@ -2,7 +2,9 @@
 time, weight GB/s against a memcpy of the same run, and the ratio to the launcher's own choice.
 
     python -m bench.gemm.w4a16_mxfp4_gemv_sweep [--m 1 8 16 24 32] [--n 2048 4096 8192 14336 28672]
-        [--k 2048 4096 8192 14336] [--teams]
+        [--k 2048 4096 8192 14336] [--shapes 8192x8192,4096x14336] [--teams]
+
+`--shapes` names the N x K pairs (one run, one CSV); without it every N is swept against every K.
 
 Each time is one GEMV of a CUDA graph of CHAIN launches, each on its own copy of the weights (an N x K layer of a
 model in prepared fragment layout, kernels.mxfp4_fragment_layout), launched with programmatic dependent launch where
@@ -23,7 +25,7 @@ import sys
 import torch
 
 from bench.gemm.w4a16_mxfp4 import random_weights
-from bench.launch_sweep import failed, gpu_args, line, memcpy_gbps, parser, time_ms
+from bench.launch_sweep import dims, failed, gpu_args, line, memcpy_gbps, parser, time_ms
 from kernels import mxfp4_fragment_layout as layout
 from kernels import w4a16_mxfp4_fragment_gemv as kernel
 from kernels.tolerances import families, lossy_bound, lossy_metrics
@@ -94,10 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_argument("--m", type=int, nargs="+", default=[1, 8, 16, 24, 32])
     cli.add_argument("--n", type=int, nargs="+", default=[2048, 4096, 8192, 14336, 28672])
     cli.add_argument("--k", type=int, nargs="+", default=[2048, 4096, 8192, 14336])
+    cli.add_argument("--shapes", type=dims("NxK", (2,)), help="comma-separated NxK pairs, in place of --n x --k")
     cli.add_argument("--teams", action="store_true", help="time only the warp-team configs and the table's")
     args = gpu_args(cli, argv, "w4a16_mxfp4_gemv_sweep")
     memcpy = memcpy_gbps(1 << 30, "weights of N x K x M")
-    for n, k in itertools.product(args.n, args.k):
+    for n, k in args.shapes or itertools.product(args.n, args.k):
         sweep_shape(n, k, args.m, memcpy, args.teams)
         torch.cuda.empty_cache()
     return 0
