@@ -13,8 +13,9 @@ stream from HBM (CHAIN copies outgrow the L2). bench.timing's p50 of the graph, 
 checked against the mirror reference (the suites' lossy bound) before it is timed.
 
 This is how `kernels.w4a16_mxfp4_fragment_gemv.gpu_config` is chosen (its comment quotes the run). Lines: N, K, M,
-(WARPS, U, DEPTH, TILES), us a GEMV, weight GB/s, x memcpy, x the launcher's choice, check; `table` marks the choice.
-Above M = 8, a `tiled GEMM` line times the op's other kernel on the same words (a control: the GEMV's M bound).
+(WARPS, U, DEPTH, TILES[, WTILES]), us a GEMV, weight GB/s, x memcpy, x the launcher's choice, check; `table` marks
+the choice. Above M = 8, a `tiled GEMM` line times the op's other kernel on the same words (a control: the GEMV's M
+bound).
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def sweep_shape(n: int, k: int, rows: list[int], memcpy: float, teams_only: bool
         want = w4a16_mxfp4_gemm_mirror(x, copies[0][0], copies[0][1])
         table = kernel.gpu_config(n // layout.ROWS, k // layout.STEP_K, m)
         times = {}
-        for config in [*CONFIGS, *TEAMS] if not teams_only else [table, *TEAMS]:
+        for config in dict.fromkeys([*CONFIGS, *TEAMS] if not teams_only else [table, *TEAMS]):
             try:
                 metrics = lossy_metrics(kernel.launch(x, *copies[0][2:], config=config, gemv=True), want, want)
                 ok = metrics.max_rel <= bound.max_rel and metrics.rms_rel <= bound.rms_rel
