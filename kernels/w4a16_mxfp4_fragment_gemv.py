@@ -114,16 +114,16 @@ TWO_TILES_STEPS = 128
 # per 16 or shared it in registers). Above 8 rows x is 2 to 4 times the bytes of the words a lane reads a step, and
 # every program reads all of it from L2. Above 8 rows the config comes from ABOVE_8: `python -m
 # bench.gemm.w4a16_mxfp4_gemv_sweep --m 16 24 32 48 64` on the H100 at 9032801 (N x K of 2048 x 2048, 4096 x 4096, 4096
-# x 14336, 6144 x 4096, 8192 x 8192, 14336 x 4096, 28672 x 4096; the run's CSV did not come back from the device, so its
-# figures are quoted here): each row is the config within 10 % of the best at each M of its band on the shapes it covers
-# (re-run at 2887807 with this table: worst 1.096x the best, 6144 x 4096 at M = 48), where the table without teams
-# (above, tuned on the H200) was up to 25 % behind. Us, this table against that one at the same M: M = 16: 6144 x 4096
-# 10.9 against 14.3, 4096 x 14336 19.5 against 21.3, 28672 x 4096 30.6 against 34.0, 14336 x 4096 17.7 against 21.8 (one
-# team, two tiles); M = 32: 14336 x 4096 26.8 against 33.6, 6144 x 4096 15.8 against 19.8, 4096 x 4096 10.4 against
-# 12.0; M = 64: 8192 x 8192 50.1 against 53.5, 4096 x 14336 47.5 against 57.6. Four or eight teams were the best only on
-# 4096 x 4096 at 24 to 64 rows, by under 1 %. Above 32 rows (two programs a pair of row tiles) the GEMV beat the tiled
-# GEMM on every shape of the sweep (M = 64: 8192 x 8192 50.1 against 58.4, 4096 x 14336 47.5 against 59.5, 2048 x 2048
-# 6.8 against 13.0), so it takes up to 64 rows.
+# x 14336, 6144 x 4096, 8192 x 8192, 14336 x 4096, 28672 x 4096): each row is the config within 10 % of the best at each
+# M of its band on the shapes it covers (re-run with this table at 2887807 and at 29464a2, whose CSV is
+# reports/cuda-h100-80gb-hbm3/launch_sweeps/w4a16_mxfp4_gemv_sweep.csv: worst 1.095x the best, 6144 x 4096 at M = 48),
+# where the table without teams (above, tuned on the H200) was up to 25 % behind. Us, this table against that one at the
+# same M: M = 16: 6144 x 4096 10.9 against 14.3, 4096 x 14336 19.5 against 21.3, 28672 x 4096 30.6 against 34.0, 14336 x
+# 4096 17.7 against 21.8 (one team, two tiles); M = 32: 14336 x 4096 26.8 against 33.6, 6144 x 4096 15.8 against 19.8,
+# 4096 x 4096 10.4 against 12.0; M = 64: 8192 x 8192 50.1 against 53.5, 4096 x 14336 47.5 against 57.6. Four or eight
+# teams were the best only on 4096 x 4096 at 24 to 64 rows, by under 1 %. Above 32 rows (two programs a pair of row
+# tiles) the GEMV beat the tiled GEMM on every shape of the sweep (M = 64: 8192 x 8192 50.1 against 58.4, 4096 x 14336
+# 47.5 against 59.5, 2048 x 2048 6.8 against 13.0), so it takes up to 64 rows.
 ABOVE_8 = (  # (most rows of x, ((fewest row tiles, config), ...)): the first row whose bounds the layer is within
     (2 * GROUP, ((WIDE_TILES, (4, 2, 1, 2, 2)), (513, (4, 2, 1, 2)), (257, (8, 2, 1, 1, 2)))),
     (4 * GROUP, ((896, (4, 2, 1, 2, 2)), (257, (4, 2, 1, 2)), (129, (8, 2, 1, 1, 2)))),
