@@ -62,6 +62,13 @@ class LaunchConfig:
     # The Gluon kernel of kernels.block_fp8_gemm_wgmma (NVIDIA sm_90: each K block's scaling overlapped with the
     # next block's MMA); elsewhere this config's tiled Triton launch. block_n <= 128, split_k 1.
     wgmma: bool = False
+    # The Gluon kernel's C: through TMA from shared memory where C's rows are 16-byte aligned (else, and with
+    # False, from registers with masked stores). From registers the warp-specialized row ran 7-13 % slower at
+    # M = 4096 on the short-K DeepSeek-V3 shapes, the same elsewhere (H100, 23825c6, one-off A/B, three
+    # interleaved rounds of CUDA-graph replays, cold L2; ratio to cuBLAS blockwise, TMA against registers):
+    # (N, K) = (7168, 2048) 0.933 / 0.867, (24576, 1536) 0.987 / 0.860, (2112, 7168) 0.862 / 0.859, (7168, 16384)
+    # 0.851 / 0.853, 8192^3 0.837 / 0.833. Outputs bit-equal.
+    tma_store: bool = True
 
 
 # GPU launch table by M. M > 64 swept at 8192^3 on the H200 (`python -m bench.gemm.block_fp8_launch_sweep`;
@@ -353,7 +360,7 @@ def launch_block_fp8_gemm(
             programs = _device_sms(device) if cfg.persistent else 0
             block_fp8_gemm_wgmma.launch(
                 a, a_scales, b, b_scales, out, cfg.block_m, cfg.block_n, cfg.group_m, cfg.num_stages, cfg.num_warps,
-                programs, FAULTS[fault], cfg.warp_specialize,
+                programs, FAULTS[fault], cfg.warp_specialize, cfg.tma_store,
             )  # fmt: skip
             return out
         # Its tiled Triton twin where wgmma does not run, at the stage count of the table's M > 64 row: four stages

@@ -362,10 +362,12 @@ GL_DTYPES = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float
 
 
 def launch(a, a_scales, b, b_scales, out, block_m: int, block_n: int, group_m: int, stages: int, num_warps: int,
-           programs: int = 0, fault: int = 0, warp_specialize: bool = False) -> None:  # fmt: skip
+           programs: int = 0, fault: int = 0, warp_specialize: bool = False,
+           tma_store: bool = True) -> None:  # fmt: skip
     """Launch on arguments `kernels.block_fp8_gemm.launch_block_fp8_gemm` has validated, into `out` [M, N] (rows
     contiguous); `programs` > 0 walks the tiles with that many programs (persistent); `warp_specialize`: a producer
-    warp and two consumer warp groups (num_warps 8: the consumers' warps)."""
+    warp and two consumer warp groups (num_warps 8: the consumers' warps); `tma_store`: C through TMA where its rows
+    are 16-byte aligned, else (and with False) from registers."""
     m, k = a.shape
     n = b.shape[0]
     check_tiling(block_m, block_n, num_warps, warp_specialize)
@@ -384,7 +386,7 @@ def launch(a, a_scales, b, b_scales, out, block_m: int, block_n: int, group_m: i
         b, [block_n, BLOCK_K], gl.NVMMASharedLayout.get_default_for([block_n, BLOCK_K], fp8)
     )
     c_desc = None
-    if (out.stride(0) * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0:
+    if tma_store and (out.stride(0) * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0:
         c_rows = block_m // 2 if warp_specialize else block_m  # each consumer warp group stores its half
         c_layout = gl.NVMMASharedLayout.get_default_for([c_rows, block_n], GL_DTYPES[out.dtype])
         c_desc = TensorDescriptor.from_tensor(out, [c_rows, block_n], c_layout)

@@ -38,6 +38,7 @@ LARGE_M = (
     # serialized wgmma. 128x64 tiles would even out waves that 128-wide ones leave mostly idle (N 2112 at M 4096:
     # 544 tiles are 4.12 waves of 132 SMs, 1056 tiles of 64 are 8.0), but ran at 0.62-0.79x cuBLAS.
     kernel.WGMMA_WS_CONFIG,
+    dataclasses.replace(kernel.WGMMA_WS_CONFIG, tma_store=not kernel.WGMMA_WS_CONFIG.tma_store),
     dataclasses.replace(kernel.WGMMA_WS_CONFIG, num_stages=4),
     dataclasses.replace(kernel.WGMMA_WS_CONFIG, num_stages=5),
     dataclasses.replace(kernel.WGMMA_WS_CONFIG, group_m=16),
@@ -110,7 +111,7 @@ def sweep_shape(m: int, n: int, k: int, quick: bool) -> None:
         text = (
             f"bm={config.block_m} bn={config.block_n} g={config.group_m} sk={split} "
             f"p={int(config.persistent)} ws={int(config.warp_specialize)} w={config.num_warps} "
-            f"s={config.num_stages} wg={int(config.wgmma)}"
+            f"s={config.num_stages} wg={int(config.wgmma)} ts={int(config.tma_store)}"
         )
         try:
 
