@@ -76,10 +76,12 @@ def dot_configs(m: int, splits: tuple[int, ...] | None = None) -> list[tuple]:
 
 
 def fragment_configs(m: int) -> list[tuple]:
+    """Above 32 rows also split-K 8 and 4 stages: there a program's x tile is 2 to 4 times its weight bytes."""
     block_m = next(b for b in (16, 32, 64, 128) if b >= min(m, 128))
+    splits, stages = ((1, 2, 4), (3,)) if m <= 32 else ((1, 2, 4, 8), (3, 4))
     return [
-        ("dot", bn, block_m, g, s, w, 3)
-        for bn, g, s, w in itertools.product((128, 256), (2, 4), (1, 2, 4), (4, 8))
+        ("dot", bn, block_m, g, s, w, st)
+        for bn, g, s, w, st in itertools.product((128, 256), (2, 4), splits, (4, 8), stages)
         if not (bn == 256 and w == 4)
     ]
 
