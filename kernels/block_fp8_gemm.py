@@ -24,7 +24,6 @@ Design (for the H200; see bench/gemm/block_fp8_launch_sweep.py):
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import torch
 import triton
@@ -36,7 +35,7 @@ from kernels._boundary import check_device, runs_interpreted
 from kernels._packed_ptx import packed_ptx
 from kernels._pdl import launch_args, wait_then_release
 from kernels.block_fp8_gemv import launch_fp8_gemv
-from kernels.split_k import launch_split, sum_splits
+from kernels.split_k import fill_splits, launch_split, sm_count, sum_splits
 from reference.gemm.block_fp8 import BLOCK, check_block_fp8_gemm_args
 
 # Planted bugs for the suite's negative controls; FAULT is a constexpr, so fault 0 compiles them away.
@@ -120,21 +119,9 @@ INTERPRETER_CONFIG = LaunchConfig(block_m=32, block_n=64, group_m=1, split_k=1, 
 MIN_K_BLOCKS_PER_SPLIT = 4  # below this the fp32 partials cost more traffic than the split saves
 
 
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _device_sms(device: torch.device) -> int:
-    if runs_interpreted(device):
-        return 4  # the interpreter: a persistent grid of a few programs still walks several tiles each
-    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-
-
 def auto_split_k(m: int, n: int, k: int, block_m: int, block_n: int, sms: int) -> int:
     """Enough K splits to give every SM a tile, each split at least MIN_K_BLOCKS_PER_SPLIT blocks deep."""
-    tiles = triton.cdiv(m, block_m) * triton.cdiv(n, block_n)
-    return max(1, min(sms // tiles, (k // BLOCK) // MIN_K_BLOCKS_PER_SPLIT))
+    return fill_splits(triton.cdiv(m, block_m) * triton.cdiv(n, block_n), sms, (k // BLOCK) // MIN_K_BLOCKS_PER_SPLIT)
 
 
 def choose_config(m: int, n: int, k: int, device: torch.device) -> LaunchConfig:
@@ -357,7 +344,7 @@ def launch_block_fp8_gemm(
         # on every device alike
         block_fp8_gemm_wgmma.check_tiling(cfg.block_m, cfg.block_n, cfg.num_warps, cfg.warp_specialize)
         if block_fp8_gemm_wgmma.runs_on(device):
-            programs = _device_sms(device) if cfg.persistent else 0
+            programs = sm_count(device) if cfg.persistent else 0
             block_fp8_gemm_wgmma.launch(
                 a, a_scales, b, b_scales, out, cfg.block_m, cfg.block_n, cfg.group_m, cfg.num_stages, cfg.num_warps,
                 programs, FAULTS[fault], cfg.warp_specialize, cfg.tma_store,
@@ -378,7 +365,7 @@ def _launch_tiled(a, a_scales, b, b_scales, out, cfg: LaunchConfig, fault: str) 
     n = b.shape[0]
     device = a.device
     if cfg.split_k == 0:
-        cfg = dataclasses.replace(cfg, split_k=auto_split_k(m, n, k, cfg.block_m, cfg.block_n, _device_sms(device)))
+        cfg = dataclasses.replace(cfg, split_k=auto_split_k(m, n, k, cfg.block_m, cfg.block_n, sm_count(device)))
     if (cfg.block_n > 128 and cfg.block_n % 128) or (cfg.block_n < 128 and 128 % cfg.block_n):
         raise ValueError(f"config: block_n {cfg.block_n} must divide or be a multiple of {BLOCK}")
     k_blocks = k // BLOCK
@@ -390,7 +377,7 @@ def _launch_tiled(a, a_scales, b, b_scales, out, cfg: LaunchConfig, fault: str) 
     tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n) * split
     programs = tiles
     if cfg.persistent:
-        programs = min(tiles, _device_sms(device))
+        programs = min(tiles, sm_count(device))
     _block_fp8_gemm_kernel[(programs,)](
         a_desc,
         b_desc,

@@ -12,11 +12,18 @@ with this kernel) and gave wrong block-FP8 results on the first launches of a ne
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
+from kernels._boundary import runs_interpreted
+
 BLOCK = 1024
+# The interpreter runs programs one by one: a grid sized for it is a few programs (a persistent one still walks
+# several tiles each).
+INTERPRETED_SMS = 4
 
 
 @triton.jit
@@ -28,6 +35,24 @@ def _split_k_sum_kernel(partial_ptr, out_ptr, numel, SPLIT_K: tl.constexpr, BLOC
     for split in tl.static_range(1, SPLIT_K):
         total += tl.load(partial_ptr + split * numel + offsets, mask=mask, other=0.0)
     tl.store(out_ptr + offsets, total.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """The GPU's SM count (its multiprocessors: one resident program each is what a split-K grid aims at); under
+    the interpreter INTERPRETED_SMS."""
+    if runs_interpreted(device):
+        return INTERPRETED_SMS
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def fill_splits(tiles: int, sms: int, most: int) -> int:
+    """Enough K splits to give each of `sms` SMs a program over `tiles` output tiles, within 1 .. `most`."""
+    return max(1, min(sms // max(tiles, 1), most))
 
 
 def launch_split(k_tiles: int, split_k: int) -> tuple[int, int]:

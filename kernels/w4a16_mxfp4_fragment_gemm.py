@@ -33,7 +33,7 @@ from kernels._mxfp4_fragment_tiles import fragment_k_order, fragment_pair_tiles
 from kernels._packed_ptx import packed_ptx
 from kernels._pdl import launch_args, wait_then_release
 from kernels._tiles import store_partial
-from kernels.split_k import launch_split, sum_splits
+from kernels.split_k import fill_splits, launch_split, sm_count, sum_splits
 
 FAULTS = w4a16_mxfp4_gemm.FAULTS  # the same planted bugs, named alike (`fragment_pair_tiles` plants them)
 
@@ -42,11 +42,15 @@ FAULTS = w4a16_mxfp4_gemm.FAULTS  # the same planted bugs, named alike (`fragmen
 # --shapes 28672x4096,4096x14336,6144x4096`, CUDA-graph replays, cold L2; bf16 matmul 69.6 / 42.8 / 23.2 us):
 # gate_up (28672 x 4096) best at 256 x 32, 2 groups, split 2: 59.2 us; down (4096 x 14336) 128 x 32, 4 groups,
 # split 4 at 4 or 8 warps: 49.1 / 47.5 us; qkv (6144 x 4096) 256 x 32, 2 groups, split 4: 23.8 us (the rows below
-# 25.6 us). The first guess (128 x 32, 4 groups, split 4, 8 warps) was 93.0 / 47.5 / 31.2 us. Rows past M = 32 are
-# not swept: BLOCK_N 128 keeps each of a tile's two dots at 64 rows (a wgmma warpgroup's).
+# 25.6 us). The first guess (128 x 32, 4 groups, split 4, 8 warps) was 93.0 / 47.5 / 31.2 us. SPLIT_K 0: as many
+# splits as give every SM one program (`kernels.split_k.fill_splits`). M = 33..64, H100 sweep at M = 64 (`--fragment
+# --m 64 --shapes 8192x8192,4096x14336`, 72b5840; bf16 matmul 50.7 / 48.5 us): 256 x 64, 2 groups, 8 warps best on
+# both, at split 4 on 8192 x 8192 (47.5 us; split 8 53.3) and split 8 on 4096 x 14336 (44.4 us; split 4 72.9), so at
+# one program an SM (128 of them both times); the row before (128 x 64, 4 groups, split 4) took 62.9 / 62.1 us. Wider
+# tiles read x fewer times: at 64 rows a program's x tile is 4 times its weight bytes at BLOCK_N 128.
 GPU_CONFIGS = (
     (32, "dot", 128, 32, 4, 4, 4, 3),
-    (64, "dot", 128, 64, 4, 4, 8, 3),
+    (64, "dot", 256, 64, 2, 0, 8, 3),
     (256, "dot", 128, 128, 4, 2, 8, 3),
     (None, "dot", 128, 128, 4, 1, 8, 3),
 )
@@ -110,7 +114,8 @@ def _fragment_gemm_kernel(
 
 def launch(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, config=None, fault: str = "none"):
     """Allocate and launch on arguments `kernels.w4a16_mxfp4_fragment_gemv.check_fragment_args` has validated;
-    `config` a GPU_CONFIGS row without its M bound (sweeps), `fault` a planted bug (negative controls)."""
+    `config` a GPU_CONFIGS row without its M bound (sweeps; SPLIT_K 0: `fill_splits` on the GPU's SMs), `fault`
+    a planted bug (negative controls)."""
     m, n, n_steps = x.shape[0], words.shape[0] * 16, words.shape[1]
     y = torch.empty(m, n, dtype=torch.bfloat16, device=x.device)
     if m == 0 or n == 0:
@@ -122,7 +127,10 @@ def launch(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, config=Non
     kind, block_n, block_m, groups, split_k, warps, stages = config
     if kind != "dot" or groups % 2 or block_n % 16:
         raise ValueError(f"config: needs a dot row with even GROUPS and BLOCK_N a multiple of 16, got {config}")
-    split_k, tiles_per_split = launch_split(triton.cdiv(2 * n_steps, groups), split_k)
+    k_tiles = triton.cdiv(2 * n_steps, groups)
+    if split_k == 0:
+        split_k = fill_splits(triton.cdiv(n, block_n) * triton.cdiv(m, block_m), sm_count(x.device), k_tiles)
+    split_k, tiles_per_split = launch_split(k_tiles, split_k)
     out = y if split_k == 1 else torch.empty(split_k, m, n, dtype=torch.float32, device=x.device)
     _fragment_gemm_kernel[(triton.cdiv(n, block_n), triton.cdiv(m, block_m), split_k)](
         x, words, pairs, out, m, n, n_steps, tiles_per_split, x.stride(0), n, m * n,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.split_k import launch_split, sum_splits
+from kernels.split_k import fill_splits, launch_split, sum_splits
 
 
 def partials(splits: int, m: int, n: int, device: str) -> torch.Tensor:
@@ -46,6 +46,16 @@ def test_empty_output(device):
 def test_split_arithmetic(k_tiles, asked, want):
     """At least one K tile a split, no empty split: 10 tiles asked in 6 splits are 5 of 2."""
     assert launch_split(k_tiles, asked) == want
+
+
+@pytest.mark.parametrize(
+    ("tiles", "sms", "most", "want"),
+    [(32, 132, 64, 4), (16, 132, 64, 8), (112, 132, 64, 1), (200, 132, 64, 1), (1, 132, 6, 6), (0, 132, 3, 3)],
+)
+def test_splits_that_fill_the_sms(tiles, sms, most, want):
+    """One program an SM: 32 tiles of 8192 outputs on 132 SMs take 4 splits, 16 take 8; more tiles than SMs take
+    none; never past `most` (the K tiles there are)."""
+    assert fill_splits(tiles, sms, most) == want
 
 
 def test_negative_control_order_shows_in_the_bytes():

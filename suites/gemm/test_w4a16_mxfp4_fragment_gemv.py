@@ -24,6 +24,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kernels._boundary import runs_interpreted
 from kernels._packed_ptx import packed_ptx
 from kernels.tolerances import assert_exact, assert_lossy, families
 from reference.gemm import w4a16_mxfp4 as ref
@@ -251,6 +252,18 @@ def test_tiled_path_steps_past_the_end(device):
     ideal = oracles.unquantized_product(x, w)
     check(x, codes, scales, device, ideal, gemv=False, config=("dot", 16, 16, 4, 1, 1, 1))
     check(x, codes, scales, device, ideal, gemv=False, config=("dot", 16, 16, 2, 2, 1, 1))
+
+
+@pytest.mark.parametrize("m", [32, 48, 64])
+def test_tiled_table_rows(m, device):
+    """The tiled GEMM's own launch row for M rows on a GPU (its tile, groups and split; SPLIT_K 0 resolved on the
+    SM count): N of two and a half 256-row tiles, K of 9 steps (a K tile of 2 groups past the end in the last
+    split). The interpreter runs its own few-program row, above."""
+    if runs_interpreted(torch.device(device)):
+        pytest.skip("the launch table's rows are GPU launch shapes")
+    w, codes, scales = quantized_weights(640, 576, 12, 6.0, 0, "floor")
+    x = random_blocks((m, 576), torch.bfloat16, 13 + m, 2.0)
+    check(x, codes, scales, device, oracles.unquantized_product(x, w), gemv=False)
 
 
 def test_gemv_is_refused_where_its_ptx_does_not_run(device):
