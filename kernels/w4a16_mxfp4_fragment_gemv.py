@@ -97,9 +97,18 @@ TWO_GROUPS = (  # (most row tiles, config up to 16 rows, config above)
 # Above 16 rows the GEMV's programs re-read each row tile's words once per 16 rows (from L2 when they run together):
 # up to 32 rows it beat the tiled GEMM on the same words in the sweep (M = 32: 4096 x 14336 29.9 us against 44.3,
 # 6144 x 4096 13.8 against 22.3; 8192 x 8192 39.0 against 39.1), except at 1792 tiles above 24 rows (28672 x 4096
-# at M = 32: 61.1 against 55.3), where the tiled GEMM stays; up to 64 rows with warp teams (below).
+# at M = 32: 61.1 against 55.3); with warp teams (below) up to 64 rows, and on every layer up to BIG_MAX_M.
 GEMV_MAX_M = 64
-WIDE_TILES, WIDE_MAX_M = 1792, 24
+WIDE_TILES = 1792  # row tiles of 28672-row layers (Llama-3.1-8B's gate_up)
+# On layers of BIG_TILE_STEPS row tiles x K steps or more (6144 x 4096 weights and up), the tiled GEMM takes more than
+# BIG_MAX_M rows. H100, M = 64, the GEMV against the tiled GEMM's 256 x 64 row, us (CUDA-graph replays, cold L2 /
+# PDL chains of `python -m bench.gemm.w4a16_mxfp4_gemv_sweep --teams --m 48 64`, 8b93edb): 8192 x 8192 53.9 / 48.7
+# against 47.7 / 45.3; 4096 x 14336 55.2 / 46.8 against 44.3 / 42.0; 6144 x 4096 31.5 / 27.2 against 26.5 / 23.2;
+# 14336 x 4096 50.9 / 49.8 against 47.5 / 44.0; 28672 x 4096 106.4 / 104.0 against 82.4 / 78.7; on the smaller
+# 4096 x 4096 21.4 / 16.0 against 22.0 / 18.4, 2048 x 2048 10.7 / 6.8 against 15.2 / 11.9. At M = 48 the GEMV was
+# ahead on every one of them in both timings (28672 x 4096: 84.5 / 81.6 against 140.0 / 154.2), where from 25 rows on
+# 1792 row tiles the tiled GEMM had been taking those rows.
+BIG_TILE_STEPS, BIG_MAX_M = 384 * 64, 48
 # Two row tiles a program (TILES = 2: each turn's x pairs read once for both tiles' MMAs) above 8 rows, where K is
 # 8192 or more or the row tiles are WIDE_TILES or more; one elsewhere. The same sweep at 9428f7f (us, two tiles
 # against the best of one; reports/cuda-h200/launch_sweeps/w4a16_mxfp4_gemv_sweep_row_tiles.csv): 8192 x 8192 at M
@@ -177,9 +186,10 @@ def _turns(tiles: int, steps: int, m: int) -> tuple[int, int, int]:
     return 4, U_STEPS, DEPTH_TURNS
 
 
-def takes_gemv(m: int, tiles: int) -> bool:
-    """Whether the GEMV (rather than the tiled GEMM) takes `m` rows of x on `tiles` row tiles, where its PTX runs."""
-    return m <= GEMV_MAX_M and (tiles < WIDE_TILES or m <= WIDE_MAX_M)
+def takes_gemv(m: int, tiles: int, steps: int) -> bool:
+    """Whether the GEMV (rather than the tiled GEMM) takes `m` rows of x on `tiles` row tiles of `steps` K steps,
+    where its PTX runs."""
+    return m <= GEMV_MAX_M and (tiles * steps < BIG_TILE_STEPS or m <= BIG_MAX_M)
 
 
 def _step_ptx(groups: int, full: bool) -> str:
@@ -556,7 +566,7 @@ def launch(x, words, pairs, config: tuple | None = None, fault: str = "none", ge
     m, tiles = x.shape[0], n // layout.ROWS
     ptx = packed_ptx(x.device)
     if gemv is None:
-        gemv = ptx and takes_gemv(m, tiles)
+        gemv = ptx and takes_gemv(m, tiles, words.shape[1])
     if gemv and not ptx:
         raise ValueError(f"gemv: the tensor-core GEMV is PTX for NVIDIA sm_90+, which {x.device} does not run")
     if not gemv:

@@ -302,11 +302,13 @@ def test_launch_table_stays_in_the_tested_shapes():
 
 
 def test_gemv_row_bound():
-    """The GEMV takes up to GEMV_MAX_M rows, and no more than WIDE_MAX_M on WIDE_TILES row tiles or more."""
-    assert kernel.takes_gemv(kernel.GEMV_MAX_M, kernel.WIDE_TILES - 1)
-    assert not kernel.takes_gemv(kernel.GEMV_MAX_M + 1, 1)
-    assert kernel.takes_gemv(kernel.WIDE_MAX_M, kernel.WIDE_TILES)
-    assert not kernel.takes_gemv(kernel.WIDE_MAX_M + 1, kernel.WIDE_TILES)
+    """The GEMV takes up to GEMV_MAX_M rows, and no more than BIG_MAX_M on layers of BIG_TILE_STEPS row tiles x K
+    steps or more (4096 x 4096 weights: 256 x 64; 6144 x 4096: 384 x 64)."""
+    assert kernel.takes_gemv(kernel.GEMV_MAX_M, 256, 64)
+    assert not kernel.takes_gemv(kernel.GEMV_MAX_M + 1, 1, 1)
+    assert kernel.takes_gemv(kernel.BIG_MAX_M, 384, 64)
+    assert not kernel.takes_gemv(kernel.BIG_MAX_M + 1, 384, 64)
+    assert kernel.takes_gemv(kernel.BIG_MAX_M, kernel.WIDE_TILES, 64)
 
 
 @pytest.mark.parametrize("config", LAUNCH_SHAPES, ids=str)
