@@ -1,7 +1,7 @@
 """Tiled W4A16 MXFP4 GEMM in Triton on the weights in `kernels.mxfp4_fragment_layout`'s prepared layout:
 y = x @ W^T for more rows of x than the tensor-core GEMV takes (`kernels.w4a16_mxfp4_fragment_gemv`, whose op
-calls this above its GEMV_MAX_M rows and wherever its PTX cannot run). One layout serves every batch size, so the
-runner stores nothing else.
+calls this above the rows its `takes_gemv` gives the GEMV and wherever its PTX cannot run). One layout serves every
+batch size, so the runner stores nothing else.
 
 It computes what `reference.gemm.w4a16_mxfp4.w4a16_mxfp4_gemm_mirror` computes for the interchange codes and
 scales `mxfp4_fragment_layout.interchange` gives back: exact products of bf16 x and exact weights on the tensor
@@ -44,7 +44,8 @@ FAULTS = w4a16_mxfp4_gemm.FAULTS  # the same planted bugs, named alike (`fragmen
 # split 4 at 4 or 8 warps: 49.1 / 47.5 us; qkv (6144 x 4096) 256 x 32, 2 groups, split 4: 23.8 us (the rows below
 # 25.6 us). The first guess (128 x 32, 4 groups, split 4, 8 warps) was 93.0 / 47.5 / 31.2 us. SPLIT_K 0: as many
 # splits as give every SM one program (`kernels.split_k.fill_splits`). M = 33..64, H100 sweep at M = 64 (`--fragment
-# --m 64 --shapes 8192x8192,4096x14336`, 72b5840; bf16 matmul 50.7 / 48.5 us): 256 x 64, 2 groups, 8 warps best on
+# --m 64 --shapes 8192x8192,4096x14336`, 72b5840, reports/cuda-h100-80gb-hbm3/launch_sweeps/
+# w4a16_mxfp4_launch_sweep_fragment.csv; bf16 matmul 50.7 / 48.5 us): 256 x 64, 2 groups, 8 warps best on
 # both, at split 4 on 8192 x 8192 (47.5 us; split 8 53.3) and split 8 on 4096 x 14336 (44.4 us; split 4 72.9), so at
 # one program an SM (128 of them both times); the row before (128 x 64, 4 groups, split 4) took 62.9 / 62.1 us. Wider
 # tiles read x fewer times: at 64 rows a program's x tile is 4 times its weight bytes at BLOCK_N 128.

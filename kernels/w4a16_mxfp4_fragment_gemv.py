@@ -101,13 +101,16 @@ TWO_GROUPS = (  # (most row tiles, config up to 16 rows, config above)
 GEMV_MAX_M = 64
 WIDE_TILES = 1792  # row tiles of 28672-row layers (Llama-3.1-8B's gate_up)
 # On layers of BIG_TILE_STEPS row tiles x K steps or more (6144 x 4096 weights and up), the tiled GEMM takes more than
-# BIG_MAX_M rows. H100, M = 64, the GEMV against the tiled GEMM's 256 x 64 row, us (CUDA-graph replays, cold L2 /
-# PDL chains of `python -m bench.gemm.w4a16_mxfp4_gemv_sweep --teams --m 48 64`, 8b93edb): 8192 x 8192 53.9 / 48.7
-# against 47.7 / 45.3; 4096 x 14336 55.2 / 46.8 against 44.3 / 42.0; 6144 x 4096 31.5 / 27.2 against 26.5 / 23.2;
-# 14336 x 4096 50.9 / 49.8 against 47.5 / 44.0; 28672 x 4096 106.4 / 104.0 against 82.4 / 78.7; on the smaller
-# 4096 x 4096 21.4 / 16.0 against 22.0 / 18.4, 2048 x 2048 10.7 / 6.8 against 15.2 / 11.9. At M = 48 the GEMV was
-# ahead on every one of them in both timings (28672 x 4096: 84.5 / 81.6 against 140.0 / 154.2), where from 25 rows on
-# 1792 row tiles the tiled GEMM had been taking those rows.
+# BIG_MAX_M rows. H100, the GEMV against the tiled GEMM's 256 x 64 row, us: CUDA-graph replays, cold L2 (447c472,
+# rows past M masked in the tiled GEMM's x loads) at M = 49 / 64: 8192 x 8192 52.9 / 53.2 against 45.6 / 48.1;
+# 4096 x 14336 51.1 / 55.2 against 42.0 / 44.4; 28672 x 4096 105.7 / 107.6 against 78.1 / 82.5; the smaller 4096 x
+# 4096 20.1 / 21.0 against 20.5 / 21.7 (2048 x 2048 at M = 64, 8b93edb: 10.7 against 15.2). PDL chains of `python
+# -m bench.gemm.w4a16_mxfp4_gemv_sweep --teams --m 64` (8b93edb) agree: 8192 x 8192 48.7 against 45.3, 6144 x 4096
+# 27.2 against 23.2, 14336 x 4096 49.8 against 44.0, 28672 x 4096 104.0 against 78.7; 4096 x 4096 16.0 against 18.4.
+# At 48 rows (the GEMV's third column group) it is mixed, replays at 447c472: 8192 x 8192 43.2 against 44.8, 4096 x
+# 14336 43.9 against 42.2, 28672 x 4096 84.4 against 77.4, so the GEMV keeps up to 48 rows. Before, 28672-row layers
+# went to the tiled GEMM from 25 rows (at 29464a2 its M = 64 row took 253.9 us at M = 48 in the chains, the GEMV
+# 81.0: reports/cuda-h100-80gb-hbm3/launch_sweeps/w4a16_mxfp4_gemv_sweep.csv).
 BIG_TILE_STEPS, BIG_MAX_M = 384 * 64, 48
 # Two row tiles a program (TILES = 2: each turn's x pairs read once for both tiles' MMAs) above 8 rows, where K is
 # 8192 or more or the row tiles are WIDE_TILES or more; one elsewhere. The same sweep at 9428f7f (us, two tiles
