@@ -1,5 +1,6 @@
-"""Split-K's second half, shared by the GEMMs that split K (W4A16 MXFP4, block FP8): the fp32 partials
-[SPLIT_K, M, N] added in split order and rounded once to the output's dtype, in one kernel.
+"""Split-K, shared by the GEMMs that split K (W4A16 MXFP4, block FP8): how many splits (`fill_splits` on the GPU's
+`sm_count`, `launch_split`), and its second half, the fp32 partials [SPLIT_K, M, N] added in split order and rounded
+once to the output's dtype, in one kernel.
 
 Deterministic: the order of the sum is the split order, never an atomic's arrival order. One launch where
 `out.copy_(partials.sum(0))` takes two (a reduction and a cast): on the H200, Llama-3.1-8B's block-FP8 decode

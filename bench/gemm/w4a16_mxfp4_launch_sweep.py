@@ -131,7 +131,9 @@ def sweep_m(
     def ratios(ms: float) -> dict[str, float]:
         return {"bf16": matmul / ms, "memcpy": weight_bytes / ms / 1e6 / memcpy}
 
-    for config in fragment_configs(m) if fragment else candidates(m, model):
+    configs = fragment_configs(m) if fragment else candidates(m, model)
+    # the table's own row first where it is none of the candidates (a SPLIT_K of 0, resolved at launch)
+    for config in ([] if tuple(table) in configs else [tuple(table)]) + configs:
         if only and config[0] != only:
             continue
         checked = checked_ms(lambda config=config: run(config), want, bound, f"{shape} {config}")
