@@ -88,9 +88,8 @@ def _fragment_gemm_kernel(
     row_tile, g = (pair // 8).to(tl.int64), pair % 8
     low_rows = row_tile * 16 + g
     row_tile = tl.where(low_rows < N, row_tile, 0)  # pairs past N read row tile 0; never stored
-    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    m_mask = m < M
-    m = tl.where(m_mask, m, 0).to(tl.int64)
+    m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    m_mask = m < M  # rows past M: their x loads and stores masked off
     BK: tl.constexpr = GROUPS * 32
     k_order = fragment_k_order(BK)
     acc_low = tl.zeros([P, BLOCK_M], dtype=tl.float32)
