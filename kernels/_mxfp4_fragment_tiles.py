@@ -77,62 +77,48 @@ def stacked_registers(r0, r1, r2, r3):
 
 
 @triton.jit
-def registers_in_k_order(r0, r1, r2, r3):
-    """Four register tensors [R, W] -> bf16 [R, W * 8]: word w's elements 0..7 at columns 8w .. 8w + 7."""
-    rows: tl.constexpr = r0.shape[0]
-    cols: tl.constexpr = r0.shape[1] * 8
-    regs = tl.reshape(stacked_registers(r0, r1, r2, r3), [rows, cols // 2]).to(tl.uint32, bitcast=True)
-    halves = tl.join((regs & 0xFFFF).to(tl.uint16), (regs >> 16).to(tl.uint16))
-    return tl.reshape(halves, [rows, cols]).to(tl.bfloat16, bitcast=True)
-
-
-@triton.jit
-def fragment_pair_tiles(
-    words_ptr, pairs_ptr, row_tile, g, tile, n_steps, GROUPS: tl.constexpr, FAULT: tl.constexpr, PTX: tl.constexpr
+def fragment_tile(
+    words_ptr, pairs_ptr, row_tile, tile, n_steps, GROUPS: tl.constexpr, FAULT: tl.constexpr, PTX: tl.constexpr
 ):
-    """K tile `tile` (GROUPS MX blocks, GROUPS even: GROUPS / 2 steps) of the row pairs (row_tile, g) ([P] int64):
-    (rows 16 row_tile + g, rows 16 row_tile + 8 + g), each bf16 [P, GROUPS * 32], K in the tile's fragment order
-    (step, c, block of the step, element: `fragment_k_order`). A pair's words of one step are 64 contiguous bytes
-    (lanes 4g .. 4g + 3), so a thread's loads are whole 16-byte lane chunks, which hold both rows: split, not
-    gathered. Steps past the end read as code 0 with scale 0 (zeros). FAULT (the W4A16 GEMM's planted bugs): 1 a
-    block scaled by the next block's scale (the last keeps its own), 2 each register's halves exchanged, 3 the next
-    block's scale with no clamp (the last row tile reads past the end)."""
+    """K tile `tile` (GROUPS MX blocks, GROUPS even: GROUPS / 2 steps) of the row tiles `row_tile` ([T] int64) as one
+    bf16 [16 T, GROUPS * 32] tile, row 16 t + r of it row 16 row_tile[t] + r of W, K in `fragment_k_order`. That
+    order puts each lane's decoded registers where the tensor-core A operand wants them (lane 4 g + c: rows g and
+    g + 8, columns 2c, 2c + 1, 2c + 8, 2c + 9 of each 16-column slab), so a lane's own 16 bytes of a step become its
+    operand with no exchange between lanes. Steps past the end read as code 0 with scale 0 (zeros). FAULT (the
+    W4A16 GEMM's planted bugs): 1 a block scaled by the next block's scale (the last keeps its own), 2 each
+    register's halves exchanged, 3 the next block's scale with no clamp (the last row tile reads past the end)."""
     S: tl.constexpr = GROUPS // 2
-    P: tl.constexpr = row_tile.shape[0]
-    j = tl.arange(0, S * 16)  # (step, c, block b, row h) of the pair's words
-    step = tile * S + j // 16
+    T: tl.constexpr = row_tile.shape[0]
+    j = tl.arange(0, S * 128)  # (step, lane g c, word b h): a row tile's words of the S steps, in memory order
+    step = tile * S + j // 128
     live = step < n_steps
-    step = tl.where(live, step, 0)
-    at = (row_tile[:, None] * n_steps + step[None, :]) * 128 + (g * 16)[:, None] + (j % 16)[None, :]
+    at = (row_tile[:, None] * n_steps + tl.where(live, step, 0)[None, :]) * 128 + (j % 128)[None, :]
     words = tl.load(words_ptr + at, mask=live[None, :], other=0)
-    low_row, high_row = tl.split(tl.reshape(words, [P, S * 8, 2]))
-    q = tl.arange(0, S * 2)  # (step, block b): one scale pair a block
-    block = tile * GROUPS + q
+    q = tl.arange(0, S * 16)  # (step, g, block b): one scale pair (rows g, g + 8) a block
+    block = (tile * S + q // 16) * 2 + q % 2
     if FAULT == 1:
         block = tl.minimum(block + 1, 2 * n_steps - 1)
     if FAULT == 3:
         block = block + 1
-    scale_live = (tile * S + q // 2) < n_steps
+    scale_live = (tile * S + q // 16) < n_steps
     scale_step = tl.where(scale_live, block // 2, 0)
-    pair_at = ((row_tile[:, None] * n_steps + scale_step[None, :]) * 8 + g[:, None]) * 2 + (block % 2)[None, :]
+    pair_at = ((row_tile[:, None] * n_steps + scale_step[None, :]) * 8 + ((q // 2) % 8)[None, :]) * 2 + (block % 2)
     pairs = tl.load(pairs_ptr + pair_at, mask=scale_live[None, :], other=0)
-    pairs = tl.reshape(tl.broadcast_to(tl.reshape(pairs, [P, S, 1, 2]), [P, S, 4, 2]), [P, S * 8])
-    low = _decoded_tile(low_row, pairs & 0xFFFF, FAULT, PTX)
-    high = _decoded_tile(high_row, (pairs >> 16) & 0xFFFF, FAULT, PTX)
-    return low, high
-
-
-@triton.jit
-def _decoded_tile(words, scale_bits, FAULT: tl.constexpr, PTX: tl.constexpr):
+    halves = tl.reshape(tl.join(pairs & 0xFFFF, (pairs >> 16) & 0xFFFF), [T, S, 8, 1, 2, 2])  # (.., g, c, b, h)
+    scale_bits = tl.reshape(tl.broadcast_to(halves, [T, S, 8, 4, 2, 2]), [T, S * 128])
     r0, r1, r2, r3 = fragment_registers(words, scale_bits, PTX)
     if FAULT == 2:
         r0, r1, r2, r3 = _swap_halves(r0), _swap_halves(r1), _swap_halves(r2), _swap_halves(r3)
-    return registers_in_k_order(r0, r1, r2, r3)
+    regs = tl.reshape(stacked_registers(r0, r1, r2, r3), [T, S, 8, 4, 2, 2, 2, 2])  # (t, step, g, c, b, h, i1, i0)
+    regs = tl.reshape(tl.permute(regs, (0, 5, 2, 1, 4, 6, 7, 3)), [16 * T, S * 32]).to(tl.uint32, bitcast=True)
+    elements = tl.join((regs & 0xFFFF).to(tl.uint16), (regs >> 16).to(tl.uint16))
+    return tl.reshape(elements, [16 * T, S * 64]).to(tl.bfloat16, bitcast=True)
 
 
 @triton.jit
 def fragment_k_order(BK: tl.constexpr):
-    """The K index, within a tile of BK (a multiple of 64), of each column of `fragment_pair_tiles`' tiles:
-    (step, c, block b, element e) -> 64 step + 32 b + 8 c + e."""
+    """The K index, within a tile of BK (a multiple of 64), of each column of `fragment_tile`'s tiles: column
+    (step, block b, i1, i0, c, bit) holds element e = 4 i1 + 2 i0 + bit of lane column c's word of block b, K index
+    64 step + 32 b + 8 c + e."""
     i = tl.arange(0, BK)
-    return (i // 64) * 64 + ((i // 8) % 2) * 32 + ((i // 16) % 4) * 8 + i % 8
+    return (i // 64) * 64 + ((i // 32) % 2) * 32 + ((i // 2) % 4) * 8 + ((i // 16) % 2) * 4 + ((i // 8) % 2) * 2 + i % 2

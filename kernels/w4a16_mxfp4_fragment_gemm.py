@@ -29,13 +29,13 @@ import triton.language as tl
 
 from kernels import w4a16_mxfp4_gemm
 from kernels._boundary import runs_interpreted
-from kernels._mxfp4_fragment_tiles import fragment_k_order, fragment_pair_tiles
+from kernels._mxfp4_fragment_tiles import fragment_k_order, fragment_tile
 from kernels._packed_ptx import packed_ptx
 from kernels._pdl import launch_args, wait_then_release
 from kernels._tiles import store_partial
 from kernels.split_k import fill_splits, launch_split, sm_count, sum_splits
 
-FAULTS = w4a16_mxfp4_gemm.FAULTS  # the same planted bugs, named alike (`fragment_pair_tiles` plants them)
+FAULTS = w4a16_mxfp4_gemm.FAULTS  # the same planted bugs, named alike (`fragment_tile` plants them)
 
 # (largest M, "dot", BLOCK_N, BLOCK_M, GROUPS, SPLIT_K, warps, stages); the first row whose M bound holds, from
 # WIDE_N outputs on the wide table. H200 sweep at M = 32 (`bench.gemm.w4a16_mxfp4_launch_sweep --fragment --m 32
@@ -83,35 +83,30 @@ def _fragment_gemm_kernel(
     wait_then_release(PDL)  # kernels._pdl: before any read of an earlier kernel's output
     # x_ptr: bf16 [M, K]; program (n tile, m tile, split); the accumulators are y^T's rows of each pair.
     pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    P: tl.constexpr = BLOCK_N // 2
-    pair = pid_n * P + tl.arange(0, P)
-    row_tile, g = (pair // 8).to(tl.int64), pair % 8
-    low_rows = row_tile * 16 + g
-    row_tile = tl.where(low_rows < N, row_tile, 0)  # pairs past N read row tile 0; never stored
+    T: tl.constexpr = BLOCK_N // 16
+    row_tile = pid_n * T + tl.arange(0, T).to(tl.int64)
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_tile = tl.where(row_tile * 16 < N, row_tile, 0)  # row tiles past N read row tile 0; never stored
     m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     m_mask = m < M  # rows past M: their x loads and stores masked off
     BK: tl.constexpr = GROUPS * 32
     k_order = fragment_k_order(BK)
-    acc_low = tl.zeros([P, BLOCK_M], dtype=tl.float32)
-    acc_high = tl.zeros([P, BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     first = split * tiles_per_split
     last = tl.minimum(first + tiles_per_split, tl.cdiv(2 * n_steps, GROUPS))
     for tile in range(first, last):
-        low, high = fragment_pair_tiles(words_ptr, pairs_ptr, row_tile, g, tile, n_steps, GROUPS, FAULT, PTX)
-        k = tile * BK + k_order
-        x_offsets = m[:, None] * x_row_stride + k[None, :]
+        w = fragment_tile(words_ptr, pairs_ptr, row_tile, tile, n_steps, GROUPS, FAULT, PTX)
+        k = tl.max_contiguous(tl.multiple_of(tile * BK + k_order, 2), 2)  # bf16 pairs: (bit) runs of 2
+        x_offsets = m[None, :] * x_row_stride + k[:, None]
         # Rows past M are masked off, not read again from row 0: 16 such rows of 64 made the M = 64 row's tiles 1.5x
         # slower (8192 x 8192 at M = 48: 70.3 against 47.7 us at M = 64; H100, CUDA-graph replays, 8b93edb).
         if EVEN_K:
-            x = tl.load(x_ptr + x_offsets, mask=m_mask[:, None], other=0.0)
+            xt = tl.load(x_ptr + x_offsets, mask=m_mask[None, :], other=0.0)
         else:
-            x = tl.load(x_ptr + x_offsets, mask=m_mask[:, None] & (k < n_steps * 64)[None, :], other=0.0)
-        xt = tl.trans(x)
-        acc_low = tl.dot(low, xt, acc_low)
-        acc_high = tl.dot(high, xt, acc_high)
+            xt = tl.load(x_ptr + x_offsets, mask=m_mask[None, :] & (k < n_steps * 64)[:, None], other=0.0)
+        acc = tl.dot(w, xt, acc)
     out = out_ptr + split.to(tl.int64) * out_split_stride
-    _store_rows(out, low_rows, m, m_mask, acc_low, N, out_row_stride, OUT_FP32)
-    _store_rows(out, low_rows + 8, m, m_mask, acc_high, N, out_row_stride, OUT_FP32)
+    _store_rows(out, rows, m, m_mask, acc, N, out_row_stride, OUT_FP32)
 
 
 def launch(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, config=None, fault: str = "none"):
