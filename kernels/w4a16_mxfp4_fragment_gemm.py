@@ -47,16 +47,20 @@ FAULTS = w4a16_mxfp4_gemm.FAULTS  # the same planted bugs, named alike (`fragmen
 # --m 64 --shapes 8192x8192,4096x14336`, 72b5840, reports/cuda-h100-80gb-hbm3/launch_sweeps/
 # w4a16_mxfp4_launch_sweep_fragment.csv; bf16 matmul 50.7 / 48.5 us): 256 x 64, 2 groups, 8 warps best on
 # both, at split 4 on 8192 x 8192 (47.5 us; split 8 53.3) and split 8 on 4096 x 14336 (44.4 us; split 4 72.9), so at
-# one program an SM (128 of them both times); the row before (128 x 64, 4 groups, split 4) took 62.9 / 62.1 us. Wider
-# tiles read x fewer times: at 64 rows a program's x tile is 4 times its weight bytes at BLOCK_N 128.
+# one program an SM (128 of them both times); the row before (128 x 64, 4 groups, split 4) took 62.9 / 62.1 us.
+# Since each lane decodes into its own wgmma registers (dac1247), 4 groups a K tile beat 2 where K is long, H200 PDL
+# chains at M = 64 (`bench.gemm.w4a16_mxfp4_gemv_sweep.chain_ms`; us, 4 groups / 2): 8192 x 8192 29.9 / 32.5, 4096 x 14336
+# 28.3 / 30.3, 6144 x 4096 18.0 / 17.7; the wide 28672 x 4096 51.6 / 49.1 keeps 2. At M = 128 the same 256 x 64 row
+# (two M tiles) beat the 128 x 128 row, split 2: 8192 x 8192 49.5 / 59.4, 4096 x 14336 44.8 / 90.6, 28672 x 4096
+# 101.4 / 124.9, 6144 x 4096 28.6 / 31.9. Wider tiles read x fewer times: at 64 rows a program's x tile is 4 times
+# its weight bytes at BLOCK_N 128.
 GPU_CONFIGS = (
     (32, "dot", 128, 32, 4, 4, 4, 3),
-    (64, "dot", 256, 64, 2, 0, 8, 3),
-    (256, "dot", 128, 128, 4, 2, 8, 3),
+    (256, "dot", 256, 64, 4, 0, 8, 3),
     (None, "dot", 128, 128, 4, 1, 8, 3),
 )
 WIDE_N = w4a16_mxfp4_gemm.WIDE_N
-GPU_CONFIGS_WIDE = ((32, "dot", 256, 32, 2, 2, 8, 3), *GPU_CONFIGS[1:])
+GPU_CONFIGS_WIDE = ((32, "dot", 256, 32, 2, 2, 8, 3), (64, "dot", 256, 64, 2, 0, 8, 3), *GPU_CONFIGS[1:])
 INTERPRETER_CONFIG = ("dot", 16, 16, 2, 1, 1, 1)  # the interpreter runs programs one by one: few
 
 

@@ -94,24 +94,18 @@ TWO_GROUPS = (  # (most row tiles, config up to 16 rows, config above)
     (384, (8, 2, 1), (4, 2, 1)),
     (512, (8, 1, 1), (8, 1, 1)),
 )
-# Above 16 rows the GEMV's programs re-read each row tile's words once per 16 rows (from L2 when they run together):
-# up to 32 rows it beat the tiled GEMM on the same words in the sweep (M = 32: 4096 x 14336 29.9 us against 44.3,
-# 6144 x 4096 13.8 against 22.3; 8192 x 8192 39.0 against 39.1), except at 1792 tiles above 24 rows (28672 x 4096
-# at M = 32: 61.1 against 55.3); with warp teams (below) up to 64 rows, and on every layer up to BIG_MAX_M.
-GEMV_MAX_M = 64
+# Above 16 rows the GEMV's programs re-read each row tile's words once per 16 rows. Since the tiled GEMM decodes each
+# lane's words straight into its wgmma operand (dac1247), it takes more than 16 rows on layers of BIG_TILE_STEPS row
+# tiles x K steps or more (6144 x 4096 weights and up) and more than 32 elsewhere. H200, PDL chains of 8 launches on
+# 8 weight copies (`python -m bench.gemm.w4a16_mxfp4_gemv_sweep --teams`: the table's GEMV and its "tiled GEMM"
+# control line), GEMV against the tiled GEMM's table row, us: M = 16: 8192 x 8192 18.8 / 21.7, 28672 x 4096 29.0 / 40.3, 6144 x 4096
+# 11.0 / 14.3; M = 20: 8192 x 8192 28.0 / 23.5, 28672 x 4096 53.0 / 39.8, 4096 x 14336 27.2 / 24.5, 6144 x 4096
+# 15.9 / 14.7, the smaller 4096 x 4096 10.3 / 11.0; M = 32: 4096 x 4096 10.5 / 11.2; M = 48: 4096 x 4096 15.9 /
+# 14.6. Lone launches (CUDA-graph replays, cold L2) agree: M = 20, 8192 x 8192 31.4 / 26.7, 28672 x 4096 56.6 / 42.9.
+# Before it (the tiled GEMM converting its decoded tiles through shared memory) the GEMV kept up to 48 and 64 rows.
+GEMV_MAX_M = 32
 WIDE_TILES = 1792  # row tiles of 28672-row layers (Llama-3.1-8B's gate_up)
-# On layers of BIG_TILE_STEPS row tiles x K steps or more (6144 x 4096 weights and up), the tiled GEMM takes more than
-# BIG_MAX_M rows. H100, the GEMV against the tiled GEMM's 256 x 64 row, us: CUDA-graph replays, cold L2 (447c472,
-# rows past M masked in the tiled GEMM's x loads) at M = 49 / 64: 8192 x 8192 52.9 / 53.2 against 45.6 / 48.1;
-# 4096 x 14336 51.1 / 55.2 against 42.0 / 44.4; 28672 x 4096 105.7 / 107.6 against 78.1 / 82.5; the smaller 4096 x
-# 4096 20.1 / 21.0 against 20.5 / 21.7 (2048 x 2048 at M = 64, 8b93edb: 10.7 against 15.2). PDL chains of `python
-# -m bench.gemm.w4a16_mxfp4_gemv_sweep --teams --m 64` (8b93edb) agree: 8192 x 8192 48.7 against 45.3, 6144 x 4096
-# 27.2 against 23.2, 14336 x 4096 49.8 against 44.0, 28672 x 4096 104.0 against 78.7; 4096 x 4096 16.0 against 18.4.
-# At 48 rows (the GEMV's third column group) it is mixed, replays at 447c472: 8192 x 8192 43.2 against 44.8, 4096 x
-# 14336 43.9 against 42.2, 28672 x 4096 84.4 against 77.4, so the GEMV keeps up to 48 rows. Before, 28672-row layers
-# went to the tiled GEMM from 25 rows (at 29464a2 its M = 64 row took 253.9 us at M = 48 in the chains, the GEMV
-# 81.0: reports/cuda-h100-80gb-hbm3/launch_sweeps/w4a16_mxfp4_gemv_sweep.csv).
-BIG_TILE_STEPS, BIG_MAX_M = 384 * 64, 48
+BIG_TILE_STEPS, BIG_MAX_M = 384 * 64, 16
 # Two row tiles a program (TILES = 2: each turn's x pairs read once for both tiles' MMAs) above 8 rows, where K is
 # 8192 or more or the row tiles are WIDE_TILES or more; one elsewhere. The same sweep at 9428f7f (us, two tiles
 # against the best of one; reports/cuda-h200/launch_sweeps/w4a16_mxfp4_gemv_sweep_row_tiles.csv): 8192 x 8192 at M
