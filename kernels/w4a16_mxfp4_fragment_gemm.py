@@ -8,14 +8,19 @@ scales `mxfp4_fragment_layout.interchange` gives back: exact products of bf16 x 
 cores (tl.dot, wgmma on sm_90), fp32 sums, one bf16 rounding; the same arithmetic class as
 `kernels.w4a16_mxfp4_gemm`'s dot path and its lossy bounds.
 
-Structure. A program takes BLOCK_N rows of W as BLOCK_N / 2 row pairs (16 t + g, 16 t + 8 + g): the layout keeps a
-pair's words of one step in 64 contiguous bytes, so the weights are read in 16-byte pieces and split into the pair's
-two rows in registers (`kernels._mxfp4_fragment_tiles.fragment_pair_tiles`), and the program runs two dots a K
-tile, one a row of each pair, into two accumulators. Within a tile K runs in the layout's order (step, lane column
-c, block, element); x is read in that order (16-byte pieces of 8 consecutive elements), which the dot does not mind.
-Weights are decoded exactly to bf16 by the layout's PTX where it runs (NVIDIA sm_90+) and by the same integer ops in
-Triton elsewhere (the interpreter, which is how the CPU tier checks this kernel's indexing). Split-K as in
-`kernels.w4a16_mxfp4_gemm` (an fp32 workspace summed in split order, `kernels.split_k`).
+Structure. A program takes BLOCK_N rows of W (BLOCK_N / 16 row tiles) and, a K tile, reads each row tile's words of
+the tile's steps (512 contiguous bytes a step) and their scale pairs, decodes them to one bf16 [BLOCK_N, BK] tile
+(`kernels._mxfp4_fragment_tiles.fragment_tile`) and runs one dot into its accumulator. The tile's columns run in the
+order that puts each lane's decoded registers where wgmma's register A operand wants them (rows g and g + 8, columns
+2c, 2c + 1, 2c + 8, 2c + 9 of each 16-column slab for lane 4 g + c), so Triton keeps the words' shared-memory load,
+the decode and the MMA in one register layout: no layout conversion, and no shared-memory round trip of the decoded
+weights, in the K loop (`test_tiled_loop_decodes_into_the_mma_registers` compiles it for sm_90 and counts). Building
+the tile as two [BLOCK_N / 2, BK] halves in the GEMV's K order cost that round trip, 32 KB stored and loaded a K tile
+at BLOCK_N 256: H200 lone launches at M = 64 (CUDA-graph replays, cold L2), 8192 x 8192 34.0 us, 1.13x the bf16
+matmul (H100 before: 47.5 us, 1.07x). x is read in the same K order (pairs of consecutive elements), which the dot
+does not mind. Weights are decoded exactly to bf16 by the layout's PTX where it runs (NVIDIA sm_90+) and by the same
+integer ops in Triton elsewhere (the interpreter, which is how the CPU tier checks this kernel's indexing). Split-K
+as in `kernels.w4a16_mxfp4_gemm` (an fp32 workspace summed in split order, `kernels.split_k`).
 
 Launch rows: GPU_CONFIGS (`bench.gemm.w4a16_mxfp4_launch_sweep --fragment`); BLOCK_N a multiple of 16, GROUPS
 even (whole steps a tile). Scale bytes 253 and 254 are outside the contract as in that GEMM.
@@ -37,23 +42,22 @@ from kernels.split_k import fill_splits, launch_split, sm_count, sum_splits
 
 FAULTS = w4a16_mxfp4_gemm.FAULTS  # the same planted bugs, named alike (`fragment_tile` plants them)
 
-# (largest M, "dot", BLOCK_N, BLOCK_M, GROUPS, SPLIT_K, warps, stages); the first row whose M bound holds, from
-# WIDE_N outputs on the wide table. H200 sweep at M = 32 (`bench.gemm.w4a16_mxfp4_launch_sweep --fragment --m 32
-# --shapes 28672x4096,4096x14336,6144x4096`, CUDA-graph replays, cold L2; bf16 matmul 69.6 / 42.8 / 23.2 us):
-# gate_up (28672 x 4096) best at 256 x 32, 2 groups, split 2: 59.2 us; down (4096 x 14336) 128 x 32, 4 groups,
-# split 4 at 4 or 8 warps: 49.1 / 47.5 us; qkv (6144 x 4096) 256 x 32, 2 groups, split 4: 23.8 us (the rows below
-# 25.6 us). The first guess (128 x 32, 4 groups, split 4, 8 warps) was 93.0 / 47.5 / 31.2 us. SPLIT_K 0: as many
-# splits as give every SM one program (`kernels.split_k.fill_splits`). M = 33..64, H100 sweep at M = 64 (`--fragment
-# --m 64 --shapes 8192x8192,4096x14336`, 72b5840, reports/cuda-h100-80gb-hbm3/launch_sweeps/
-# w4a16_mxfp4_launch_sweep_fragment.csv; bf16 matmul 50.7 / 48.5 us): 256 x 64, 2 groups, 8 warps best on
-# both, at split 4 on 8192 x 8192 (47.5 us; split 8 53.3) and split 8 on 4096 x 14336 (44.4 us; split 4 72.9), so at
-# one program an SM (128 of them both times); the row before (128 x 64, 4 groups, split 4) took 62.9 / 62.1 us.
-# Since each lane decodes into its own wgmma registers (dac1247), 4 groups a K tile beat 2 where K is long, H200 PDL
-# chains at M = 64 (`bench.gemm.w4a16_mxfp4_gemv_sweep.chain_ms`; us, 4 groups / 2): 8192 x 8192 29.9 / 32.5, 4096 x 14336
-# 28.3 / 30.3, 6144 x 4096 18.0 / 17.7; the wide 28672 x 4096 51.6 / 49.1 keeps 2. At M = 128 the same 256 x 64 row
-# (two M tiles) beat the 128 x 128 row, split 2: 8192 x 8192 49.5 / 59.4, 4096 x 14336 44.8 / 90.6, 28672 x 4096
-# 101.4 / 124.9, 6144 x 4096 28.6 / 31.9. Wider tiles read x fewer times: at 64 rows a program's x tile is 4 times
-# its weight bytes at BLOCK_N 128.
+# (largest M, "dot", BLOCK_N, BLOCK_M, GROUPS, SPLIT_K, warps, stages); the first row whose M bound holds, from WIDE_N
+# outputs on the wide table. H200 sweep at M = 32 (`bench.gemm.w4a16_mxfp4_launch_sweep --fragment --m 32 --shapes
+# 28672x4096,4096x14336,6144x4096`, CUDA-graph replays, cold L2; bf16 matmul 69.6 / 42.8 / 23.2 us): gate_up (28672 x
+# 4096) best at 256 x 32, 2 groups, split 2: 59.2 us; down (4096 x 14336) 128 x 32, 4 groups, split 4 at 4 or 8 warps:
+# 49.1 / 47.5 us; qkv (6144 x 4096) 256 x 32, 2 groups, split 4: 23.8 us (the rows below 25.6 us). The first guess (128
+# x 32, 4 groups, split 4, 8 warps) was 93.0 / 47.5 / 31.2 us. SPLIT_K 0: as many splits as give every SM one program
+# (`kernels.split_k.fill_splits`). M = 33..64, H100 sweep at M = 64 (`--fragment --m 64 --shapes 8192x8192,4096x14336`,
+# 72b5840, reports/cuda-h100-80gb-hbm3/launch_sweeps/ w4a16_mxfp4_launch_sweep_fragment.csv; bf16 matmul 50.7 / 48.5
+# us): 256 x 64, 2 groups, 8 warps best on both, at split 4 on 8192 x 8192 (47.5 us; split 8 53.3) and split 8 on 4096 x
+# 14336 (44.4 us; split 4 72.9), so at one program an SM (128 of them both times); the row before (128 x 64, 4 groups,
+# split 4) took 62.9 / 62.1 us. Since each lane decodes into its own wgmma registers (dac1247), 4 groups a K tile beat 2
+# where K is long, H200 PDL chains at M = 64 (`bench.gemm.w4a16_mxfp4_gemv_sweep.chain_ms`; us, 4 groups / 2): 8192 x
+# 8192 29.9 / 32.5, 4096 x 14336 28.3 / 30.3, 6144 x 4096 18.0 / 17.7; the wide 28672 x 4096 51.6 / 49.1 keeps 2. At M =
+# 128 the same 256 x 64 row (two M tiles) beat the 128 x 128 row, split 2: 8192 x 8192 49.5 / 59.4, 4096 x 14336 44.8 /
+# 90.6, 28672 x 4096 101.4 / 124.9, 6144 x 4096 28.6 / 31.9. Wider tiles read x fewer times: at 64 rows a program's x
+# tile is 4 times its weight bytes at BLOCK_N 128.
 GPU_CONFIGS = (
     (32, "dot", 128, 32, 4, 4, 4, 3),
     (256, "dot", 256, 64, 4, 0, 8, 3),
@@ -85,7 +89,7 @@ def _fragment_gemm_kernel(
     PDL: tl.constexpr,
 ):  # fmt: skip
     wait_then_release(PDL)  # kernels._pdl: before any read of an earlier kernel's output
-    # x_ptr: bf16 [M, K]; program (n tile, m tile, split); the accumulators are y^T's rows of each pair.
+    # x_ptr: bf16 [M, K]; program (n tile, m tile, split); the accumulator is y^T's [BLOCK_N, BLOCK_M] block.
     pid_n, pid_m, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     T: tl.constexpr = BLOCK_N // 16
     row_tile = pid_n * T + tl.arange(0, T).to(tl.int64)

@@ -96,13 +96,13 @@ TWO_GROUPS = (  # (most row tiles, config up to 16 rows, config above)
 )
 # Above 16 rows the GEMV's programs re-read each row tile's words once per 16 rows. Since the tiled GEMM decodes each
 # lane's words straight into its wgmma operand (dac1247), it takes more than 16 rows on layers of BIG_TILE_STEPS row
-# tiles x K steps or more (6144 x 4096 weights and up) and more than 32 elsewhere. H200, PDL chains of 8 launches on
-# 8 weight copies (`python -m bench.gemm.w4a16_mxfp4_gemv_sweep --teams`: the table's GEMV and its "tiled GEMM"
-# control line), GEMV against the tiled GEMM's table row, us: M = 16: 8192 x 8192 18.8 / 21.7, 28672 x 4096 29.0 / 40.3, 6144 x 4096
-# 11.0 / 14.3; M = 20: 8192 x 8192 28.0 / 23.5, 28672 x 4096 53.0 / 39.8, 4096 x 14336 27.2 / 24.5, 6144 x 4096
-# 15.9 / 14.7, the smaller 4096 x 4096 10.3 / 11.0; M = 32: 4096 x 4096 10.5 / 11.2; M = 48: 4096 x 4096 15.9 /
-# 14.6. Lone launches (CUDA-graph replays, cold L2) agree: M = 20, 8192 x 8192 31.4 / 26.7, 28672 x 4096 56.6 / 42.9.
-# Before it (the tiled GEMM converting its decoded tiles through shared memory) the GEMV kept up to 48 and 64 rows.
+# tiles x K steps or more (6144 x 4096 weights and up) and more than 32 elsewhere. H200, PDL chains of 8 launches on 8
+# weight copies (`python -m bench.gemm.w4a16_mxfp4_gemv_sweep --teams`: the table's GEMV and its "tiled GEMM" control
+# line), GEMV against the tiled GEMM's table row, us: M = 16: 8192 x 8192 18.8 / 21.7, 28672 x 4096 29.0 / 40.3, 6144 x
+# 4096 11.0 / 14.3; M = 20: 8192 x 8192 28.0 / 23.5, 28672 x 4096 53.0 / 39.8, 4096 x 14336 27.2 / 24.5, 6144 x 4096
+# 15.9 / 14.7, the smaller 4096 x 4096 10.3 / 11.0; M = 32: 4096 x 4096 10.5 / 11.2; M = 48: 4096 x 4096 15.9 / 14.6.
+# Lone launches (CUDA-graph replays, cold L2) agree: M = 20, 8192 x 8192 31.4 / 26.7, 28672 x 4096 56.6 / 42.9. Before
+# it (the tiled GEMM converting its decoded tiles through shared memory) the GEMV kept up to 48 and 64 rows.
 GEMV_MAX_M = 32
 WIDE_TILES = 1792  # row tiles of 28672-row layers (Llama-3.1-8B's gate_up)
 BIG_TILE_STEPS, BIG_MAX_M = 384 * 64, 16

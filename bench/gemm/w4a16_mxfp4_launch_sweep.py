@@ -9,7 +9,7 @@ of the same run, and weight GB/s against a memcpy of the same run.
 
 `--fragment` times the tiled GEMM on the weights in mma fragment order (kernels.mxfp4_fragment_layout, the
 layout the runner stores where the packed PTX runs; kernels.w4a16_mxfp4_fragment_gemm), over its own candidates
-(FRAGMENT: BLOCK_N 128 / 256 so that each of its two dots a tile has 64 or 128 rows, whole steps a K tile), which
+(`fragment_configs`: BLOCK_N 128 / 256, 8 or 16 row tiles a program, whole steps a K tile), which
 is how `kernels.w4a16_mxfp4_fragment_gemm.GPU_CONFIGS` is chosen.
 
 `--set model` is the shorter list for a model's projection shapes (e.g. Llama-3.1-8B's, N x K:

@@ -267,6 +267,44 @@ def test_tiled_table_rows(m, device):
     check(x, codes, scales, device, oracles.unquantized_product(x, w), gemv=False)
 
 
+# Run by `suites.compile_for_sm90`: the tiled GEMM's K loop for the table's 33-256-row config, its pointers and x's
+# row stride specialized as multiples of 16 (as a launch on an 8192-wide x is) or, the control, x's stride not.
+_COMPILE_TILED_LOOP_FOR_SM90 = """
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile
+from kernels import w4a16_mxfp4_fragment_gemm as m
+
+_, block_n, block_m, groups, _, warps, stages = m.launch_config(64, 8192)
+names = ("x_ptr", "words_ptr", "pairs_ptr", "out_ptr", "M", "N", "n_steps", "tiles_per_split", "x_row_stride",
+         "out_row_stride", "out_split_stride")
+signature = dict(zip(names, ("*bf16", "*i32", "*i32", "*fp32", *["i32"] * 7)))
+constants = dict(BLOCK_N=block_n, BLOCK_M=block_m, GROUPS=groups, EVEN_K=True, OUT_FP32=True, FAULT=0, PTX=True,
+                 PDL=False)
+signature |= dict.fromkeys(constants, "constexpr")
+for aligned in (True, False):
+    multiples = [names.index(n) for n in ("x_ptr", "words_ptr", "pairs_ptr", "out_ptr")]
+    multiples += [names.index("x_row_stride")] if aligned else []
+    attrs = {(i,): [["tt.divisibility", 16]] for i in multiples}
+    source = ASTSource(fn=m._fragment_gemm_kernel, signature=signature, constexprs=constants, attrs=attrs)
+    ptx = compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    loop = ptx.asm["ptx"].split("Inner Loop Header")[1].split("_crit_edge")[0]
+    print(aligned, loop.count("wgmma.mma_async") > 0, loop.count("st.shared"))
+"""
+
+
+def test_tiled_loop_decodes_into_the_mma_registers():
+    """The tiled GEMM's K loop compiled for sm_90 with no GPU (table row for 64 rows): wgmma takes the decoded
+    weights from registers and the loop stores nothing to shared memory, since each lane's own words are its A
+    operand (`kernels._mxfp4_fragment_tiles.fragment_tile`); a layout conversion there would be a shared-memory
+    round trip of every decoded tile. Control: x's row stride not known to be a multiple of 16, x's tile is
+    loaded to registers and stored to shared memory in the loop, and the same count sees it."""
+    from suites.compile_for_sm90 import run_compiler
+
+    aligned, control = run_compiler(_COMPILE_TILED_LOOP_FOR_SM90)
+    assert aligned == "True True 0"
+    assert control.startswith("False True ") and int(control.split()[-1]) > 0
+
+
 def test_gemv_is_refused_where_its_ptx_does_not_run(device):
     if packed_ptx(torch.device(device)):
         pytest.skip("this device runs the GEMV's PTX")
