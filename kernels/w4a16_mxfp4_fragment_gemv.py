@@ -128,8 +128,9 @@ TWO_TILES_STEPS = 128
 # 4096 17.7 against 21.8 (one team, two tiles); M = 32: 14336 x 4096 26.8 against 33.6, 6144 x 4096 15.8 against 19.8,
 # 4096 x 4096 10.4 against 12.0; M = 64: 8192 x 8192 50.1 against 53.5, 4096 x 14336 47.5 against 57.6. Four or eight
 # teams were the best only on 4096 x 4096 at 24 to 64 rows, by under 1 %. Above 32 rows (two programs a pair of row
-# tiles) the GEMV beat the tiled GEMM on every shape of the sweep (M = 64: 8192 x 8192 50.1 against 58.4, 4096 x 14336
-# 47.5 against 59.5, 2048 x 2048 6.8 against 13.0), so it takes up to 64 rows.
+# tiles) the GEMV beat the tiled GEMM of then on every shape of the sweep (M = 64: 8192 x 8192 50.1 against 58.4, 4096
+# x 14336 47.5 against 59.5, 2048 x 2048 6.8 against 13.0); the tiled GEMM of dac1247 takes those rows (GEMV_MAX_M,
+# above), and `launch(..., gemv=True)` still runs these rows (the sweeps, the GPU tests).
 ABOVE_8 = (  # (most rows of x, ((fewest row tiles, config), ...)): the first row whose bounds the layer is within
     (2 * GROUP, ((WIDE_TILES, (4, 2, 1, 2, 2)), (513, (4, 2, 1, 2)), (257, (8, 2, 1, 1, 2)))),
     (4 * GROUP, ((896, (4, 2, 1, 2, 2)), (257, (4, 2, 1, 2)), (129, (8, 2, 1, 1, 2)))),
