@@ -27,6 +27,7 @@ from kernels import (
     w4a16_mxfp4_gemm,
     w4a16_nvfp4_gemm,
 )
+from kernels._packed_ptx import packed_ptx
 from kernels.w4a16_mxfp4_layout import prepare_codes
 from reference.quant.fp8 import quantize_fp8 as ref_quantize_fp8
 from reference.quant.fp8 import quantize_fp8_blocks
@@ -55,6 +56,14 @@ def _fragment_inputs(m: int) -> dict[str, torch.Tensor]:
     codes, scales = quantize_mxfp4(_x(32, 192, seed=1), scale_mode="even")
     words, pairs = mxfp4_fragment_layout.prepare(codes, scales)
     return {"x": _x(m, 192, seed=2), "words": words, "pairs": pairs}
+
+
+def _fragment_gemv_teams(x, words, pairs):
+    """The GEMV's warp-team form (two teams of four warps) where its PTX runs: above GEMV_MAX_M rows the op takes
+    the tiled GEMM, so the launch asks for it; elsewhere the op (its tiled GEMM)."""
+    if packed_ptx(x.device):
+        return w4a16_mxfp4_fragment_gemv.launch(x, words, pairs, config=(8, 2, 1, 1, 2), gemv=True)
+    return w4a16_mxfp4_fragment_gemv.w4a16_mxfp4_fragment_gemv(x, words, pairs)
 
 
 def _nvfp4_quantize(x):
@@ -147,7 +156,7 @@ CASES = {
         lambda: _fragment_inputs(13),
     ),
     "w4a16_mxfp4_fragment_gemv (warp teams)": (
-        w4a16_mxfp4_fragment_gemv.w4a16_mxfp4_fragment_gemv,
+        _fragment_gemv_teams,
         lambda: _fragment_inputs(40),
     ),
     "w4a16_mxfp4_fragment_gemv (tiled)": (
