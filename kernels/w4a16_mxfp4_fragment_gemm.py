@@ -16,11 +16,12 @@ order that puts each lane's decoded registers where wgmma's register A operand w
 the decode and the MMA in one register layout: no layout conversion, and no shared-memory round trip of the decoded
 weights, in the K loop (`test_tiled_loop_decodes_into_the_mma_registers` compiles it for sm_90 and counts). Building
 the tile as two [BLOCK_N / 2, BK] halves in the GEMV's K order cost that round trip, 32 KB stored and loaded a K tile
-at BLOCK_N 256: H200 lone launches at M = 64 (CUDA-graph replays, cold L2), 8192 x 8192 34.0 us, 1.13x the bf16
-matmul (H100 before: 47.5 us, 1.07x). x is read in the same K order (pairs of consecutive elements), which the dot
-does not mind. Weights are decoded exactly to bf16 by the layout's PTX where it runs (NVIDIA sm_90+) and by the same
-integer ops in Triton elsewhere (the interpreter, which is how the CPU tier checks this kernel's indexing). Split-K
-as in `kernels.w4a16_mxfp4_gemm` (an fp32 workspace summed in split order, `kernels.split_k`).
+at BLOCK_N 256. At M = 64 on 8192 x 8192 (lone launches, CUDA-graph replays, cold L2) the two halves ran at 1.07x
+the bf16 matmul on an H100 (47.5 against 50.7 us), the one tile at 1.13x on an H200 (34.0 against 38.6 us, 2 groups;
+different cards, so only the ratios compare). x is read in the same K order (pairs of consecutive elements), which
+the dot does not mind. Weights are decoded exactly to bf16 by the layout's PTX where it runs (NVIDIA sm_90+) and by
+the same integer ops in Triton elsewhere (the interpreter, which is how the CPU tier checks this kernel's indexing).
+Split-K as in `kernels.w4a16_mxfp4_gemm` (an fp32 workspace summed in split order, `kernels.split_k`).
 
 Launch rows: GPU_CONFIGS (`bench.gemm.w4a16_mxfp4_launch_sweep --fragment`); BLOCK_N a multiple of 16, GROUPS
 even (whole steps a tile). Scale bytes 253 and 254 are outside the contract as in that GEMM.
@@ -49,8 +50,8 @@ FAULTS = w4a16_mxfp4_gemm.FAULTS  # the same planted bugs, named alike (`fragmen
 # 49.1 / 47.5 us; qkv (6144 x 4096) 256 x 32, 2 groups, split 4: 23.8 us (the rows below 25.6 us). The first guess (128
 # x 32, 4 groups, split 4, 8 warps) was 93.0 / 47.5 / 31.2 us. SPLIT_K 0: as many splits as give every SM one program
 # (`kernels.split_k.fill_splits`). M = 33..64, H100 sweep at M = 64 (`--fragment --m 64 --shapes 8192x8192,4096x14336`,
-# 72b5840, reports/cuda-h100-80gb-hbm3/launch_sweeps/ w4a16_mxfp4_launch_sweep_fragment.csv; bf16 matmul 50.7 / 48.5
-# us): 256 x 64, 2 groups, 8 warps best on both, at split 4 on 8192 x 8192 (47.5 us; split 8 53.3) and split 8 on 4096 x
+# 72b5840, reports/cuda-h100-80gb-hbm3/launch_sweeps/w4a16_mxfp4_launch_sweep_fragment.csv; bf16 matmul 50.7 / 48.5 us):
+# 256 x 64, 2 groups, 8 warps best on both, at split 4 on 8192 x 8192 (47.5 us; split 8 53.3) and split 8 on 4096 x
 # 14336 (44.4 us; split 4 72.9), so at one program an SM (128 of them both times); the row before (128 x 64, 4 groups,
 # split 4) took 62.9 / 62.1 us. Since each lane decodes into its own wgmma registers (dac1247), 4 groups a K tile beat 2
 # where K is long, H200 PDL chains at M = 64 (`bench.gemm.w4a16_mxfp4_gemv_sweep.chain_ms`; us, 4 groups / 2): 8192 x
