@@ -257,8 +257,8 @@ def test_tiled_path_steps_past_the_end(device):
 @pytest.mark.parametrize("m", [32, 48, 64])
 def test_tiled_table_rows(m, device):
     """The tiled GEMM's own launch row for M rows on a GPU (its tile, groups and split; SPLIT_K 0 resolved on the
-    SM count): N of two and a half 256-row tiles, K of 9 steps (on the 4-group row of M <= 32 the last K tile half
-    past the end), 16 rows of the 64-row tile past M at M = 48. The interpreter runs its own few-program row,
+    SM count): N of two and a half 256-row tiles, K of 9 steps (on the 4-group rows, all three here, the last K tile
+    half past the end), 16 rows of the 64-row tile past M at M = 48. The interpreter runs its own few-program row,
     above."""
     if runs_interpreted(torch.device(device)):
         pytest.skip("the launch table's rows are GPU launch shapes")
